@@ -1,0 +1,34 @@
+# Two commands on a fresh machine (Python 3.11+, Java 17+):
+#   make demo   creates .venv, installs keyedstate, runs the main job
+#   make test   installs the test dependencies, runs the whole suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[test,spark,s3,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/keyedstate demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/keyedstate bench --help
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check keyedstate tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,75 @@
+"""Every error keyedstate raises: one root, typed leaves.
+
+Each leaf also subclasses the matching built-in so that callers who catch ``ValueError`` or
+``FileNotFoundError`` keep working. Messages name the file, state or key involved and say what
+to do about it.
+"""
+
+from __future__ import annotations
+
+
+class KeyedStateError(Exception):
+    """Root of every error raised by keyedstate."""
+
+
+class ConfigurationError(KeyedStateError, ValueError):
+    """A setting is missing, out of range or inconsistent with another one."""
+
+
+class KeyGroupRangeError(KeyedStateError, ValueError):
+    """A key group or a state handle does not fit the key-group range it is used with."""
+
+
+class MaxParallelismMismatchError(KeyedStateError, ValueError):
+    """A snapshot was taken with another max parallelism than the job restoring it."""
+
+
+class StateNotFoundError(KeyedStateError, KeyError):
+    """A state name is not registered (or not present in the snapshot being read)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class StateTypeMismatchError(KeyedStateError, TypeError):
+    """A descriptor does not match the state of the same name (kind or type) on restore."""
+
+
+class SerializationError(KeyedStateError, ValueError):
+    """A key or value does not match its declared type, or stored bytes cannot be decoded."""
+
+
+class UserFunctionError(KeyedStateError, RuntimeError):
+    """A user-supplied function (reduce, aggregate, process) raised."""
+
+
+class BackendError(KeyedStateError, RuntimeError):
+    """The state backend's native store (RocksDB) failed."""
+
+
+class CheckpointError(KeyedStateError):
+    """Root of errors about checkpoints and savepoints."""
+
+
+class NoCheckpointError(CheckpointError, FileNotFoundError):
+    """No completed checkpoint (or no snapshot at the given path) exists."""
+
+
+class CorruptCheckpointError(CheckpointError, ValueError):
+    """A checkpoint file is truncated, altered or unreadable (size or checksum mismatch)."""
+
+
+class MissingCheckpointFileError(CheckpointError, FileNotFoundError):
+    """A file referenced by a checkpoint is missing from storage."""
+
+
+class UnsupportedFormatVersionError(CheckpointError, ValueError):
+    """A ``_metadata`` file has a ``format_version`` this version of keyedstate cannot read."""
+
+
+class UnsafePathError(CheckpointError, ValueError):
+    """A file reference points outside its checkpoint or savepoint directory."""
+
+
+class CheckpointAbortedError(CheckpointError, RuntimeError):
+    """A pending checkpoint was aborted and can no longer be completed."""
