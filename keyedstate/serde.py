@@ -420,3 +420,29 @@ class PickleSerializer(TypeSerializer):
 def serializer_for(type_: TypeLike | None) -> TypeSerializer:
     """An :class:`ArrowTypeSerializer` for a declared type, a :class:`PickleSerializer` for None."""
     return PickleSerializer() if type_ is None else ArrowTypeSerializer(type_)
+
+
+# --------------------------------------------------------------------------------------------
+# namespaces
+# --------------------------------------------------------------------------------------------
+
+#: The stored form of the default namespace (``None``), Flink's ``VoidNamespace``.
+VOID_NAMESPACE = _ENCODER.encode(None)
+
+
+def serialize_namespace(namespace: Any) -> bytes:
+    """Canonical bytes of a namespace: None, bool, int, float, str, bytes or tuples of them."""
+    try:
+        return _ENCODER.encode(namespace)
+    except TypeError as exc:
+        raise SerializationError(
+            f"namespace {namespace!r} must be None, a number, str, bytes or a tuple of them"
+        ) from exc
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def deserialize_namespace(data: bytes) -> Any:
+    return _tuples(_decode(data))

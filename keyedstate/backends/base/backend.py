@@ -1,0 +1,292 @@
+"""The state backend contract (Flink's ``StateBackend`` / ``KeyedStateBackend``).
+
+A :class:`StateBackend` is configuration: small, picklable, sent to executors. It creates a
+:class:`KeyedStateBackend`, the keyed state of one subtask, either empty or restored from the
+handles of an earlier snapshot (possibly taken at another parallelism: rescaling).
+
+Snapshot protocol (one checkpoint)::
+
+    result = backend.snapshot(checkpoint_id, location)   # synchronous part: freezes a
+                                                          # consistent view, returns quickly
+    handle = result.materialize()                         # asynchronous part: writes files;
+                                                          # processing may go on meanwhile
+    backend.notify_checkpoint_complete(checkpoint_id)     # the coordinator committed it
+      or backend.notify_checkpoint_aborted(checkpoint_id)
+
+Guarantees every backend gives (checked by ``tests/backends/contract.py``):
+
+- An incremental snapshot references only files of the last snapshot the coordinator
+  *confirmed* (``notify_checkpoint_complete``) or of the restored snapshot when restored with
+  ``share_restored_files=True``; an aborted or unconfirmed snapshot never becomes a base.
+- ``materialize`` reflects the state exactly as of the ``snapshot`` call.
+- A restore checks every handle's key-group range and backend, and the descriptors passed to
+  ``get_state`` against the restored :class:`StateMetaInfo` (typed errors otherwise).
+- Expired TTL entries are never returned and never written by a full snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
+from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
+from keyedstate.errors import (
+    ConfigurationError,
+    KeyGroupRangeError,
+    StateTypeMismatchError,
+)
+from keyedstate.keygroups import KeyGroupRange, check_max_parallelism
+from keyedstate.keys import KeySerializer
+from keyedstate.state.api import State
+from keyedstate.state.descriptors import StateDescriptor
+from keyedstate.state.timers import InternalTimerService
+from keyedstate.state.ttl import SystemTimeProvider, TtlTimeProvider
+
+
+def meta_info_of(descriptor: StateDescriptor) -> StateMetaInfo:
+    """What a snapshot records about a descriptor."""
+    user_key = descriptor.user_key_serializer
+    return StateMetaInfo(
+        name=descriptor.name,
+        kind=str(descriptor.kind),
+        value_type=descriptor.value_serializer.type_string,
+        user_key_type=None if user_key is None else user_key.type_string,
+        ttl_ms=None if descriptor.ttl is None else descriptor.ttl.ttl_ms,
+    )
+
+
+def check_compatible(descriptor: StateDescriptor, restored: StateMetaInfo) -> None:
+    """Raise :class:`StateTypeMismatchError` if ``descriptor`` can't read the restored state.
+
+    Kind, value type and map-key type must be equal. Switching TTL on or off changes the stored
+    format (values carry a timestamp under TTL) and is refused, as in Flink; changing the TTL
+    duration is allowed.
+    """
+    wanted = meta_info_of(descriptor)
+    problems = []
+    if wanted.kind != restored.kind:
+        problems.append(f"kind {restored.kind} was restored, the descriptor is {wanted.kind}")
+    if wanted.value_type != restored.value_type:
+        problems.append(f"value type {restored.value_type} was restored, the descriptor "
+                        f"declares {wanted.value_type}")
+    if wanted.user_key_type != restored.user_key_type:
+        problems.append(f"map key type {restored.user_key_type} was restored, the descriptor "
+                        f"declares {wanted.user_key_type}")
+    if (wanted.ttl_ms is None) != (restored.ttl_ms is None):
+        problems.append("TTL was " + ("enabled" if restored.ttl_ms else "disabled") +
+                        " when the snapshot was taken and can't be switched on restore")
+    if problems:
+        raise StateTypeMismatchError(
+            f"state {descriptor.name!r} does not match the snapshot: " + "; ".join(problems) +
+            ". Use the descriptor the job was started with, or migrate the state with the state "
+            "processor API"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StateEntry:
+    """One live entry of a state, for canonical savepoints and the state processor API.
+
+    ``user_key`` is the map key for map states (None otherwise); ``value`` is the value, the
+    whole list for list states, the accumulator for aggregating states.
+    """
+
+    key_group: int
+    key_bytes: bytes
+    namespace_bytes: bytes
+    user_key: Any
+    value: Any
+
+
+@dataclass(slots=True)
+class SnapshotStats:
+    """What one snapshot cost, as Flink reports it per subtask."""
+
+    sync_duration_s: float = 0.0
+    async_duration_s: float = 0.0
+    incremental_bytes: int = 0
+    full_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SnapshotResult(ABC):
+    """The product of a snapshot's synchronous part; :meth:`materialize` is the asynchronous
+    part. Exactly one of :meth:`materialize` or :meth:`discard` must be called."""
+
+    def __init__(self, checkpoint_id: int, sync_duration_s: float) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.stats = SnapshotStats(sync_duration_s=sync_duration_s)
+
+    def materialize(self) -> KeyedStateHandle:
+        start = time.perf_counter()
+        handle = self._materialize()
+        self.stats.async_duration_s = time.perf_counter() - start
+        self.stats.incremental_bytes = handle.incremental_size
+        self.stats.full_bytes = handle.full_size
+        return handle
+
+    @abstractmethod
+    def _materialize(self) -> KeyedStateHandle:
+        """Write the files and return the handle (may run on another thread)."""
+
+    def discard(self) -> None:
+        """Release what the synchronous part holds without writing anything."""
+
+
+class KeyedStateBackend(ABC):
+    """Keyed state of one subtask: the states, the timers, snapshots.
+
+    Not thread-safe except that one :meth:`SnapshotResult.materialize` may run concurrently with
+    processing. Keys outside ``key_group_range`` are refused (:class:`KeyGroupRangeError`).
+    """
+
+    #: the backend's name as written in snapshots ("heap", "rocksdb")
+    name: str
+
+    def __init__(self, *, subtask_index: int, key_group_range: KeyGroupRange,
+                 max_parallelism: int, key_serializer: KeySerializer,
+                 time_provider: TtlTimeProvider | None = None) -> None:
+        check_max_parallelism(max_parallelism)
+        if not KeyGroupRange(0, max_parallelism - 1).contains_range(key_group_range):
+            raise ConfigurationError(
+                f"{key_group_range} does not fit max parallelism {max_parallelism}"
+            )
+        self.subtask_index = subtask_index
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.key_serializer = key_serializer
+        self.time_provider: TtlTimeProvider = time_provider or SystemTimeProvider()
+        self.current_key: Any = None
+        self.current_key_bytes: bytes | None = None
+        self.current_key_group: int = -1
+
+    # -- key context ---------------------------------------------------------------------------
+
+    def set_current_key(self, key: Any, key_group: int | None = None) -> None:
+        """Make ``key`` current for every state and the timer service. ``key_group`` may be
+        passed when already known (the Spark runtime computes it in the JVM); it is checked
+        against this subtask's range."""
+        key_bytes = self.key_serializer.serialize(key)
+        if key_group is None:
+            key_group = self.key_serializer.key_group(key, self.max_parallelism)
+        self._set_current(key, key_bytes, key_group)
+
+    def set_current_key_bytes(self, key_bytes: bytes, key_group: int) -> None:
+        """Make a stored key current (timers, restore, state processor)."""
+        self._set_current(None, key_bytes, key_group)
+
+    def _set_current(self, key: Any, key_bytes: bytes, key_group: int) -> None:
+        if not self.key_group_range.start <= key_group <= self.key_group_range.end:
+            raise KeyGroupRangeError(
+                f"key {key!r} is in key group {key_group}, outside subtask {self.subtask_index}'s "
+                f"{self.key_group_range}; it was routed to the wrong subtask"
+            )
+        self.current_key = key
+        self.current_key_bytes = key_bytes
+        self.current_key_group = key_group
+
+    def get_current_key(self) -> Any:
+        if self.current_key is None and self.current_key_bytes is not None:
+            self.current_key = self.key_serializer.deserialize(self.current_key_bytes)
+        return self.current_key
+
+    # -- states --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """The state for ``descriptor`` (created on first use, then cached by name). Raises
+        :class:`StateTypeMismatchError` if a state of that name exists (registered or
+        restored) with another kind or type."""
+
+    @abstractmethod
+    def state_meta_infos(self) -> list[StateMetaInfo]:
+        """Registered and restored states (internal ones excluded)."""
+
+    @abstractmethod
+    def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
+        """Every live entry of a state (restored states too, even if never registered), ordered
+        by key group. Raises :class:`StateNotFoundError` for an unknown name."""
+
+    @property
+    @abstractmethod
+    def timer_service(self) -> InternalTimerService: ...
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def snapshot(self, checkpoint_id: int, location: CheckpointStorageLocation,
+                 *, full: bool = False) -> SnapshotResult:
+        """Synchronous part of a snapshot; ``full=True`` forces a snapshot that references no
+        earlier file (NO_CLAIM's first checkpoint, savepoints)."""
+
+    @abstractmethod
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is committed: its files may be the next base."""
+
+    @abstractmethod
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` will never complete: never build on it."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release native resources and local working files. Idempotent."""
+
+    def __enter__(self) -> KeyedStateBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StateBackend(ABC):
+    """Backend configuration; pickles; creates :class:`KeyedStateBackend` instances."""
+
+    name: str
+
+    @abstractmethod
+    def create_keyed_backend(
+        self,
+        *,
+        subtask_index: int,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        key_serializer: KeySerializer,
+        restore_handles: Sequence[KeyedStateHandle] = (),
+        storage: CheckpointStorage | None = None,
+        share_restored_files: bool = True,
+        time_provider: TtlTimeProvider | None = None,
+        local_dir: str | None = None,
+    ) -> KeyedStateBackend:
+        """A keyed backend for one subtask, restored from ``restore_handles`` (read through
+        ``storage``) when given: every handle whose key-group range overlaps
+        ``key_group_range`` is used (rescaling), others are ignored. ``share_restored_files``
+        False means the first snapshot after restore must not reference restored files
+        (NO_CLAIM). ``local_dir`` is where the backend may keep working files."""
+
+
+def check_restore_handles(backend_name: str, key_group_range: KeyGroupRange,
+                          max_parallelism: int,
+                          handles: Sequence[KeyedStateHandle]) -> list[KeyedStateHandle]:
+    """The handles that overlap ``key_group_range``, after checking each one fits
+    ``max_parallelism`` and was written by ``backend_name`` (typed errors otherwise)."""
+    full = KeyGroupRange(0, max_parallelism - 1)
+    chosen = []
+    for handle in handles:
+        if not full.contains_range(handle.key_group_range):
+            raise KeyGroupRangeError(
+                f"snapshot handle of subtask {handle.subtask_index} covers "
+                f"{handle.key_group_range}, which does not fit max parallelism "
+                f"{max_parallelism}; the snapshot was taken with another max parallelism"
+            )
+        if handle.backend != backend_name:
+            raise StateTypeMismatchError(
+                f"snapshot handle of subtask {handle.subtask_index} was written by the "
+                f"{handle.backend!r} backend and can't be restored by {backend_name!r}; take a "
+                f"canonical savepoint to change backends"
+            )
+        if handle.key_group_range.intersection(key_group_range):
+            chosen.append(handle)
+    return chosen
