@@ -73,3 +73,15 @@ class UnsafePathError(CheckpointError, ValueError):
 
 class CheckpointAbortedError(CheckpointError, RuntimeError):
     """A pending checkpoint was aborted and can no longer be completed."""
+
+
+class OutputSchemaError(KeyedStateError, TypeError):
+    """Rows a function emitted do not match the declared output schema."""
+
+
+class BatchFailedError(KeyedStateError, RuntimeError):
+    """Processing one micro-batch failed; names the batch, subtask and (where known) the key."""
+
+
+class SnapshotExistsError(CheckpointError, FileExistsError):
+    """The target directory already holds a savepoint; keyedstate never overwrites one."""

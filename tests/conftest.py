@@ -1,29 +1,21 @@
-"""Shared fixtures. Spark sessions are started lazily, once per test session."""
+"""Shared fixtures. The Spark session is started lazily, once per test session."""
 
 from __future__ import annotations
 
-import os
 import shutil
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator["object"]:
-    """A ``local[2]`` SparkSession (skips only when Java is absent, which CI never is)."""
+def spark() -> Iterator[Any]:
+    """A ``local[2,4]`` SparkSession: two cores, up to 4 attempts per task (so a killed Python
+    worker is retried as on a cluster). Java 17+ is required; CI always has it."""
     if shutil.which("java") is None:
-        pytest.skip("Java 17+ is needed for Spark tests")
-    from pyspark.sql import SparkSession
+        pytest.fail("Java 17+ is needed for the Spark tests (pytest -m 'not spark' skips them)")
+    from keyedstate.spark.session import local_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("keyedstate-tests")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
+    session = local_session("local[2,4]", "keyedstate-tests")
     yield session
     session.stop()

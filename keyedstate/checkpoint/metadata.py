@@ -4,7 +4,8 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
 
     <root>/chk-<N>/_metadata      the commit point of checkpoint N (written last, atomically)
     <root>/chk-<N>/...            files private to checkpoint N (deleted when it is subsumed)
-    <root>/shared/...             files shared by several checkpoints (shared-state registry)
+    <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
+                                  named after the checkpoint that wrote them
     <root>/taskowned/...          files owned by tasks (working directories)
 
 Every file reference (:class:`StreamHandle`) is a path *relative to the root* with a size and
@@ -17,6 +18,7 @@ truncated or altered file), each with a typed error naming the file.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any
 
@@ -41,6 +43,25 @@ TASK_OWNED_DIR = "taskowned"
 
 def checkpoint_dir_name(checkpoint_id: int) -> str:
     return f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"
+
+
+_SHARED_FILE_RE = re.compile(rf"^{SHARED_DIR}/{CHECKPOINT_DIR_PREFIX}(\d+)-")
+
+
+def shared_file_prefix(checkpoint_id: int) -> str:
+    """The prefix of every shared file written for checkpoint ``checkpoint_id``:
+    ``shared/chk-<N>-`` (a full name is ``shared/chk-<N>-sub-<i>-<uuid>-<name>``).
+
+    The checkpoint id in the name is how the coordinator tells the files new in a checkpoint
+    from re-referenced ones (Flink's placeholder handles), and how it finds what an aborted
+    checkpoint wrote even when the writer was an executor's copy of the location."""
+    return f"{SHARED_DIR}/{CHECKPOINT_DIR_PREFIX}{checkpoint_id}-"
+
+
+def checkpoint_id_of_shared_file(path: str) -> int | None:
+    """The checkpoint a shared file was written for, from its name; None for other paths."""
+    m = _SHARED_FILE_RE.match(path)
+    return int(m.group(1)) if m else None
 
 
 class SnapshotKind(StrEnum):
@@ -197,5 +218,8 @@ def deserialize_metadata(data: bytes, source: str = "_metadata") -> CheckpointMe
         return _body_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         if isinstance(exc.__cause__, UnsafePathError):
-            raise exc.__cause__ from exc
+            # msgspec wraps errors raised in __post_init__ in a ValidationError; unwrap it and
+            # name the _metadata file, which the path check alone cannot know.
+            raise UnsafePathError(f"{source}: {exc.__cause__}; restore from another checkpoint "
+                                  f"or savepoint") from exc
         raise CorruptCheckpointError(f"{source} has an invalid body: {exc}") from exc

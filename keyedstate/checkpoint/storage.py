@@ -24,7 +24,6 @@ from fsspec.implementations.local import LocalFileSystem
 from keyedstate.checkpoint.metadata import (
     CHECKPOINT_DIR_PREFIX,
     METADATA_FILE,
-    SHARED_DIR,
     CheckpointMetadata,
     StreamHandle,
     check_relative_path,
@@ -32,6 +31,7 @@ from keyedstate.checkpoint.metadata import (
     content_checksum,
     deserialize_metadata,
     serialize_metadata,
+    shared_file_prefix,
 )
 from keyedstate.errors import (
     CorruptCheckpointError,
@@ -50,6 +50,22 @@ def file_checksum(local_path: str) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _fsync_dir(local_dir: str) -> None:
+    """Make a rename in ``local_dir`` durable: without it a power loss may undo the rename of
+    ``_metadata`` after the checkpoint was reported complete. Not every platform can open a
+    directory (Windows); there the rename is as durable as the OS makes it."""
+    try:
+        fd = os.open(local_dir, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class CheckpointStorage:
@@ -191,11 +207,18 @@ class CheckpointStorage:
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         if self.is_local:
             tmp = f"{path}.{uuid.uuid4().hex}.inprogress"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                # A failed write leaves no temporary file behind (the rename never happened).
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+            _fsync_dir(os.path.dirname(path))
         else:
             self.fs.pipe_file(path, data)
         return relative
@@ -225,9 +248,10 @@ class CheckpointStorage:
 
 
 class CheckpointStorageLocation:
-    """Where one subtask writes one snapshot. Shared files go to ``shared/`` under fresh unique
-    names (a name is never reused, so a retry can't clobber a referenced file); private files go
-    to ``chk-<N>/sub-<i>/``. Remembers what it wrote, so an aborted snapshot can be cleaned up."""
+    """Where one subtask writes one snapshot. Shared files go to ``shared/chk-<N>-sub-<i>-...``
+    under fresh unique names (a name is never reused, so a retry can't clobber a referenced
+    file); private files go to ``chk-<N>/sub-<i>/``. Remembers what it wrote (in this process),
+    so an aborted snapshot can be cleaned up; pickles (sent to executors)."""
 
     def __init__(self, storage: CheckpointStorage, checkpoint_id: int, subtask_index: int) -> None:
         self.storage = storage
@@ -236,7 +260,11 @@ class CheckpointStorageLocation:
         self.written: list[str] = []
 
     def _shared_name(self, name: str) -> str:
-        return f"{SHARED_DIR}/{uuid.uuid4().hex}-{name}"
+        # The checkpoint id leads the name: the coordinator reads it to tell new files from
+        # re-referenced ones and to find what an aborted checkpoint wrote, even when the writer
+        # was an executor's (pickled) copy of this location whose ``written`` it never sees.
+        return (f"{shared_file_prefix(self.checkpoint_id)}sub-{self.subtask_index}-"
+                f"{uuid.uuid4().hex}-{name}")
 
     def _private_name(self, name: str) -> str:
         return f"{checkpoint_dir_name(self.checkpoint_id)}/sub-{self.subtask_index}/{name}"

@@ -1,0 +1,91 @@
+"""Helpers shared by the benchmarks: machine facts, timing, subtask construction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+from keyedstate.backends import load_backend
+from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
+from keyedstate.checkpoint.metadata import KeyedStateHandle
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.keygroups import KeyGroupRange, operator_index_for_key_group
+from keyedstate.keys import KeySerializer
+
+
+def machine() -> dict[str, Any]:
+    """Where a figure was measured (benchmarks report ratios: the machines are shared)."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "python": platform.python_version(),
+    }
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+@contextmanager
+def timed() -> Iterator[Timer]:
+    t = Timer()
+    start = time.perf_counter()
+    try:
+        yield t
+    finally:
+        t.seconds = time.perf_counter() - start
+
+
+@contextmanager
+def workdir(prefix: str) -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix=f"keyedstate-bench-{prefix}-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def user_keys(n: int) -> list[str]:
+    return [f"user-{i:08d}" for i in range(n)]
+
+
+def build_subtasks(backend: StateBackend, parallelism: int, max_parallelism: int,
+                   key_serializer: KeySerializer, local_dir: str,
+                   restore: Sequence[KeyedStateHandle] = (),
+                   storage: CheckpointStorage | None = None) -> list[KeyedStateBackend]:
+    return [
+        backend.create_keyed_backend(
+            subtask_index=i,
+            key_group_range=KeyGroupRange.of_operator(max_parallelism, parallelism, i),
+            max_parallelism=max_parallelism,
+            key_serializer=key_serializer,
+            restore_handles=restore,
+            storage=storage,
+            local_dir=local_dir,
+        )
+        for i in range(parallelism)
+    ]
+
+
+def route(keys: Sequence[Any], key_serializer: KeySerializer, parallelism: int,
+          max_parallelism: int) -> list[list[tuple[Any, int]]]:
+    """Keys with their key group, per subtask (what the Spark runtime's shuffle does)."""
+    per_subtask: list[list[tuple[Any, int]]] = [[] for _ in range(parallelism)]
+    for key in keys:
+        kg = key_serializer.key_group(key, max_parallelism)
+        per_subtask[operator_index_for_key_group(max_parallelism, parallelism, kg)].append((key, kg))
+    return per_subtask
+
+
+def backend_named(name: str, **options: Any) -> StateBackend:
+    return load_backend(name, **options)

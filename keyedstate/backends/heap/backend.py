@@ -1,0 +1,378 @@
+"""The heap state backend: keyed state as Python objects, incremental snapshots per FLIP-151.
+
+State lives in dicts per state and key group (:mod:`.states`), so an access costs a dict
+lookup and never a serialization. Snapshots are full or incremental (:mod:`.snapshot`): an
+incremental one writes only the entries changed since the last *confirmed* snapshot, on top of
+that snapshot's chain; every ``max_chain_length`` diffs a full snapshot starts a new chain, which
+bounds the files a restore replays (:mod:`.restore`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from keyedstate.backends.base.backend import (
+    KeyedStateBackend,
+    SnapshotResult,
+    StateBackend,
+    StateEntry,
+    check_compatible,
+    check_restore_handles,
+)
+from keyedstate.backends.heap.restore import HeapRestoreOperation
+from keyedstate.backends.heap.snapshot import (
+    DIFF,
+    FULL,
+    FileStateInfo,
+    HeapSnapshotResult,
+    Journal,
+    SnapshotJob,
+    capture_diff,
+    capture_full,
+    type_schema,
+)
+from keyedstate.backends.heap.states import StateTable, create_state
+from keyedstate.backends.heap.timers import HeapInternalTimerService, TimerQueue
+from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
+from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
+from keyedstate.errors import BackendError, ConfigurationError, StateNotFoundError
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.keys import KeySerializer
+from keyedstate.state.api import State
+from keyedstate.state.descriptors import StateDescriptor, StateKind
+from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
+from keyedstate.state.ttl import TtlTimeProvider
+
+
+@dataclass(frozen=True)
+class SnapshotChain:
+    """A written snapshot's files, full base first; what the next incremental one extends."""
+
+    checkpoint_id: int
+    files: list[tuple[str, StreamHandle]]
+
+    @property
+    def diffs(self) -> int:
+        return len(self.files) - 1
+
+
+class HeapKeyedStateBackend(KeyedStateBackend):
+    """Keyed state of one subtask on the Python heap.
+
+    Contract beyond :class:`KeyedStateBackend`: values handed to a state, and accumulators
+    returned by user functions, must not be mutated in place afterwards except through the
+    state API (the heap backend stores the objects themselves; a snapshot copies containers and
+    serializes reducing and aggregating values, but not user objects inside value, list or map
+    states).
+    """
+
+    name = "heap"
+
+    def __init__(self, *, subtask_index: int, key_group_range: KeyGroupRange,
+                 max_parallelism: int, key_serializer: KeySerializer,
+                 time_provider: TtlTimeProvider | None = None, max_chain_length: int = 10,
+                 incremental: bool = True) -> None:
+        super().__init__(subtask_index=subtask_index, key_group_range=key_group_range,
+                         max_parallelism=max_parallelism, key_serializer=key_serializer,
+                         time_provider=time_provider)
+        self.max_chain_length = max_chain_length
+        self.incremental = incremental and max_chain_length > 0
+        self.tables: dict[str, StateTable] = {}
+        self._states: dict[str, State] = {}
+        self._timers = HeapInternalTimerService(self)
+        self._journal = Journal()
+        self._base: SnapshotChain | None = None
+        #: snapshots taken and not yet confirmed or aborted; their chain once written.
+        self._pending: dict[int, SnapshotChain | None] = {}
+        self._last_snapshot_id: int | None = None
+        # materialize() may report back from another thread while notifications arrive.
+        self._pending_lock = threading.Lock()
+        self._closed = False
+
+    # -- restore -------------------------------------------------------------------------------
+
+    def restore(self, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage,
+                share_restored_files: bool) -> None:
+        """Load ``handles`` (already checked by :func:`check_restore_handles`)."""
+        base = HeapRestoreOperation(self, handles, storage).restore(share_restored_files)
+        if base is not None and self.incremental:
+            self._base = SnapshotChain(base.checkpoint_id, base.chain)
+            self._journal.start(self._journaled())
+
+    # -- states --------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(
+                f"the heap keyed backend of subtask {self.subtask_index} is closed; create a "
+                f"new one (restoring from the last checkpoint)"
+            )
+
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        self._check_open()
+        name = descriptor.name
+        state = self._states.get(name)
+        if state is not None:
+            if getattr(state, "descriptor", None) is not descriptor:
+                check_compatible(descriptor, self.tables[name].meta)
+            return state
+        table = self.tables.get(name)
+        if table is None:
+            table = StateTable.of(descriptor)
+            if self._journal.tracking:
+                table.marks = {}
+            self.tables[name] = table
+        else:  # restored, first asked for now
+            check_compatible(descriptor, table.meta)
+            table.attach(descriptor)
+        state = self._states[name] = create_state(self, table, descriptor)
+        return state
+
+    def state_meta_infos(self) -> list[StateMetaInfo]:
+        return [self.tables[n].meta for n in sorted(self.tables)]
+
+    def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
+        """Live entries ordered by key group (then key and namespace bytes). The timer state
+        names of :data:`TIMER_STATE_NAMES` list timers: ``value`` is the timestamp."""
+        self._check_open()
+        for domain, timer_name in TIMER_STATE_NAMES.items():
+            if state_name == timer_name:
+                return (StateEntry(t.key_group, t.key_bytes, t.namespace_bytes, None, t.timestamp)
+                        for t in self._timers.timers(domain))
+        table = self.tables.get(state_name)
+        if table is None:
+            raise StateNotFoundError(
+                f"state {state_name!r} is neither registered nor restored in subtask "
+                f"{self.subtask_index} (known: {sorted(self.tables)}); check the state name"
+            )
+        return self._entries(table)
+
+    def _entries(self, table: StateTable) -> Iterator[StateEntry]:
+        # Each key group is copied before yielding, so callers may change state meanwhile.
+        ttl = table.ttl_ms is not None
+        now = self.time_provider.now_ms() if ttl else 0
+        expired = table.is_expired
+        for kg in sorted(table.maps):
+            group = table.maps.get(kg)
+            for (key_bytes, ns), stored in sorted(group.items(), key=_first) if group else ():
+                if table.kind is StateKind.MAP:
+                    pairs = [(u, e[0]) for u, e in stored.items() if not expired(e[1], now)] \
+                        if ttl else list(stored.items())
+                    for user_key, v in pairs:
+                        yield StateEntry(kg, key_bytes, ns, user_key, v)
+                elif table.kind is StateKind.LIST:
+                    elements = [e[0] for e in stored if not expired(e[1], now)] if ttl \
+                        else list(stored)
+                    if elements:
+                        yield StateEntry(kg, key_bytes, ns, None, elements)
+                elif not ttl:
+                    yield StateEntry(kg, key_bytes, ns, None, stored)
+                elif not expired(stored[1], now):
+                    yield StateEntry(kg, key_bytes, ns, None, stored[0])
+
+    @property
+    def timer_service(self) -> HeapInternalTimerService:
+        return self._timers
+
+    @property
+    def timer_queues(self) -> dict[TimeDomain, TimerQueue]:
+        return self._timers.queues
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int, location: CheckpointStorageLocation,
+                 *, full: bool = False) -> SnapshotResult:
+        """Synchronous part. Incremental when a confirmed base exists, its chain has fewer than
+        ``max_chain_length`` diffs and ``full`` is False; its cost then follows the number of
+        changed entries. A full one copies every table (C-speed dict copies; reducing and
+        aggregating values are serialized now)."""
+        start = time.perf_counter()
+        self._check_open()
+        base = self._base
+        incremental = (self.incremental and not full and base is not None
+                       and base.diffs < self.max_chain_length
+                       and checkpoint_id > base.checkpoint_id)
+        tables = [self.tables[n] for n in sorted(self.tables)]
+        infos = [FileStateInfo(t.meta, type_schema(t.value_serializer),
+                               type_schema(t.user_key_serializer)) for t in tables]
+        queues = self.timer_queues
+        if incremental:
+            changes = self._journal.changes([*tables, *queues.values()])
+            captures = [capture_diff(t, i, changes[t.name])
+                        for i, t in enumerate(tables) if t.name in changes]
+            timers = {d: q.copy_key_groups(changes.get(q.name, {})) for d, q in queues.items()}
+        else:
+            captures = [capture_full(t, i) for i, t in enumerate(tables)]
+            timers = {d: q.copy_key_groups() for d, q in queues.items()}
+        job = SnapshotJob(
+            checkpoint_id=checkpoint_id,
+            kind=DIFF if incremental else FULL,
+            subtask_index=self.subtask_index,
+            key_group_range=self.key_group_range,
+            max_parallelism=self.max_parallelism,
+            now_ms=self.time_provider.now_ms(),
+            infos=infos,
+            # None: keep expired entries (TTL config opted out of full-snapshot cleanup).
+            ttl_ms=[t.ttl_ms if t.cleanup_in_full_snapshot else None for t in tables],
+            captures=captures,
+            timers=timers,
+            base_chain=list(base.files) if incremental and base is not None else [],
+        )
+        self._start_segment(checkpoint_id)
+        return HeapSnapshotResult(job, location, time.perf_counter() - start,
+                                  self._on_written, self._on_discarded)
+
+    def _journaled(self) -> list[StateTable | TimerQueue]:
+        return [*self.tables.values(), *self.timer_queues.values()]
+
+    def _start_segment(self, checkpoint_id: int) -> None:
+        if not self.incremental:
+            return
+        if self._last_snapshot_id is not None and checkpoint_id <= self._last_snapshot_id:
+            # Ids must increase for a chain; such a snapshot is never a base and its changes
+            # simply stay in the open segment.
+            return
+        self._last_snapshot_id = checkpoint_id
+        if not self._journal.tracking:
+            self._journal.start(self._journaled())
+        self._journal.seal(checkpoint_id, self._journaled())
+        with self._pending_lock:
+            self._pending[checkpoint_id] = None
+        self._prune()
+
+    def _potential_bases(self) -> list[int]:
+        with self._pending_lock:
+            pending = list(self._pending)
+        return [*([] if self._base is None else [self._base.checkpoint_id]), *pending]
+
+    def _prune(self) -> None:
+        self._journal.prune(self._potential_bases())
+
+    def _on_written(self, checkpoint_id: int, files: list[tuple[str, StreamHandle]]) -> None:
+        with self._pending_lock:
+            if checkpoint_id in self._pending:
+                self._pending[checkpoint_id] = SnapshotChain(checkpoint_id, files)
+
+    def _on_discarded(self, checkpoint_id: int) -> None:
+        self.notify_checkpoint_aborted(checkpoint_id)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Make ``checkpoint_id``'s chain the base; it subsumes every older pending snapshot.
+        Unknown or older ids are ignored (already subsumed, or taken by another incarnation)."""
+        with self._pending_lock:
+            if checkpoint_id not in self._pending:
+                return
+            chain = self._pending[checkpoint_id]
+            if chain is not None:
+                self._base = chain
+                for cid in [c for c in self._pending if c <= checkpoint_id]:
+                    del self._pending[cid]
+        if chain is None:  # confirmed without being materialized: nothing to build on
+            self.notify_checkpoint_aborted(checkpoint_id)
+            return
+        self._prune()
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Never build on ``checkpoint_id``; its changes go into the next snapshot."""
+        with self._pending_lock:
+            if checkpoint_id not in self._pending:
+                return
+            del self._pending[checkpoint_id]
+        self._journal.fold(checkpoint_id, self._journaled())
+        self._prune()
+
+    def close(self) -> None:
+        """Drop all state. Idempotent; a running ``materialize`` still completes (it holds its
+        own copies)."""
+        if self._closed:
+            return
+        self._closed = True
+        for table in self.tables.values():  # state objects still held elsewhere see nothing
+            table.maps.clear()
+            table.marks = None
+        self.tables.clear()
+        self._states.clear()
+        for queue in self.timer_queues.values():
+            queue.clear()
+        self._pending.clear()
+        self._base = None
+        self._journal = Journal()
+
+
+class HeapStateBackend(StateBackend):
+    """Configuration of the heap backend (``state.backend.type: heap``). Pickles.
+
+    ``incremental`` enables FLIP-151 incremental snapshots; ``max_chain_length`` is the number
+    of diffs allowed on top of a full snapshot before the next snapshot is full again (0: every
+    snapshot is full), which bounds how many files a restore reads.
+    """
+
+    name = "heap"
+
+    def __init__(self, *, max_chain_length: int = 10, incremental: bool = True) -> None:
+        if not isinstance(max_chain_length, int) or isinstance(max_chain_length, bool) \
+                or max_chain_length < 0:
+            raise ConfigurationError(
+                f"max_chain_length must be an int >= 0, got {max_chain_length!r}"
+            )
+        if not isinstance(incremental, bool):
+            raise ConfigurationError(f"incremental must be True or False, got {incremental!r}")
+        self.max_chain_length = max_chain_length
+        self.incremental = incremental
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_heap_state_backend, (self.max_chain_length, self.incremental))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HeapStateBackend) and \
+            (other.max_chain_length, other.incremental) == (self.max_chain_length,
+                                                            self.incremental)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.max_chain_length, self.incremental))
+
+    def __repr__(self) -> str:
+        return (f"HeapStateBackend(max_chain_length={self.max_chain_length}, "
+                f"incremental={self.incremental})")
+
+    def create_keyed_backend(
+        self,
+        *,
+        subtask_index: int,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        key_serializer: KeySerializer,
+        restore_handles: Sequence[KeyedStateHandle] = (),
+        storage: CheckpointStorage | None = None,
+        share_restored_files: bool = True,
+        time_provider: TtlTimeProvider | None = None,
+        local_dir: str | None = None,
+    ) -> HeapKeyedStateBackend:
+        """See :meth:`StateBackend.create_keyed_backend`; ``local_dir`` is unused (no files)."""
+        backend = HeapKeyedStateBackend(
+            subtask_index=subtask_index, key_group_range=key_group_range,
+            max_parallelism=max_parallelism, key_serializer=key_serializer,
+            time_provider=time_provider, max_chain_length=self.max_chain_length,
+            incremental=self.incremental,
+        )
+        handles = check_restore_handles(self.name, key_group_range, max_parallelism,
+                                        restore_handles)
+        if handles:
+            if storage is None:
+                raise ConfigurationError(
+                    f"subtask {subtask_index} got {len(handles)} snapshot handles to restore "
+                    f"but no storage to read them from; pass storage=CheckpointStorage(...)"
+                )
+            backend.restore(handles, storage, share_restored_files)
+        return backend
+
+
+def _first(item: tuple[Any, ...]) -> Any:
+    return item[0]
+
+
+def _heap_state_backend(max_chain_length: int, incremental: bool) -> HeapStateBackend:
+    return HeapStateBackend(max_chain_length=max_chain_length, incremental=incremental)

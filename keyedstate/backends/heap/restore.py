@@ -1,0 +1,286 @@
+"""Restoring the heap backend (Flink's ``HeapRestoreOperation``), with rescaling.
+
+Every handle overlapping this subtask's key groups is replayed: its chain's full file, then
+its diff files in order, keeping only the key groups this subtask owns (each file's footer
+indexes its sections by key group, so other key groups are never decoded). Timers come from
+every file too: a file's timer section for a key group replaces that key group's timers (a full
+file holds all of them, a diff the key groups whose timers changed). Values are decoded with serializers rebuilt from
+the file (the Arrow schema it records), so states nobody registered yet are restored too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import msgspec
+import pyarrow as pa
+
+from keyedstate.backends.heap.snapshot import (
+    CHAIN_PROPERTY,
+    DIFF,
+    FULL,
+    MAGIC,
+    OP_APPEND,
+    OP_MAP_DIFF,
+    OP_PUT,
+    OP_REMOVE,
+    SUPPORTED_FORMAT_VERSIONS,
+    TIMERS_KIND,
+    TRAILER,
+    FileStateInfo,
+    HeapFileFooter,
+)
+from keyedstate.backends.heap.states import StateTable
+from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.errors import (
+    CorruptCheckpointError,
+    KeyGroupRangeError,
+    MaxParallelismMismatchError,
+    SerializationError,
+    StateTypeMismatchError,
+    UnsupportedFormatVersionError,
+)
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.serde import ArrowTypeSerializer, PickleSerializer, TypeSerializer
+from keyedstate.state.descriptors import StateKind
+from keyedstate.state.timers import TIMER_STATE_NAMES
+
+if TYPE_CHECKING:
+    from keyedstate.backends.heap.backend import HeapKeyedStateBackend
+
+_TIMER_DOMAINS = {name: domain for domain, name in TIMER_STATE_NAMES.items()}
+
+
+class _Version(msgspec.Struct):
+    format_version: int
+
+
+def read_footer(data: bytes, source: str) -> HeapFileFooter:
+    """The footer of a heap snapshot file; typed errors naming ``source`` otherwise."""
+    tail = len(MAGIC) + TRAILER.size
+    if len(data) < len(MAGIC) + tail or data[:len(MAGIC)] != MAGIC or data[-len(MAGIC):] != MAGIC:
+        raise CorruptCheckpointError(
+            f"{source} is not a heap state backend snapshot file (bad magic bytes); restore "
+            f"from another checkpoint or savepoint"
+        )
+    (length,) = TRAILER.unpack_from(data, len(data) - tail)
+    start = len(data) - tail - length
+    if start < len(MAGIC):
+        raise CorruptCheckpointError(f"{source} has an invalid footer length {length}")
+    raw = memoryview(data)[start:len(data) - tail]
+    try:
+        version = msgspec.msgpack.decode(raw, type=_Version).format_version
+        if version not in SUPPORTED_FORMAT_VERSIONS:
+            raise UnsupportedFormatVersionError(
+                f"{source} has heap format_version {version}, this keyedstate reads "
+                f"{sorted(SUPPORTED_FORMAT_VERSIONS)}; upgrade keyedstate to restore it"
+            )
+        return msgspec.msgpack.decode(raw, type=HeapFileFooter)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptCheckpointError(f"{source} has an unreadable footer: {exc}") from exc
+
+
+def chain_of(handle: KeyedStateHandle) -> list[tuple[str, StreamHandle]]:
+    """The handle's chain files, base first (the order recorded in its properties)."""
+    names = handle.properties.get(CHAIN_PROPERTY)
+    ordered = names.split(",") if names else sorted(handle.shared)
+    missing = [n for n in ordered if n not in handle.shared]
+    if missing or not ordered:
+        raise CorruptCheckpointError(
+            f"snapshot handle of subtask {handle.subtask_index} (checkpoint "
+            f"{handle.checkpoint_id}) does not reference chain files {missing or ordered}; the "
+            f"_metadata file was altered. Restore from another checkpoint or savepoint"
+        )
+    return [(n, handle.shared[n]) for n in ordered]
+
+
+def _serializer(type_string: str | None, schema: bytes | None, source: str,
+                state: str) -> TypeSerializer | None:
+    if type_string is None:
+        return None
+    if type_string == PickleSerializer.type_string:
+        return PickleSerializer()
+    try:
+        if schema is None:
+            raise ValueError("no Arrow schema recorded")
+        serializer = ArrowTypeSerializer(pa.ipc.read_schema(pa.py_buffer(schema)).field(0).type)
+    except (ValueError, pa.ArrowException) as exc:
+        raise CorruptCheckpointError(
+            f"{source}: the type of state {state!r} ({type_string}) can't be rebuilt: {exc}"
+        ) from exc
+    if serializer.type_string != type_string:
+        raise CorruptCheckpointError(
+            f"{source}: state {state!r} declares type {type_string} but records the schema of "
+            f"{serializer.type_string}"
+        )
+    return serializer
+
+
+Decode = Callable[[Any], Any]
+
+
+def _payload_decoder(table: StateTable) -> Decode:
+    dec = table.value_serializer.deserialize
+    uk = table.user_key_serializer
+    dec_uk: Decode = uk.deserialize if uk is not None else (lambda u: u)
+    ttl = table.ttl_ms is not None
+    if table.kind is StateKind.LIST:
+        if ttl:
+            return lambda p: [(dec(v), ts) for v, ts in p]
+        return lambda p: [dec(v) for v in p]
+    if table.kind is StateKind.MAP:
+        if ttl:
+            return lambda p: {dec_uk(u): (dec(v), ts) for u, v, ts in p}
+        return lambda p: {dec_uk(u): dec(v) for u, v in p}
+    if ttl:
+        return lambda p: (dec(p[0]), p[1])
+    return dec
+
+
+@dataclass
+class RestoredBase:
+    """A restored chain the next incremental snapshot may build on (shared restore)."""
+
+    checkpoint_id: int
+    chain: list[tuple[str, StreamHandle]]
+
+
+class HeapRestoreOperation:
+    """Replays ``handles`` into ``backend``'s tables and timer service (numbered steps)."""
+
+    def __init__(self, backend: HeapKeyedStateBackend, handles: Sequence[KeyedStateHandle],
+                 storage: CheckpointStorage) -> None:
+        self.backend = backend
+        self.handles = sorted(handles, key=lambda h: h.key_group_start)
+        self.storage = storage
+
+    def restore(self, share_restored_files: bool) -> RestoredBase | None:
+        """Restore; returns the chain the next snapshot may extend, or None (full next)."""
+        # Step 1. No key group may come from two handles (the snapshot would be ambiguous).
+        mine = self.backend.key_group_range
+        covered = KeyGroupRange.empty()
+        for handle in self.handles:
+            part = handle.key_group_range.intersection(mine)
+            if covered and part and part.start <= covered.end:
+                raise KeyGroupRangeError(
+                    f"snapshot handles overlap at {part}: two subtasks claim the same key "
+                    f"groups; the _metadata file is inconsistent. Restore from another checkpoint"
+                )
+            covered = part or covered
+        # Step 2. Replay each chain (full, then diffs) for the key groups this subtask owns.
+        for handle in self.handles:
+            self._restore_handle(handle, handle.key_group_range.intersection(mine))
+        for queue in self.backend.timer_queues.values():
+            queue.rebuild()
+        # Step 3. Only an exact, shared restore of one chain may be the next snapshot's base.
+        if (share_restored_files and len(self.handles) == 1
+                and self.handles[0].key_group_range == mine):
+            return RestoredBase(self.handles[0].checkpoint_id, chain_of(self.handles[0]))
+        return None
+
+    def _restore_handle(self, handle: KeyedStateHandle, key_groups: KeyGroupRange) -> None:
+        chain = chain_of(handle)
+        for position, (_, file) in enumerate(chain):
+            data = self.storage.read_verified(file)
+            source = self.storage.url_of(file.path)
+            footer = read_footer(data, source)
+            expected = FULL if position == 0 else DIFF
+            if footer.kind != expected:
+                raise CorruptCheckpointError(
+                    f"{source} is a {footer.kind} snapshot at position {position} of the chain "
+                    f"{[n for n, _ in chain]}, expected {expected}"
+                )
+            if footer.max_parallelism != self.backend.max_parallelism:
+                raise MaxParallelismMismatchError(
+                    f"{source} was written with max parallelism {footer.max_parallelism}, the "
+                    f"job runs with {self.backend.max_parallelism}; restore with the original "
+                    f"max parallelism"
+                )
+            self._apply_file(data, footer, source, key_groups)
+
+    def _apply_file(self, data: bytes, footer: HeapFileFooter, source: str,
+                    key_groups: KeyGroupRange) -> None:
+        tables = [None if i.meta.kind == TIMERS_KIND else self._table_for(i, source)
+                  for i in footer.states]
+        view = memoryview(data)
+        decoders: dict[int, Decode] = {}
+        for section in footer.sections:
+            if section.key_group not in key_groups:
+                continue
+            if not 0 <= section.state < len(footer.states) or \
+                    section.offset + section.length > len(data) - len(MAGIC):
+                raise CorruptCheckpointError(f"{source} has a section index out of bounds")
+            info = footer.states[section.state]
+            raw = view[section.offset:section.offset + section.length]
+            try:
+                entries = msgspec.msgpack.decode(raw)
+                table = tables[section.state]
+                if table is None:
+                    self.backend.timer_queues[_TIMER_DOMAINS[info.meta.name]].restore_key_group(
+                        section.key_group, [(ts, k, ns) for ts, k, ns in entries])
+                    continue
+                decode = decoders.get(section.state)
+                if decode is None:
+                    decode = decoders[section.state] = _payload_decoder(table)
+                self._apply_entries(table, section.key_group, entries, decode)
+            except (msgspec.DecodeError, SerializationError, ValueError, TypeError,
+                    KeyError) as exc:
+                raise CorruptCheckpointError(
+                    f"{source}: state {info.meta.name!r}, key group {section.key_group} can't be "
+                    f"decoded ({exc}); restore from another checkpoint or savepoint"
+                ) from exc
+
+    def _table_for(self, info: FileStateInfo, source: str) -> StateTable:
+        meta = info.meta
+        table = self.backend.tables.get(meta.name)
+        if table is not None:
+            old = table.meta
+            if (old.kind, old.value_type, old.user_key_type, old.ttl_ms is None) != \
+                    (meta.kind, meta.value_type, meta.user_key_type, meta.ttl_ms is None):
+                raise StateTypeMismatchError(
+                    f"{source}: state {meta.name!r} is {meta.kind} of {meta.value_type} here but "
+                    f"{old.kind} of {old.value_type} in another file of the same snapshot"
+                )
+            return table
+        value = _serializer(meta.value_type, info.value_schema, source, meta.name)
+        assert value is not None
+        user_key = _serializer(meta.user_key_type, info.user_key_schema, source, meta.name)
+        table = StateTable(meta, value, user_key)
+        self.backend.tables[meta.name] = table
+        return table
+
+    @staticmethod
+    def _apply_entries(table: StateTable, key_group: int, entries: list[Any],
+                       decode: Decode) -> None:
+        group = table.maps.get(key_group)
+        if group is None:
+            group = table.maps[key_group] = {}
+        uk = table.user_key_serializer
+        for op, key_bytes, ns, payload in entries:
+            key = (key_bytes, ns)
+            if op == OP_PUT:
+                group[key] = decode(payload)
+            elif op == OP_REMOVE:
+                group.pop(key, None)
+            elif op == OP_APPEND:
+                existing = group.get(key)
+                if existing is None:
+                    group[key] = decode(payload)
+                else:
+                    existing.extend(decode(payload))
+            elif op == OP_MAP_DIFF:
+                puts, removed = payload
+                existing = group.get(key)
+                if existing is None:
+                    existing = group[key] = {}
+                existing.update(decode(puts))
+                for user_key in removed:
+                    existing.pop(user_key if uk is None else uk.deserialize(user_key), None)
+                if not existing:
+                    del group[key]
+            else:
+                raise ValueError(f"unknown op {op}")
+        if not group:
+            del table.maps[key_group]

@@ -1,0 +1,513 @@
+"""The heap backend's state tables and the five state kinds over them.
+
+A :class:`StateTable` holds one state as Python objects, per key group:
+``(key_bytes, namespace_bytes) -> stored`` where ``stored`` is the value (value, reducing and
+aggregating states), a list (list state) or a dict of user key -> value (map state). Under TTL
+every value, list element and map value is a ``(value, last_access_ms)`` tuple, so expiry is
+per element and per map entry, as in Flink. Nothing is serialized on access: typed values are
+only checked (``to_plain``) when written; untyped ones are pickled once on write as their check.
+
+Every change is also recorded in the table's open journal segment (``marks``, see
+:mod:`keyedstate.backends.heap.snapshot`): only *which* entry changed, never the value, so that
+repeated updates of a key squash into one entry of the next incremental snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+from keyedstate.backends.base.backend import meta_info_of
+from keyedstate.checkpoint.metadata import StateMetaInfo
+from keyedstate.errors import (
+    ConfigurationError,
+    KeyedStateError,
+    SerializationError,
+    UserFunctionError,
+)
+from keyedstate.serde import (
+    VOID_NAMESPACE,
+    PickleSerializer,
+    TypeSerializer,
+    serialize_namespace,
+)
+from keyedstate.state.api import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
+from keyedstate.state.descriptors import (
+    AggregatingStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateKind,
+    TtlUpdateType,
+)
+
+if TYPE_CHECKING:
+    from keyedstate.backends.base.backend import KeyedStateBackend
+
+EntryKey = tuple[bytes, bytes]
+#: Journal mark of an entry: REPLACED (write it whole, or its removal), for a list only
+#: appended to the length it had before the first append, for a map the set of changed user keys.
+Mark = int | set[Any]
+KeyGroupMarks = dict[int, dict[EntryKey, Mark]]
+REPLACED = -1
+
+
+class StateTable:
+    """One state's entries (registered, or restored and not yet registered).
+
+    ``descriptor`` is None for a restored state nobody asked for yet; its values were decoded
+    with serializers rebuilt from the snapshot, which equal the descriptor's once it registers
+    (:func:`check_compatible` compares the type strings).
+    """
+
+    def __init__(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
+                 user_key_serializer: TypeSerializer | None,
+                 descriptor: StateDescriptor | None = None) -> None:
+        self.name = meta.name
+        self.kind = StateKind(meta.kind)
+        self.meta = meta
+        self.descriptor = descriptor
+        self.value_serializer = value_serializer
+        self.user_key_serializer = user_key_serializer
+        self.ttl_ms: int | None = meta.ttl_ms
+        self.update_on_read = False
+        self.cleanup_size = 0
+        self.cleanup_in_full_snapshot = True
+        self.maps: dict[int, dict[EntryKey, Any]] = {}
+        #: the open journal segment; None while nothing can be a base (no tracking needed).
+        self.marks: KeyGroupMarks | None = None
+        self._cursor_key_groups: list[int] = []
+        self._cursor_group = -1
+        self._cursor_keys: list[EntryKey] = []
+        self._cursor_pos = 0
+        if descriptor is not None:
+            self.attach(descriptor)
+
+    @classmethod
+    def of(cls, descriptor: StateDescriptor) -> StateTable:
+        return cls(meta_info_of(descriptor), descriptor.value_serializer,
+                   descriptor.user_key_serializer, descriptor)
+
+    def attach(self, descriptor: StateDescriptor) -> None:
+        """Adopt the descriptor (TTL duration may differ from the restored one, as in Flink)."""
+        self.descriptor = descriptor
+        self.meta = meta_info_of(descriptor)
+        self.value_serializer = descriptor.value_serializer
+        self.user_key_serializer = descriptor.user_key_serializer
+        ttl = descriptor.ttl
+        self.ttl_ms = None if ttl is None else ttl.ttl_ms
+        self.update_on_read = ttl is not None and ttl.update_type == TtlUpdateType.ON_READ_AND_WRITE
+        self.cleanup_size = 0 if ttl is None else ttl.incremental_cleanup_size
+        self.cleanup_in_full_snapshot = ttl is None or ttl.cleanup_in_full_snapshot
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check_value(self, value: Any) -> None:
+        self._check(self.value_serializer, value, "value")
+
+    def check_user_key(self, user_key: Any) -> None:
+        if self.user_key_serializer is not None:
+            self._check(self.user_key_serializer, user_key, "map key")
+
+    def _check(self, serializer: TypeSerializer, value: Any, what: str) -> None:
+        try:
+            if isinstance(serializer, PickleSerializer):
+                # Untyped: only pickling proves a value can be snapshotted; failing here names
+                # the write at fault instead of failing a later checkpoint.
+                serializer.serialize(value)
+            else:
+                serializer.to_plain(value)
+        except SerializationError as exc:
+            hint = "store picklable values or declare a type" \
+                if isinstance(serializer, PickleSerializer) \
+                else f"pass a {what} of the declared type {serializer.type_string}"
+            raise SerializationError(f"state {self.name!r}: {exc}; {hint}") from exc
+
+    # -- journal -------------------------------------------------------------------------------
+
+    def _marks_of(self, key_group: int) -> dict[EntryKey, Mark] | None:
+        marks = self.marks
+        if marks is None:
+            return None
+        group = marks.get(key_group)
+        if group is None:
+            group = marks[key_group] = {}
+        return group
+
+    def mark_replaced(self, key_group: int, key: EntryKey) -> None:
+        group = self._marks_of(key_group)
+        if group is not None:
+            group[key] = REPLACED
+
+    def mark_appended(self, key_group: int, key: EntryKey, old_len: int) -> None:
+        group = self._marks_of(key_group)
+        if group is not None:
+            # An earlier mark (REPLACED or an earlier start) already covers this append.
+            group.setdefault(key, old_len)
+
+    def mark_user_key(self, key_group: int, key: EntryKey, user_key: Any) -> None:
+        group = self._marks_of(key_group)
+        if group is not None:
+            mark = group.get(key)
+            if mark is None:
+                group[key] = {user_key}
+            elif type(mark) is set:
+                mark.add(user_key)
+
+    # -- entries -------------------------------------------------------------------------------
+
+    def get(self, key_group: int, key: EntryKey) -> Any:
+        group = self.maps.get(key_group)
+        return None if group is None else group.get(key)
+
+    def put(self, key_group: int, key: EntryKey, stored: Any) -> None:
+        group = self.maps.get(key_group)
+        if group is None:
+            group = self.maps[key_group] = {}
+        group[key] = stored
+        self.mark_replaced(key_group, key)
+
+    def remove(self, key_group: int, key: EntryKey) -> None:
+        group = self.maps.get(key_group)
+        if group is not None and group.pop(key, None) is not None:
+            self.mark_replaced(key_group, key)
+            if not group:
+                del self.maps[key_group]
+
+    def is_expired(self, last_access_ms: int, now: int) -> bool:
+        # keyedstate.state.ttl.is_expired, inlined: it runs for every element read under TTL.
+        return last_access_ms + self.ttl_ms <= now  # type: ignore[operator]
+
+    def purge(self, key_group: int, key: EntryKey, stored: Any, now: int) -> Any:
+        """Drop what expired in one entry (journaled); returns what is left, None if nothing."""
+        expired = self.is_expired
+        if self.kind is StateKind.LIST:
+            live = [e for e in stored if not expired(e[1], now)]
+            if len(live) == len(stored):
+                return stored
+            if live:
+                self.put(key_group, key, live)
+                return live
+        elif self.kind is StateKind.MAP:
+            for user_key in [uk for uk, e in stored.items() if expired(e[1], now)]:
+                del stored[user_key]
+                self.mark_user_key(key_group, key, user_key)
+            if stored:
+                return stored
+        elif not expired(stored[1], now):
+            return stored
+        self.remove(key_group, key)
+        return None
+
+    def cleanup(self, now: int) -> None:
+        """Flink's incremental cleanup: check the next ``incremental_cleanup_size`` entries
+        after a persistent cursor and drop expired ones. The cursor walks a copy of one key
+        group's keys at a time, so it survives concurrent changes and costs O(1) per step."""
+        budget = self.cleanup_size
+        rounds = 0
+        while budget > 0:
+            if self._cursor_pos >= len(self._cursor_keys):
+                if not self._cursor_key_groups:
+                    self._cursor_key_groups = sorted(self.maps, reverse=True)
+                    rounds += 1
+                    # Empty, or every entry was already looked at during this access.
+                    if not self._cursor_key_groups or rounds > 2:
+                        return
+                kg = self._cursor_key_groups.pop()
+                self._cursor_keys = list(self.maps.get(kg, ()))
+                self._cursor_pos = 0
+                self._cursor_group = kg
+                continue
+            key = self._cursor_keys[self._cursor_pos]
+            self._cursor_pos += 1
+            budget -= 1
+            stored = self.get(self._cursor_group, key)
+            if stored is not None:
+                self.purge(self._cursor_group, key, stored, now)
+
+
+class _HeapState(State):
+    """Shared plumbing: the current key comes from the backend, the namespace is per state."""
+
+    def __init__(self, backend: KeyedStateBackend, table: StateTable,
+                 descriptor: StateDescriptor) -> None:
+        self._backend = backend
+        self._table = table
+        self.descriptor = descriptor
+        self._ns = VOID_NAMESPACE
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        self._ns = serialize_namespace(namespace)
+
+    def _key(self) -> tuple[int, EntryKey]:
+        backend = self._backend
+        key_bytes = backend.current_key_bytes
+        if key_bytes is None:
+            raise ConfigurationError(
+                f"state {self._table.name!r} was accessed without a current key: call "
+                f"set_current_key(...) on the keyed backend first"
+            )
+        return backend.current_key_group, (key_bytes, self._ns)
+
+    def _now(self) -> int:
+        return self._backend.time_provider.now_ms()
+
+    def _read(self) -> tuple[int, EntryKey, Any, int]:
+        """(key group, entry key, live stored entry or None, now); purges what expired."""
+        kg, key = self._key()
+        table = self._table
+        stored = table.get(kg, key)
+        if table.ttl_ms is None:
+            return kg, key, stored, 0
+        now = self._now()
+        if stored is not None:
+            stored = table.purge(kg, key, stored, now)
+        return kg, key, stored, now
+
+    def _done(self, now: int) -> None:
+        if self._table.cleanup_size:
+            self._table.cleanup(now)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except KeyedStateError:
+            raise
+        except Exception as exc:  # any user error, wrapped so callers see which state failed
+            raise UserFunctionError(
+                f"the {what} of state {self._table.name!r} raised {type(exc).__name__}: {exc}; "
+                f"fix the function or the values added to the state"
+            ) from exc
+
+    def clear(self) -> None:
+        kg, key = self._key()
+        self._table.remove(kg, key)
+        if self._table.ttl_ms is not None:
+            self._done(self._now())
+
+
+class _SingleValueState(_HeapState):
+    """Value, reducing and aggregating states: one stored value per key and namespace."""
+
+    def _get(self) -> Any:
+        kg, key, stored, now = self._read()
+        table = self._table
+        if table.ttl_ms is None:
+            return stored
+        if stored is None:
+            self._done(now)
+            return None
+        if table.update_on_read:
+            table.put(kg, key, (stored[0], now))
+        self._done(now)
+        return stored[0]
+
+    def _set(self, kg: int, key: EntryKey, value: Any, now: int) -> None:
+        table = self._table
+        if value is None:
+            table.remove(kg, key)
+        else:
+            table.check_value(value)
+            table.put(kg, key, value if table.ttl_ms is None else (value, now))
+        if table.ttl_ms is not None:
+            self._done(now)
+
+
+class HeapValueState(_SingleValueState, ValueState[Any]):
+    def value(self) -> Any:
+        stored = self._get()
+        default: Any = getattr(self.descriptor, "default", None)
+        return default if stored is None else stored
+
+    def update(self, value: Any) -> None:
+        kg, key = self._key()
+        self._set(kg, key, value, self._now() if self._table.ttl_ms is not None else 0)
+
+
+class HeapReducingState(_SingleValueState, ReducingState[Any]):
+    def get(self) -> Any:
+        return self._get()
+
+    def add(self, value: Any) -> None:
+        # Input and result are of the declared type: refuse a bad input before reducing it.
+        self._table.check_value(value)
+        kg, key, stored, now = self._read()
+        if stored is not None and self._table.ttl_ms is not None:
+            stored = stored[0]
+        assert isinstance(self.descriptor, ReducingStateDescriptor)
+        if stored is not None:
+            value = self._call("reduce function", self.descriptor.reduce_function, stored, value)
+        self._set(kg, key, value, now)
+
+
+class HeapAggregatingState(_SingleValueState, AggregatingState[Any]):
+    def get(self) -> Any:
+        acc = self._get()
+        if acc is None:
+            return None
+        assert isinstance(self.descriptor, AggregatingStateDescriptor)
+        return self._call("aggregate function's get_result",
+                          self.descriptor.aggregate_function.get_result, acc)
+
+    def add(self, value: Any) -> None:
+        kg, key, acc, now = self._read()
+        if acc is not None and self._table.ttl_ms is not None:
+            acc = acc[0]
+        assert isinstance(self.descriptor, AggregatingStateDescriptor)
+        fn = self.descriptor.aggregate_function
+        if acc is None:
+            acc = self._call("aggregate function's create_accumulator", fn.create_accumulator)
+        self._set(kg, key, self._call("aggregate function's add", fn.add, value, acc), now)
+
+
+class HeapListState(_HeapState, ListState[Any]):
+    def _checked(self, values: Iterable[Any]) -> list[Any]:
+        values = list(values)
+        for v in values:
+            self._table.check_value(v)
+        return values
+
+    def get(self) -> list[Any]:
+        kg, key, stored, now = self._read()
+        table = self._table
+        if stored is None:
+            if table.ttl_ms is not None:
+                self._done(now)
+            return []
+        if table.ttl_ms is None:
+            return list(stored)
+        if table.update_on_read:
+            table.put(kg, key, [(v, now) for v, _ in stored])
+        self._done(now)
+        return [v for v, _ in stored]
+
+    def add(self, value: Any) -> None:
+        self.add_all((value,))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        new = self._checked(values)
+        if not new:
+            return
+        kg, key, stored, now = self._read()
+        table = self._table
+        if table.ttl_ms is not None:
+            new = [(v, now) for v in new]
+        if stored is None:
+            group = table.maps.get(kg)
+            if group is None:
+                group = table.maps[kg] = {}
+            group[key] = new
+            table.mark_appended(kg, key, 0)
+        else:
+            table.mark_appended(kg, key, len(stored))
+            stored.extend(new)
+        if table.ttl_ms is not None:
+            self._done(now)
+
+    def update(self, values: Iterable[Any]) -> None:
+        new = self._checked(values)
+        kg, key = self._key()
+        table = self._table
+        now = self._now() if table.ttl_ms is not None else 0
+        if not new:
+            table.remove(kg, key)
+        else:
+            table.put(kg, key, new if table.ttl_ms is None else [(v, now) for v in new])
+        if table.ttl_ms is not None:
+            self._done(now)
+
+
+class HeapMapState(_HeapState, MapState[Any, Any]):
+    def get(self, key: Any) -> Any:
+        kg, ekey, stored, now = self._read()
+        if stored is None:
+            result = None
+        elif self._table.ttl_ms is None:
+            result = stored.get(key)
+        else:
+            entry = stored.get(key)
+            result = None if entry is None else entry[0]
+            if entry is not None and self._table.update_on_read:
+                stored[key] = (result, now)
+                self._table.mark_user_key(kg, ekey, key)
+        if self._table.ttl_ms is not None:
+            self._done(now)
+        return result
+
+    def contains(self, key: Any) -> bool:
+        kg, ekey, stored, now = self._read()
+        if self._table.ttl_ms is not None:
+            self._done(now)
+        return stored is not None and key in stored
+
+    def put(self, key: Any, value: Any) -> None:
+        self.put_all({key: value})
+
+    def put_all(self, mapping: dict[Any, Any]) -> None:
+        table = self._table
+        for k, v in mapping.items():
+            table.check_user_key(k)
+            table.check_value(v)
+        if not mapping:
+            return
+        kg, ekey, stored, now = self._read()
+        if stored is None:
+            group = table.maps.get(kg)
+            if group is None:
+                group = table.maps[kg] = {}
+            stored = group[ekey] = {}
+        ttl = table.ttl_ms is not None
+        for k, v in mapping.items():
+            stored[k] = (v, now) if ttl else v
+            table.mark_user_key(kg, ekey, k)
+        if ttl:
+            self._done(now)
+
+    def remove(self, key: Any) -> None:
+        kg, ekey, stored, now = self._read()
+        table = self._table
+        if stored is not None and key in stored:
+            del stored[key]
+            table.mark_user_key(kg, ekey, key)
+            if not stored:
+                table.remove(kg, ekey)
+        if table.ttl_ms is not None:
+            self._done(now)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        kg, ekey, stored, now = self._read()
+        table = self._table
+        if stored is None:
+            pairs: list[tuple[Any, Any]] = []
+        elif table.ttl_ms is None:
+            pairs = list(stored.items())
+        else:
+            pairs = [(k, e[0]) for k, e in stored.items()]
+            if table.update_on_read:
+                for k, v in pairs:
+                    stored[k] = (v, now)
+                    table.mark_user_key(kg, ekey, k)
+        if table.ttl_ms is not None:
+            self._done(now)
+        return iter(pairs)
+
+
+STATE_CLASSES: dict[StateKind, type[_HeapState]] = {
+    StateKind.VALUE: HeapValueState,
+    StateKind.LIST: HeapListState,
+    StateKind.MAP: HeapMapState,
+    StateKind.REDUCING: HeapReducingState,
+    StateKind.AGGREGATING: HeapAggregatingState,
+}
+
+
+def create_state(backend: KeyedStateBackend, table: StateTable,
+                 descriptor: StateDescriptor) -> State:
+    """The state object of ``descriptor``'s kind over ``table``."""
+    return STATE_CLASSES[descriptor.kind](backend, table, descriptor)
+

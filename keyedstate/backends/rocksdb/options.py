@@ -1,0 +1,242 @@
+"""RocksDB tuning and the one native boundary: options, opening a DB, translating errors.
+
+:class:`RocksDBOptions` is a frozen dataclass (it pickles and travels to executors with the
+backend config); :meth:`RocksDBOptions.to_options` adapts it to ``rocksdict.Options``. Every
+``rocksdict`` call that can fail is made through this module's helpers or translated with
+:func:`rocksdb_error`, the single place where a generic rocksdict exception becomes a typed
+:class:`~keyedstate.errors.BackendError` (``raise ... from exc``).
+
+Memory is bounded per process, as Flink bounds it per slot: every keyed backend of one executor
+process shares one block cache, and memtables are charged to that cache through one
+``WriteBufferManager`` (see :func:`shared_resources`).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import rocksdict
+
+from keyedstate.errors import BackendError, ConfigurationError, KeyedStateError
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+_COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
+
+#: RocksDB's own column family; it always exists and keyedstate never writes to it.
+DEFAULT_COLUMN_FAMILY = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class RocksDBOptions:
+    """Tuning of the RocksDB backend, with bounded-memory defaults.
+
+    Memory one executor process can use for RocksDB is about ``block_cache_size`` (memtables
+    are charged to the cache when ``charge_write_buffers_to_block_cache``), plus index and
+    filter blocks, which live in the cache too (``cache_index_and_filter_blocks``).
+
+    Flink's names for the same knobs: ``state.backend.rocksdb.block.cache-size``,
+    ``...writebuffer.size``, ``...writebuffer.count``, ``...block.blocksize``,
+    ``...thread.num``, ``...files.open``, ``...compaction.level.target-file-size-base``.
+    """
+
+    #: the block cache shared by every DB of the process (data, index and filter blocks).
+    block_cache_size: int = 64 * MiB
+    #: size of one memtable of one column family.
+    write_buffer_size: int = 16 * MiB
+    #: memtables per column family (one active, the others being flushed).
+    max_write_buffer_number: int = 2
+    #: total memtable memory of the process (every DB and column family); 0 = unbounded.
+    write_buffer_manager_size: int = 32 * MiB
+    #: count memtable memory against ``block_cache_size`` (Flink's managed-memory model).
+    charge_write_buffers_to_block_cache: bool = True
+    block_size: int = 4 * KiB
+    #: bloom filter bits per key for point lookups; 0 disables the filter.
+    bloom_filter_bits_per_key: int = 10
+    cache_index_and_filter_blocks: bool = True
+    max_background_jobs: int = 2
+    #: -1 keeps every SST open (their index blocks are in the block cache anyway).
+    max_open_files: int = -1
+    target_file_size_base: int = 64 * MiB
+    compression: str = "lz4"
+    #: Flink disables the WAL: a snapshot flushes memtables, and a failed task restores from
+    #: the last checkpoint, never from the local files.
+    disable_wal: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_cache_size", "write_buffer_size", "block_size",
+                     "target_file_size_base"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"RocksDBOptions.{name} must be positive, got "
+                                         f"{getattr(self, name)}")
+        if self.max_write_buffer_number < 1:
+            raise ConfigurationError("RocksDBOptions.max_write_buffer_number must be >= 1")
+        if self.write_buffer_manager_size < 0 or self.bloom_filter_bits_per_key < 0:
+            raise ConfigurationError(
+                "RocksDBOptions.write_buffer_manager_size and bloom_filter_bits_per_key must be "
+                ">= 0 (0 disables them)"
+            )
+        if self.max_background_jobs < 1:
+            raise ConfigurationError("RocksDBOptions.max_background_jobs must be >= 1")
+        if self.compression not in _COMPRESSIONS:
+            raise ConfigurationError(
+                f"RocksDBOptions.compression {self.compression!r} is unknown; choose one of "
+                f"{list(_COMPRESSIONS)}"
+            )
+
+    def to_options(self) -> rocksdict.Options:
+        """``rocksdict.Options`` in raw mode (bytes keys and values, no pickling) for the DB and
+        for each of its column families, using the process's shared cache and buffer manager."""
+        cache, manager = shared_resources(self)
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(cache)
+        table.set_block_size(self.block_size)
+        if self.bloom_filter_bits_per_key:
+            table.set_bloom_filter(self.bloom_filter_bits_per_key, False)
+        table.set_cache_index_and_filter_blocks(self.cache_index_and_filter_blocks)
+        # Keep L0 index/filter blocks pinned: they are read on every lookup.
+        table.set_pin_l0_filter_and_index_blocks_in_cache(self.cache_index_and_filter_blocks)
+        opts.set_block_based_table_factory(table)
+        if manager is not None:
+            opts.set_write_buffer_manager(manager)
+        opts.set_write_buffer_size(self.write_buffer_size)
+        opts.set_max_write_buffer_number(self.max_write_buffer_number)
+        opts.set_max_background_jobs(self.max_background_jobs)
+        opts.set_max_open_files(self.max_open_files)
+        opts.set_target_file_size_base(self.target_file_size_base)
+        opts.set_compression_type(getattr(rocksdict.DBCompressionType, self.compression)())
+        # Keep RocksDB's info LOG small: it is a private file of every snapshot otherwise.
+        opts.set_keep_log_file_num(1)
+        return opts
+
+    def write_options(self) -> rocksdict.WriteOptions:
+        opts = rocksdict.WriteOptions()
+        # A property at runtime, though rocksdict's stub declares a method.
+        setattr(opts, "disable_wal", self.disable_wal)  # noqa: B010
+        return opts
+
+
+# --------------------------------------------------------------------------------------------
+# process-wide shared memory
+# --------------------------------------------------------------------------------------------
+
+_SharedKey = tuple[int, int, bool]
+_shared: dict[_SharedKey, tuple[rocksdict.Cache, rocksdict.WriteBufferManager | None]] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_resources(
+    options: RocksDBOptions,
+) -> tuple[rocksdict.Cache, rocksdict.WriteBufferManager | None]:
+    """The block cache and write buffer manager every DB of this process with the same memory
+    settings shares, so memory stays bounded however many subtasks an executor runs."""
+    key = (options.block_cache_size, options.write_buffer_manager_size,
+           options.charge_write_buffers_to_block_cache)
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is None:
+            cache = rocksdict.Cache(options.block_cache_size)
+            manager: rocksdict.WriteBufferManager | None = None
+            if options.write_buffer_manager_size:
+                if options.charge_write_buffers_to_block_cache:
+                    manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+                        options.write_buffer_manager_size, False, cache)
+                else:
+                    manager = rocksdict.WriteBufferManager(
+                        options.write_buffer_manager_size, False)
+            found = _shared[key] = (cache, manager)
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# the native boundary
+# --------------------------------------------------------------------------------------------
+
+
+def rocksdb_error(exc: BaseException, what: str) -> KeyedStateError:
+    """The typed error for an exception raised by rocksdict while doing ``what``.
+
+    The one translation point: callers write ``raise rocksdb_error(exc, what) from exc``.
+    keyedstate's own errors pass through unchanged.
+    """
+    if isinstance(exc, KeyedStateError):
+        return exc
+    if isinstance(exc, rocksdict.DbClosedError):
+        return BackendError(f"RocksDB is closed while {what}; the keyed backend was closed, "
+                            f"create a new one")
+    message = str(exc)
+    hint = "check the local disk (space, permissions) and the RocksDB LOG file"
+    if message.startswith("Corruption"):
+        hint = "the local files are corrupt; restore from a checkpoint"
+    return BackendError(f"RocksDB failed while {what}: {message}; {hint}")
+
+
+@contextmanager
+def native(what: str) -> Iterator[None]:
+    """Run a block of rocksdict calls, translating their errors (not for hot paths)."""
+    try:
+        yield
+    except KeyedStateError:
+        raise
+    except Exception as exc:
+        raise rocksdb_error(exc, what) from exc
+
+
+def open_db(path: str, options: RocksDBOptions,
+            column_families: Mapping[str, object] | list[str] | None = None
+            ) -> rocksdict.Rdict:
+    """Open (creating if missing) the DB at ``path`` with every column family listed, each
+    with the same tuned options. Existing column families not listed are opened too (RocksDB
+    refuses to open a DB without all of them)."""
+    names = set(column_families or ())
+    with native(f"opening the RocksDB at {path}"):
+        try:
+            names.update(rocksdict.Rdict.list_cf(path, options.to_options()))
+        except Exception:  # a new, empty directory has no column families yet
+            pass
+        names.discard(DEFAULT_COLUMN_FAMILY)
+        return rocksdict.Rdict(path, options.to_options(),
+                               column_families={n: options.to_options() for n in names})
+
+
+def scan(cf: rocksdict.Rdict, lower: bytes | None, upper: bytes | None,
+         what: str) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, value)`` of ``cf`` with ``lower <= key < upper`` (None: unbounded), in key order.
+
+    Unlike ``Rdict.items()`` this checks the iterator's status at the end, so a corrupt block
+    raises :class:`BackendError` instead of silently ending the scan.
+    """
+    try:
+        it = cf.iter()
+        if lower is None:
+            it.seek_to_first()
+        else:
+            it.seek(lower)
+        while it.valid():
+            key = it.key()
+            if upper is not None and key >= upper:
+                return
+            yield key, it.value()
+            it.next()
+        it.status()
+    except KeyedStateError:
+        raise
+    except GeneratorExit:
+        raise
+    except Exception as exc:
+        raise rocksdb_error(exc, what) from exc
+
+
+def prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes((stripped[-1] + 1,))

@@ -1,0 +1,521 @@
+"""The five state kinds over RocksDB column families, and the key layout they share.
+
+Key layout (Flink's ``CompositeKeySerializationUtils``, with varint lengths)::
+
+    [key group: 1 byte if max parallelism <= 128, else 2, big-endian]
+    [varint len][key bytes]            the canonical key (KeySerializer)
+    [varint len][namespace bytes]      serialize_namespace (None -> VOID_NAMESPACE)
+    [user key bytes]                   map states: the map key (user_key_serializer)
+    [8-byte big-endian sequence]       list states: one entry per element
+
+The key group comes first, so a key-group range is one contiguous key range of every column
+family (clip and ingest on rescale, timers' order). The lengths make the prefix of one key and
+namespace unambiguous, so a list or a map is one prefix scan.
+
+Values are the descriptor's ``value_serializer`` bytes; under TTL they are prefixed with the
+8-byte big-endian last-access timestamp (ms), per value, map entry and list element.
+
+A list element's sequence number comes from one counter per keyed backend that only grows, and
+is recorded in every snapshot and restored as the maximum over the restored handles, so
+insertion order survives restore and rescaling and ``add`` is a single put.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+import rocksdict
+
+from keyedstate.backends.rocksdb.options import prefix_upper_bound, rocksdb_error, scan
+from keyedstate.errors import ConfigurationError, KeyedStateError, UserFunctionError
+from keyedstate.serde import TypeSerializer, serialize_namespace
+from keyedstate.state.api import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
+from keyedstate.state.descriptors import (
+    StateDescriptor,
+    StateKind,
+    StateTtlConfig,
+    TtlUpdateType,
+    ValueStateDescriptor,
+)
+
+if TYPE_CHECKING:
+    from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+_TS = struct.Struct(">q")
+_pack_ts = _TS.pack
+_unpack_ts = _TS.unpack_from
+_SEQ = struct.Struct(">Q").pack
+TS_BYTES = 8
+
+
+def unpack_timestamp(raw: bytes) -> int:
+    """The last-access timestamp (ms) a TTL value starts with."""
+    return int(_unpack_ts(raw)[0])
+SEQ_BYTES = 8
+
+# --------------------------------------------------------------------------------------------
+# key layout
+# --------------------------------------------------------------------------------------------
+
+
+def varint(n: int) -> bytes:
+    """Unsigned LEB128: one byte below 128, as most keys and namespaces are."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """``(value, position after it)``."""
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def key_prefix(key_group_bytes: bytes, key_bytes: bytes) -> bytes:
+    """``[key group][varint len][key]``: the part every state shares for the current key."""
+    return key_group_bytes + varint(len(key_bytes)) + key_bytes
+
+
+def namespace_part(namespace_bytes: bytes) -> bytes:
+    return varint(len(namespace_bytes)) + namespace_bytes
+
+
+def split_state_key(raw: bytes, key_group_prefix_bytes: int) -> tuple[int, bytes, bytes, bytes]:
+    """``(key group, key bytes, namespace bytes, rest)`` of a stored state key."""
+    key_group = int.from_bytes(raw[:key_group_prefix_bytes], "big")
+    n, pos = read_varint(raw, key_group_prefix_bytes)
+    key = raw[pos:pos + n]
+    pos += n
+    m, pos = read_varint(raw, pos)
+    return key_group, key, raw[pos:pos + m], raw[pos + m:]
+
+
+# --------------------------------------------------------------------------------------------
+# base
+# --------------------------------------------------------------------------------------------
+
+_UNSET = object()
+
+
+class RocksDBState(State):
+    """A state bound to one column family, the backend's current key and its own namespace.
+
+    The full key is cached and rebuilt only when the backend's key prefix object changes (one
+    identity check per access), so get and update cost little more than raw rocksdict.
+    """
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+                 cf: rocksdict.Rdict, handle: rocksdict.ColumnFamily) -> None:
+        self._backend = backend
+        self.descriptor = descriptor
+        self.name = descriptor.name
+        self._cf = cf
+        self._handle = handle
+        self._get = cf.get
+        self._put = cf.put
+        self._delete = cf.delete
+        self._ser = descriptor.value_serializer.serialize
+        self._check = descriptor.value_serializer.to_plain
+        self._deser = descriptor.value_serializer.deserialize
+        self._what = f"accessing state {descriptor.name!r}"
+        self._ns_part = namespace_part(serialize_namespace(None))
+        self._kp: object = _UNSET
+        self._full = b""
+        ttl = descriptor.ttl
+        self._ttl: StateTtlConfig | None = ttl
+        self._ttl_ms = ttl.ttl_ms if ttl is not None else 0
+        self._refresh_on_read = ttl is not None and ttl.update_type == TtlUpdateType.ON_READ_AND_WRITE
+        self._cleanup = _CleanupCursor(self) if ttl and ttl.incremental_cleanup_size else None
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _key(self) -> bytes:
+        kp = self._backend._key_prefix
+        if kp is self._kp:
+            return self._full
+        return self._rekey(kp)
+
+    def _rekey(self, kp: bytes | None) -> bytes:
+        if kp is None:
+            raise ConfigurationError(
+                f"state {self.name!r} was used without a current key; call set_current_key() "
+                f"on the keyed backend first"
+            )
+        self._kp = kp
+        self._full = kp + self._ns_part
+        return self._full
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        self._ns_part = namespace_part(serialize_namespace(namespace))
+        self._kp = _UNSET
+
+    # -- TTL -----------------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return self._backend.time_provider.now_ms()
+
+    def _wrap(self, data: bytes) -> bytes:
+        """Stored bytes of a value just written (stamped under TTL)."""
+        if self._ttl is None:
+            return data
+        return _pack_ts(self._now()) + data
+
+    def _live(self, key: bytes, raw: bytes, now: int, batch: rocksdict.WriteBatch | None = None
+              ) -> bytes | None:
+        """The payload of a stored TTL value, or None (and deleted) when it expired; refreshed
+        on read under ``ON_READ_AND_WRITE``. Writes go to ``batch`` when given."""
+        if _unpack_ts(raw)[0] + self._ttl_ms <= now:
+            if batch is None:
+                self._native(self._delete, key)
+            else:
+                batch.delete(key)
+            return None
+        if self._refresh_on_read:
+            fresh = _pack_ts(now) + raw[TS_BYTES:]
+            if batch is None:
+                self._native(self._put, key, fresh)
+            else:
+                batch.put(key, fresh)
+        return raw[TS_BYTES:]
+
+    def _read(self, key: bytes) -> bytes | None:
+        """The live payload stored under ``key`` (None when absent or expired)."""
+        try:
+            raw = self._get(key)
+        except Exception as exc:
+            raise rocksdb_error(exc, self._what) from exc
+        if raw is None or self._ttl is None:
+            return raw
+        self._cleanup_step()
+        return self._live(key, raw, self._now())
+
+    def _write(self, key: bytes, data: bytes) -> None:
+        if self._ttl is not None:
+            self._cleanup_step()
+            data = _pack_ts(self._now()) + data
+        try:
+            self._put(key, data)
+        except Exception as exc:
+            raise rocksdb_error(exc, self._what) from exc
+
+    def _cleanup_step(self) -> None:
+        if self._cleanup is not None:
+            self._cleanup.step(self._ttl.incremental_cleanup_size, self._now())  # type: ignore[union-attr]
+
+    def reset_cleanup_cursor(self) -> None:
+        """Drop the cleanup iterator (it pins files); the next step re-seeks where it was."""
+        if self._cleanup is not None:
+            self._cleanup.reset()
+
+    # -- native helpers ------------------------------------------------------------------------
+
+    def _native(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise rocksdb_error(exc, self._what) from exc
+
+    def _batch(self) -> rocksdict.WriteBatch:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.set_default_column_family(self._handle)
+        return batch
+
+    def _commit(self, batch: rocksdict.WriteBatch) -> None:
+        if len(batch):
+            self._native(self._backend.db.write, batch, self._backend.write_options)
+
+    def _scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return scan(self._cf, prefix, prefix_upper_bound(prefix), self._what)
+
+    def _delete_prefix(self, prefix: bytes, batch: rocksdict.WriteBatch) -> None:
+        # Point deletes, not delete_range: lists and maps are small, and many small range
+        # tombstones slow every later read of the column family.
+        for key, _ in self._scan_prefix(prefix):
+            batch.delete(key)
+
+    def _user_call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise UserFunctionError(
+                f"the {what} of state {self.name!r} raised {type(exc).__name__}: {exc}; the "
+                f"state is unchanged, fix the function"
+            ) from exc
+
+    def clear(self) -> None:
+        key = self._key()
+        self._native(self._delete, key)
+
+    def close(self) -> None:
+        """Drop every native reference so the DB can close (later use raises BackendError)."""
+        self._cleanup = None
+        self._get = self._put = self._delete = CLOSED.get
+        self._cf = CLOSED  # type: ignore[assignment]
+        self._handle = None  # type: ignore[assignment]
+
+
+class _ClosedNative:
+    """Stands in for a closed DB or column family: every call raises ``DbClosedError``, which
+    :func:`rocksdb_error` turns into a :class:`BackendError` naming the state."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def closed(*_: Any, **__: Any) -> Any:
+            raise rocksdict.DbClosedError("the keyed backend is closed")
+        return closed
+
+
+CLOSED: Any = _ClosedNative()
+
+
+class _CleanupCursor:
+    """Flink's incremental TTL cleanup: a cursor over the whole column family that checks a
+    few entries on each state access and deletes expired ones. The iterator is persistent (one
+    seek per pass, not per access); it sees a frozen view, so an expired-looking entry is read
+    again before deleting it (it may have been rewritten since)."""
+
+    def __init__(self, state: RocksDBState) -> None:
+        self._state = state
+        self._it: rocksdict.RdictIter | None = None
+        self._last: bytes | None = None
+
+    def reset(self) -> None:
+        self._it = None
+
+    def _open(self, from_start: bool) -> rocksdict.RdictIter:
+        it = self._state._cf.iter()
+        if from_start or self._last is None:
+            it.seek_to_first()
+        else:
+            it.seek(self._last + b"\x00")
+        self._it = it
+        return it
+
+    def step(self, count: int, now: int) -> None:
+        state = self._state
+        try:
+            it = self._it or self._open(False)
+            wrapped = False
+            for _ in range(count):
+                if not it.valid():
+                    it.status()
+                    if wrapped:
+                        return
+                    wrapped = True
+                    it = self._open(True)
+                    if not it.valid():
+                        it.status()
+                        return
+                key, raw = it.key(), it.value()
+                if _unpack_ts(raw)[0] + state._ttl_ms <= now:
+                    current = state._get(key)
+                    if current is not None and _unpack_ts(current)[0] + state._ttl_ms <= now:
+                        state._delete(key)
+                self._last = key
+                it.next()
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise rocksdb_error(exc, f"cleaning up expired entries of state {state.name!r}") \
+                from exc
+
+
+# --------------------------------------------------------------------------------------------
+# the five kinds
+# --------------------------------------------------------------------------------------------
+
+
+class RocksDBValueState(RocksDBState, ValueState[Any]):
+    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+                 cf: rocksdict.Rdict, handle: rocksdict.ColumnFamily) -> None:
+        super().__init__(backend, descriptor, cf, handle)
+        assert isinstance(descriptor, ValueStateDescriptor)
+        self._default = descriptor.default
+
+    # The hot path: the key check is inlined (no _key() call) and TTL costs one branch.
+
+    def value(self) -> Any:
+        kp = self._backend._key_prefix
+        key = self._full if kp is self._kp else self._rekey(kp)
+        if self._ttl is None:
+            try:
+                raw = self._get(key)
+            except Exception as exc:
+                raise rocksdb_error(exc, self._what) from exc
+        else:
+            raw = self._read(key)
+        return self._default if raw is None else self._deser(raw)
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        kp = self._backend._key_prefix
+        key = self._full if kp is self._kp else self._rekey(kp)
+        if self._ttl is None:
+            try:
+                self._put(key, self._ser(value))
+            except KeyedStateError:
+                raise
+            except Exception as exc:
+                raise rocksdb_error(exc, self._what) from exc
+        else:
+            self._write(key, self._ser(value))
+
+
+class RocksDBListState(RocksDBState, ListState[Any]):
+    def get(self) -> list[Any]:
+        base = self._key()
+        deser = self._deser
+        if self._ttl is None:
+            return [deser(raw) for _, raw in self._scan_prefix(base)]
+        self._cleanup_step()
+        now, batch, out = self._now(), self._batch(), []
+        for key, raw in self._scan_prefix(base):
+            live = self._live(key, raw, now, batch)
+            if live is not None:
+                out.append(deser(live))
+        self._commit(batch)
+        return out
+
+    def add(self, value: Any) -> None:
+        self._write(self._key() + _SEQ(self._backend.next_list_seq()), self._ser(value))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        batch = self._batch()
+        self._append(batch, self._key(), values)
+        self._commit(batch)
+
+    def update(self, values: Iterable[Any]) -> None:
+        base = self._key()
+        batch = self._batch()
+        self._delete_prefix(base, batch)
+        self._append(batch, base, values)
+        self._commit(batch)
+
+    def _append(self, batch: rocksdict.WriteBatch, base: bytes, values: Iterable[Any]) -> None:
+        ser, wrap, seq = self._ser, self._wrap, self._backend.next_list_seq
+        for value in values:
+            batch.put(base + _SEQ(seq()), wrap(ser(value)))
+
+    def clear(self) -> None:
+        batch = self._batch()
+        self._delete_prefix(self._key(), batch)
+        self._commit(batch)
+
+
+class RocksDBMapState(RocksDBState, MapState[Any, Any]):
+    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+                 cf: rocksdict.Rdict, handle: rocksdict.ColumnFamily) -> None:
+        super().__init__(backend, descriptor, cf, handle)
+        user_key: TypeSerializer = descriptor.user_key_serializer  # type: ignore[assignment]
+        self._user_ser = user_key.serialize
+        self._user_deser = user_key.deserialize
+
+    def get(self, key: Any) -> Any:
+        raw = self._read(self._key() + self._user_ser(key))
+        return None if raw is None else self._deser(raw)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._write(self._key() + self._user_ser(key), self._ser(value))
+
+    def put_all(self, mapping: dict[Any, Any]) -> None:
+        base, batch = self._key(), self._batch()
+        for k, v in mapping.items():
+            batch.put(base + self._user_ser(k), self._wrap(self._ser(v)))
+        self._commit(batch)
+
+    def remove(self, key: Any) -> None:
+        self._native(self._delete, self._key() + self._user_ser(key))
+
+    def contains(self, key: Any) -> bool:
+        return self._read(self._key() + self._user_ser(key)) is not None
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        base = self._key()
+        start = len(base)
+        if self._ttl is not None:
+            self._cleanup_step()
+        now = self._now() if self._ttl is not None else 0
+        for key, raw in self._scan_prefix(base):
+            if self._ttl is not None:
+                live = self._live(key, raw, now)
+                if live is None:
+                    continue
+                raw = live
+            yield self._user_deser(key[start:]), self._deser(raw)
+
+    def is_empty(self) -> bool:
+        return next(iter(self.items()), None) is None
+
+    def clear(self) -> None:
+        batch = self._batch()
+        self._delete_prefix(self._key(), batch)
+        self._commit(batch)
+
+
+class RocksDBReducingState(RocksDBState, ReducingState[Any]):
+    def get(self) -> Any:
+        raw = self._read(self._key())
+        return None if raw is None else self._deser(raw)
+
+    def add(self, value: Any) -> None:
+        key = self._key()
+        raw = self._read(key)
+        if raw is not None:
+            # The input is checked against the type before the user function sees it.
+            self._check(value)
+            reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
+            value = self._user_call("reduce function", reduce, self._deser(raw), value)
+        self._write(key, self._ser(value))
+
+
+class RocksDBAggregatingState(RocksDBState, AggregatingState[Any]):
+    def get(self) -> Any:
+        raw = self._read(self._key())
+        if raw is None:
+            return None
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        return self._user_call("aggregate function's get_result", function.get_result,
+                               self._deser(raw))
+
+    def add(self, value: Any) -> None:
+        key = self._key()
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        raw = self._read(key)
+        if raw is None:
+            acc = self._user_call("aggregate function's create_accumulator",
+                                  function.create_accumulator)
+        else:
+            acc = self._deser(raw)
+        acc = self._user_call("aggregate function's add", function.add, value, acc)
+        self._write(key, self._ser(acc))
+
+
+STATE_CLASSES: dict[StateKind, type[RocksDBState]] = {
+    StateKind.VALUE: RocksDBValueState,
+    StateKind.LIST: RocksDBListState,
+    StateKind.MAP: RocksDBMapState,
+    StateKind.REDUCING: RocksDBReducingState,
+    StateKind.AGGREGATING: RocksDBAggregatingState,
+}

@@ -1,0 +1,196 @@
+"""Timers in RocksDB column families ``_timers_event`` and ``_timers_proc``.
+
+Key layout (value empty)::
+
+    [key group][timestamp: 8 bytes big-endian, sign bit flipped][varint len][key][namespace]
+
+Flipping the sign bit makes the unsigned byte order of the timestamp its numeric order, negative
+timestamps included. The key group comes first, as for state, so timers are part of every
+snapshot and move with their key group on rescale; within one key group they are sorted by
+time. :meth:`RocksDBTimerService.pop_due` merges the key groups: it keeps the head (earliest
+timer) of every non-empty key group in a heap, and re-reads a key group's head after each timer
+it fires and whenever a timer of that key group is registered or deleted meanwhile, so timers
+registered by ``on_timer`` callbacks are seen (Flink's ``InternalTimerServiceImpl`` over a
+``KeyGroupPartitionedPriorityQueue``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from typing import TYPE_CHECKING, Any, Iterator
+
+import rocksdict
+
+from keyedstate.backends.rocksdb.options import rocksdb_error, scan
+from keyedstate.backends.rocksdb.states import read_varint, varint
+from keyedstate.errors import ConfigurationError, KeyedStateError
+from keyedstate.keygroups import serialize_key_group
+from keyedstate.serde import serialize_namespace
+from keyedstate.state.timers import InternalTimerService, TimeDomain, Timer
+
+if TYPE_CHECKING:
+    from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+
+_U64 = struct.Struct(">Q")
+_SIGN = 1 << 63
+
+
+def timestamp_bytes(timestamp: int) -> bytes:
+    """The timestamp, sign bit flipped, big-endian: byte order equals numeric order."""
+    return _U64.pack(timestamp + _SIGN)
+
+
+def timer_key(key_group_bytes: bytes, timestamp: int, key_bytes: bytes,
+              namespace_bytes: bytes) -> bytes:
+    return key_group_bytes + timestamp_bytes(timestamp) + varint(len(key_bytes)) + key_bytes \
+        + namespace_bytes
+
+
+def parse_timer_key(raw: bytes, key_group_prefix_bytes: int) -> Timer:
+    n = key_group_prefix_bytes
+    key_group = int.from_bytes(raw[:n], "big")
+    timestamp = _U64.unpack_from(raw, n)[0] - _SIGN
+    length, pos = read_varint(raw, n + 8)
+    return Timer(timestamp, key_group, raw[pos:pos + length], raw[pos + length:])
+
+
+class RocksDBTimerService(InternalTimerService):
+    """Both timer domains of one keyed backend, applying to its current key."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend,
+                 column_families: dict[TimeDomain, rocksdict.Rdict]) -> None:
+        self._backend = backend
+        self._cfs = column_families
+        # Key groups touched while a pop_due of that domain is running (one set per generator).
+        self._watchers: dict[TimeDomain, list[set[int]]] = {d: [] for d in TimeDomain}
+
+    # -- registration --------------------------------------------------------------------------
+
+    def _key(self, timestamp: int, namespace: Any) -> tuple[bytes, int]:
+        backend = self._backend
+        key_bytes = backend.current_key_bytes
+        if key_bytes is None:
+            raise ConfigurationError(
+                "a timer was registered or deleted without a current key; call "
+                "set_current_key() on the keyed backend first"
+            )
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
+            raise ConfigurationError(f"timer timestamp must be an int (ms), got {timestamp!r}")
+        key_group = backend.current_key_group
+        kg_bytes = serialize_key_group(key_group, backend.key_group_prefix_bytes)
+        return timer_key(kg_bytes, timestamp, key_bytes, serialize_namespace(namespace)), key_group
+
+    def _change(self, domain: TimeDomain, timestamp: int, namespace: Any, put: bool) -> None:
+        key, key_group = self._key(timestamp, namespace)
+        cf = self._cfs[domain]
+        try:
+            if put:
+                cf.put(key, b"")
+            else:
+                cf.delete(key)
+        except Exception as exc:
+            raise rocksdb_error(exc, f"changing a {domain} timer") from exc
+        for touched in self._watchers[domain]:
+            touched.add(key_group)
+
+    def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._change(TimeDomain.EVENT_TIME, timestamp, namespace, True)
+
+    def delete_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._change(TimeDomain.EVENT_TIME, timestamp, namespace, False)
+
+    def register_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._change(TimeDomain.PROCESSING_TIME, timestamp, namespace, True)
+
+    def delete_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._change(TimeDomain.PROCESSING_TIME, timestamp, namespace, False)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _kg_bytes(self, key_group: int) -> bytes:
+        return serialize_key_group(key_group, self._backend.key_group_prefix_bytes)
+
+    def _heads(self, cf: rocksdict.Rdict) -> Iterator[tuple[int, bytes]]:
+        """``(key group, first timer key)`` of every non-empty key group, one seek each."""
+        kg_range = self._backend.key_group_range
+        n = self._backend.key_group_prefix_bytes
+        try:
+            it = cf.iter()
+            it.seek(self._kg_bytes(kg_range.start))
+            while it.valid():
+                raw = it.key()
+                key_group = int.from_bytes(raw[:n], "big")
+                if key_group > kg_range.end:
+                    return
+                yield key_group, raw
+                if key_group == kg_range.end:
+                    return
+                it.seek(self._kg_bytes(key_group + 1))
+            it.status()
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise rocksdb_error(exc, "reading timers") from exc
+
+    def _head(self, cf: rocksdict.Rdict, key_group: int) -> bytes | None:
+        """The earliest timer key of one key group (a fresh iterator sees every write)."""
+        prefix = self._kg_bytes(key_group)
+        for raw, _ in scan(cf, prefix, self._kg_bytes(key_group + 1), "reading timers"):
+            return raw
+        return None
+
+    def pop_due(self, domain: TimeDomain, time: int) -> Iterator[Timer]:
+        cf = self._cfs[domain]
+        n = self._backend.key_group_prefix_bytes
+        touched: set[int] = set()
+        self._watchers[domain].append(touched)
+        try:
+            # Step 1. The head of every non-empty key group, in a heap by (timestamp, kg).
+            heads: dict[int, bytes | None] = {}
+            heap: list[tuple[int, int, bytes]] = []
+            for key_group, raw in self._heads(cf):
+                heads[key_group] = raw
+                heap.append((parse_timer_key(raw, n).timestamp, key_group, raw))
+            heapq.heapify(heap)
+            while True:
+                # Step 2. Re-read heads of key groups changed since (fired, registered, deleted);
+                # older heap entries of those key groups become stale.
+                for key_group in touched:
+                    head = self._head(cf, key_group)
+                    heads[key_group] = head
+                    if head is not None:
+                        heapq.heappush(heap, (parse_timer_key(head, n).timestamp, key_group, head))
+                touched.clear()
+                # Step 3. Fire the earliest live head if due; remove it before yielding.
+                while heap and heads.get(heap[0][1]) != heap[0][2]:
+                    heapq.heappop(heap)
+                if not heap or heap[0][0] > time:
+                    return
+                _, key_group, raw = heapq.heappop(heap)
+                try:
+                    cf.delete(raw)
+                except Exception as exc:
+                    raise rocksdb_error(exc, f"removing a fired {domain} timer") from exc
+                heads[key_group] = None
+                touched.add(key_group)
+                yield parse_timer_key(raw, n)
+        finally:
+            self._watchers[domain].remove(touched)
+
+    def timers(self, domain: TimeDomain) -> Iterator[Timer]:
+        cf = self._cfs[domain]
+        n = self._backend.key_group_prefix_bytes
+        runs = [
+            (parse_timer_key(raw, n) for raw, _ in
+             scan(cf, self._kg_bytes(key_group), self._kg_bytes(key_group + 1),
+                  "reading timers"))
+            for key_group, _ in list(self._heads(cf))
+        ]
+        # Each key group is sorted by time; ties keep key-group order (deterministic).
+        return heapq.merge(*runs, key=lambda t: (t.timestamp, t.key_group))
+
+    def next_timestamp(self, domain: TimeDomain) -> int | None:
+        n = self._backend.key_group_prefix_bytes
+        stamps = [parse_timer_key(raw, n).timestamp for _, raw in self._heads(self._cfs[domain])]
+        return min(stamps, default=None)

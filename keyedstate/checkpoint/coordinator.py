@@ -1,0 +1,674 @@
+"""The checkpoint coordinator: trigger, acknowledge, complete, abort, subsume, recover.
+
+Engine-independent and driver-side (Flink's ``CheckpointCoordinator``). One checkpoint::
+
+    pending = coordinator.trigger({"batch_id": "7"})
+    location = pending.location(i)                   # pickled to subtask i, which snapshots
+    coordinator.acknowledge(pending, handle)         # through it and returns its handle
+    completed = coordinator.complete(pending)        # or coordinator.abort(pending, reason)
+
+A checkpoint is complete exactly when its ``chk-<N>/_metadata`` is durable. Everything else
+(registering shared files, subsuming old checkpoints, deleting files) follows the commit and may
+be interrupted by a crash at any point: :meth:`CheckpointCoordinator.recover` rebuilds the
+coordinator from storage alone and finishes the clean-up. The protocol, the registry rules and
+the recovery rules are explained in ``docs/checkpoints.md``.
+
+One coordinator runs per job (per snapshot root); it is not thread-safe. What the executors
+need (storage, locations, handles) pickles; the coordinator itself stays on the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from keyedstate.checkpoint.metadata import (
+    CHECKPOINT_DIR_PREFIX,
+    SHARED_DIR,
+    CheckpointMetadata,
+    KeyedStateHandle,
+    checkpoint_dir_name,
+    checkpoint_id_of_shared_file,
+    shared_file_prefix,
+)
+from keyedstate.checkpoint.registry import SharedStateRegistry
+from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
+from keyedstate.errors import (
+    CheckpointAbortedError,
+    CheckpointError,
+    ConfigurationError,
+    CorruptCheckpointError,
+    KeyGroupRangeError,
+    MaxParallelismMismatchError,
+    NoCheckpointError,
+    UnsafePathError,
+)
+from keyedstate.keygroups import KeyGroupRange, check_parallelism
+
+logger = logging.getLogger(__name__)
+
+_CHK_DIR_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedCheckpoint:
+    """A checkpoint whose ``_metadata`` is durable; ``metadata_path`` is relative to the root."""
+
+    checkpoint_id: int
+    metadata: CheckpointMetadata
+    metadata_path: str
+
+    @property
+    def handles(self) -> list[KeyedStateHandle]:
+        return self.metadata.handles
+
+    def referenced_paths(self) -> set[str]:
+        """``_metadata`` and every file its handles reference."""
+        return {self.metadata_path, *(f.path for f in self.metadata.files())}
+
+
+class CompletedCheckpointStore:
+    """The retained completed checkpoints, oldest first (Flink's ``CompletedCheckpointStore``);
+    keeps at most ``num_retained`` (``execution.checkpointing.num-retained``)."""
+
+    def __init__(self, num_retained: int) -> None:
+        self.num_retained = num_retained
+        self._checkpoints: list[CompletedCheckpoint] = []
+
+    def add_checkpoint_and_subsume_oldest(
+            self, checkpoint: CompletedCheckpoint) -> list[CompletedCheckpoint]:
+        """Add the newest checkpoint; return the ones it subsumes (oldest first)."""
+        if self._checkpoints and checkpoint.checkpoint_id <= self._checkpoints[-1].checkpoint_id:
+            raise CheckpointError(
+                f"checkpoint {checkpoint.checkpoint_id} is not newer than the latest completed "
+                f"checkpoint {self._checkpoints[-1].checkpoint_id}; ids must grow"
+            )
+        self._checkpoints.append(checkpoint)
+        excess = max(0, len(self._checkpoints) - self.num_retained)
+        subsumed, self._checkpoints = self._checkpoints[:excess], self._checkpoints[excess:]
+        return subsumed
+
+    @property
+    def latest(self) -> CompletedCheckpoint | None:
+        return self._checkpoints[-1] if self._checkpoints else None
+
+    @property
+    def retained(self) -> list[CompletedCheckpoint]:
+        return list(self._checkpoints)
+
+    @property
+    def lowest_retained_id(self) -> int | None:
+        return self._checkpoints[0].checkpoint_id if self._checkpoints else None
+
+
+class PendingCheckpoint:
+    """A triggered checkpoint collecting one handle per subtask (Flink's ``PendingCheckpoint``).
+
+    Ends either completed (:attr:`completed` set) or aborted (:attr:`failure_reason` set).
+    """
+
+    def __init__(self, storage: CheckpointStorage, checkpoint_id: int, timestamp_ms: int,
+                 parallelism: int, properties: Mapping[str, str]) -> None:
+        self.storage = storage
+        self.checkpoint_id = checkpoint_id
+        self.timestamp_ms = timestamp_ms
+        self.parallelism = parallelism
+        self.properties = dict(properties)
+        self._acknowledged: dict[int, KeyedStateHandle] = {}
+        self._locations: dict[int, CheckpointStorageLocation] = {}
+        self.completed: CompletedCheckpoint | None = None
+        self.failure_reason: str | None = None
+
+    def location(self, subtask_index: int) -> CheckpointStorageLocation:
+        """Where subtask ``subtask_index`` writes its snapshot (the same object on every call,
+        so what it writes in this process is remembered for :meth:`~CheckpointCoordinator.abort`;
+        a pickled copy's writes are found by their file names)."""
+        _check_subtask_index(subtask_index, self.parallelism, self.checkpoint_id)
+        if subtask_index not in self._locations:
+            self._locations[subtask_index] = self.storage.location(self.checkpoint_id,
+                                                                   subtask_index)
+        return self._locations[subtask_index]
+
+    @property
+    def acknowledged(self) -> Mapping[int, KeyedStateHandle]:
+        return MappingProxyType(self._acknowledged)
+
+    @property
+    def is_fully_acknowledged(self) -> bool:
+        return len(self._acknowledged) == self.parallelism
+
+    @property
+    def is_aborted(self) -> bool:
+        return self.failure_reason is not None
+
+    @property
+    def is_completed(self) -> bool:
+        return self.completed is not None
+
+    def written_here(self) -> list[str]:
+        """Files written through this process's locations."""
+        return [p for loc in self._locations.values() for p in loc.written]
+
+    def __repr__(self) -> str:
+        state = ("completed" if self.is_completed else "aborted" if self.is_aborted
+                 else f"{len(self._acknowledged)}/{self.parallelism} acknowledged")
+        return f"PendingCheckpoint({self.checkpoint_id}, {state})"
+
+
+def _checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
+    checked = dict(properties or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in checked.items()):
+        raise ConfigurationError(f"checkpoint properties must map str to str: {checked!r}")
+    return checked
+
+
+def _check_subtask_index(index: int, parallelism: int, checkpoint_id: int) -> None:
+    if not 0 <= index < parallelism:
+        raise KeyGroupRangeError(
+            f"subtask index {index} is out of range for parallelism {parallelism} "
+            f"(checkpoint {checkpoint_id}); the handle or location belongs to another job layout"
+        )
+
+
+class CheckpointCoordinator:
+    """Triggers, completes, aborts and subsumes the checkpoints of one job in ``storage``.
+
+    ``num_retained`` is Flink's ``execution.checkpointing.num-retained`` (>= 1). The constructor
+    starts a new job: it refuses a root holding completed checkpoints (resume those with
+    :meth:`recover`, which also accepts an empty root) and numbers its checkpoints above any
+    leftover of a crashed start, which it leaves for :meth:`recover` or ``keyedstate gc``.
+    """
+
+    def __init__(self, storage: CheckpointStorage, *, backend: str, parallelism: int,
+                 max_parallelism: int, key_types: Sequence[str], num_retained: int = 1) -> None:
+        self._configure(storage, backend, parallelism, max_parallelism, key_types, num_retained)
+        completed = storage.checkpoint_ids()
+        if completed:
+            raise ConfigurationError(
+                f"{storage.url} already holds completed checkpoints (latest: chk-{completed[-1]});"
+                f" resume that job with CheckpointCoordinator.recover(...), or use an empty "
+                f"directory for a new job"
+            )
+        self._next_id = _highest_used_id(storage, storage.list_files(SHARED_DIR)) + 1
+
+    def _configure(self, storage: CheckpointStorage, backend: str, parallelism: int,
+                   max_parallelism: int, key_types: Sequence[str], num_retained: int) -> None:
+        check_parallelism(parallelism, max_parallelism)
+        if not isinstance(num_retained, int) or isinstance(num_retained, bool) \
+                or num_retained < 1:
+            raise ConfigurationError(
+                f"execution.checkpointing.num-retained must be an int >= 1, got {num_retained!r}"
+            )
+        if not backend or not isinstance(backend, str):
+            raise ConfigurationError(f"backend must be a backend name, got {backend!r}")
+        if isinstance(key_types, str) or not all(isinstance(t, str) for t in key_types):
+            raise ConfigurationError(f"key_types must be a list of type strings, got "
+                                     f"{key_types!r}")
+        self.storage = storage
+        self.backend = backend
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.key_types = list(key_types)
+        self.num_retained = num_retained
+        self.registry = SharedStateRegistry()
+        self.store = CompletedCheckpointStore(num_retained)
+        self.recovery_notes: list[str] = []
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._next_id = 1
+        # Files of snapshots restored in NO_CLAIM or LEGACY mode: the registry drops them once
+        # unused, but they stay the user's, so gc must never list them.
+        self._not_owned_paths: set[str] = set()
+        # chk-<N> dirs whose _metadata is corrupt: kept for inspection until subsumed.
+        self._quarantined: set[int] = set()
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        return self.store.latest
+
+    @property
+    def retained(self) -> list[CompletedCheckpoint]:
+        """Retained completed checkpoints, ascending by id."""
+        return self.store.retained
+
+    @property
+    def pending(self) -> list[PendingCheckpoint]:
+        """Checkpoints triggered and neither completed nor aborted, ascending by id."""
+        return [self._pending[i] for i in sorted(self._pending)]
+
+    def restore_handles(self) -> list[KeyedStateHandle]:
+        """The handles of the latest completed checkpoint; empty for a new job."""
+        latest = self.store.latest
+        return list(latest.handles) if latest else []
+
+    def unreferenced_files(self) -> list[str]:
+        """Files under ``shared/`` and ``chk-<N>/`` that no retained checkpoint references
+        (relative paths), for ``keyedstate gc``. Files of checkpoints still pending here and
+        not-owned files are left out; ``taskowned/`` and files outside the layout are never
+        listed (they are not the coordinator's)."""
+        keep = set(self.registry) | self._not_owned_paths
+        for checkpoint in self.store.retained:
+            keep |= checkpoint.referenced_paths()
+        pending_prefixes = tuple(
+            p for i in self._pending for p in (shared_file_prefix(i), checkpoint_dir_name(i) + "/")
+        )
+        candidates = self.storage.list_files(SHARED_DIR)
+        for checkpoint_id in _checkpoint_dir_ids(self.storage):
+            candidates += self.storage.list_files(checkpoint_dir_name(checkpoint_id))
+        return sorted(p for p in candidates
+                      if p not in keep and not p.startswith(pending_prefixes))
+
+    # -- one checkpoint ------------------------------------------------------------------------
+
+    def trigger(self, properties: Mapping[str, str] | None = None) -> PendingCheckpoint:
+        """Start checkpoint ``N`` = one more than any id this job used (ids are never reused,
+        not even those of aborted or crashed checkpoints). ``properties`` (e.g. the batch id)
+        go into ``_metadata``."""
+        checked = _checked_properties(properties)
+        checkpoint_id, self._next_id = self._next_id, self._next_id + 1
+        pending = PendingCheckpoint(self.storage, checkpoint_id, time.time_ns() // 1_000_000,
+                                    self.parallelism, checked)
+        self._pending[checkpoint_id] = pending
+        return pending
+
+    def acknowledge(self, pending: PendingCheckpoint, handle: KeyedStateHandle) -> None:
+        """Accept subtask ``handle.subtask_index``'s snapshot. Refuses (typed errors) an index
+        out of range, a second handle of one subtask, a handle of another checkpoint or backend,
+        and a key-group range other than the subtask's."""
+        self._check_usable(pending, "acknowledged")
+        index, checkpoint_id = handle.subtask_index, pending.checkpoint_id
+        _check_subtask_index(index, self.parallelism, checkpoint_id)
+        if index in pending._acknowledged:
+            raise CheckpointError(
+                f"subtask {index} already acknowledged checkpoint {checkpoint_id}; a retried "
+                f"task must not report twice (abort the checkpoint and trigger a new one)"
+            )
+        if handle.checkpoint_id != checkpoint_id:
+            raise CheckpointError(
+                f"subtask {index} acknowledged checkpoint {checkpoint_id} with a handle of "
+                f"checkpoint {handle.checkpoint_id}; snapshot with the pending checkpoint's id"
+            )
+        if handle.backend != self.backend:
+            raise ConfigurationError(
+                f"subtask {index} snapshotted with the {handle.backend!r} backend, the job is "
+                f"configured with {self.backend!r}"
+            )
+        expected = KeyGroupRange.of_operator(self.max_parallelism, self.parallelism, index)
+        if handle.key_group_range != expected:
+            raise KeyGroupRangeError(
+                f"subtask {index} of {self.parallelism} owns {expected} (max parallelism "
+                f"{self.max_parallelism}), but its handle for checkpoint {checkpoint_id} covers "
+                f"{handle.key_group_range}; the backend was created for another layout"
+            )
+        pending._acknowledged[index] = handle
+
+    def complete(self, pending: PendingCheckpoint,
+                 properties: Mapping[str, str] | None = None) -> CompletedCheckpoint:
+        """Commit a fully acknowledged checkpoint and subsume the ones beyond ``num_retained``.
+        ``properties`` known only now (e.g. the new watermark) are merged over the trigger's.
+
+        Step 1. Every subtask has acknowledged (else :class:`CheckpointError`).
+        Step 2. Every shared file that is not new in this checkpoint is registered by a retained
+            checkpoint with the same size and checksum, and private files lie in ``chk-<N>/``;
+            otherwise the checkpoint is aborted and :class:`CheckpointAbortedError` names the
+            file (a backend built on an unconfirmed or subsumed base: seed 003's race).
+        Step 3. ``chk-<N>/_metadata`` is written atomically: the checkpoint is complete.
+        Step 4. Its shared files are registered.
+        Step 5. Checkpoints beyond ``num_retained`` are subsumed: their ``_metadata``, then
+            their ``chk-<M>/`` directory, then the shared files the registry releases.
+        Step 6. Older pending checkpoints are aborted (they can never complete), and files
+            written for this checkpoint that it does not reference (failed task attempts) are
+            deleted.
+
+        Deletion failures after Step 3 are logged, not raised: the checkpoint is complete, and
+        :meth:`recover` or ``keyedstate gc`` finds what was left.
+        """
+        for _ in self._complete_steps(pending, properties):
+            pass
+        assert pending.completed is not None
+        return pending.completed
+
+    def _complete_steps(self, pending: PendingCheckpoint,
+                        properties: Mapping[str, str] | None = None) -> Iterator[int]:
+        """:meth:`complete` as a generator that yields after each numbered step, so that tests
+        stop it there exactly as a crash of the driver would. No yield is inside a ``try``:
+        closing the generator early runs no clean-up."""
+        checkpoint_id = pending.checkpoint_id
+        # Step 1. All p handles are in.
+        self._check_usable(pending, "completed")
+        missing = [i for i in range(self.parallelism) if i not in pending._acknowledged]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} can't complete: subtasks {missing} have not "
+                f"acknowledged; wait for them or abort the checkpoint"
+            )
+        pending.properties.update(_checked_properties(properties))
+        yield 1
+        # Step 2. Refuse a checkpoint that builds on files no retained checkpoint keeps alive:
+        # committing it would make a checkpoint that can't be restored.
+        problem = self._bad_reference(pending)
+        if problem is not None:
+            self._abort(pending, problem)
+            raise CheckpointAbortedError(f"checkpoint {checkpoint_id} was aborted: {problem}")
+        yield 2
+        # Step 3. The commit point. On failure the checkpoint may or may not be visible, so it
+        # is aborted (which deletes chk-<N>/ with any _metadata): the caller sees "not complete"
+        # and storage agrees. Nothing older has been touched yet.
+        metadata = CheckpointMetadata(
+            checkpoint_id=checkpoint_id, timestamp_ms=pending.timestamp_ms,
+            backend=self.backend, parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism, key_types=list(self.key_types),
+            handles=[pending._acknowledged[i] for i in range(self.parallelism)],
+            properties=dict(pending.properties),
+        )
+        try:
+            metadata_path = self.storage.write_metadata(metadata)
+        except Exception:
+            self._abort(pending, "writing its _metadata failed")
+            raise
+        completed = CompletedCheckpoint(checkpoint_id, metadata, metadata_path)
+        pending.completed = completed
+        del self._pending[checkpoint_id]
+        yield 3
+        # Step 4. Register only now: an unconfirmed checkpoint must never keep a file alive,
+        # and a crash before this point loses nothing (recover registers from _metadata).
+        self.registry.register_all(metadata)
+        yield 4
+        # Step 5. Subsume. _metadata goes first, so a crash half-way leaves an incomplete
+        # chk-<M>/ (deleted by recover), never a complete-looking checkpoint missing files.
+        for old in self.store.add_checkpoint_and_subsume_oldest(completed):
+            self._discard_completed(old)
+        lowest = self.store.lowest_retained_id
+        assert lowest is not None
+        released = self.registry.unregister_unused_state(lowest)
+        self._delete_quietly((h.path for h in released), f"subsumed by checkpoint {checkpoint_id}")
+        for corrupt_id in sorted(i for i in self._quarantined if i < lowest):
+            self._quarantined.discard(corrupt_id)
+            self._delete_dir_quietly(checkpoint_dir_name(corrupt_id))
+        yield 5
+        # Step 6. Flink aborts pending checkpoints older than a completed one; a retried or
+        # speculative task attempt may have written files this checkpoint does not reference.
+        for older_id in sorted(i for i in self._pending if i < checkpoint_id):
+            self._abort(self._pending[older_id], f"subsumed by checkpoint {checkpoint_id}")
+        referenced = {f.path for f in metadata.files()}
+        self._delete_quietly((p for p in self._written_for(checkpoint_id) if p not in referenced),
+                             f"unreferenced by checkpoint {checkpoint_id}")
+        yield 6
+
+    def abort(self, pending: PendingCheckpoint, reason: str) -> None:
+        """Give up a pending checkpoint: delete what it wrote that no completed checkpoint
+        references, and its ``chk-<N>/``. Idempotent; a later :meth:`complete` or
+        :meth:`acknowledge` raises :class:`CheckpointAbortedError`. Deletion failures are
+        logged; leftovers are found by :meth:`recover` and ``keyedstate gc``."""
+        if pending.is_aborted:
+            return
+        self._check_usable(pending, "aborted")
+        self._abort(pending, reason)
+
+    def _abort(self, pending: PendingCheckpoint, reason: str) -> None:
+        checkpoint_id = pending.checkpoint_id
+        # Step 1. Mark it first: whatever happens below, it can't be acknowledged or completed.
+        pending.failure_reason = reason
+        self._pending.pop(checkpoint_id, None)
+        logger.info("checkpoint %d aborted: %s", checkpoint_id, reason)
+        # Step 2. What it wrote: shared files named for it (written by any process), what this
+        # process's locations tracked, and what acknowledged handles list; minus every
+        # registered file, which a completed checkpoint references.
+        written = set(self._written_for(checkpoint_id)) | set(pending.written_here())
+        for handle in pending._acknowledged.values():
+            written.update(f.path for f in handle.files()
+                           if checkpoint_id_of_shared_file(f.path) == checkpoint_id)
+        # Step 3. Delete them, then chk-<N>/ (its private files; no _metadata unless Step 3 of
+        # complete failed ambiguously, and then it must go too).
+        self._delete_quietly((p for p in written if p not in self.registry),
+                             f"aborted checkpoint {checkpoint_id}")
+        self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+
+    def register_restored(self, metadata: CheckpointMetadata, *, claim: bool) -> None:
+        """The restore-mode hook: register a snapshot this job starts from, whose files later
+        checkpoints may reference. ``claim=False`` (NO_CLAIM, LEGACY): never delete them.
+        Paths are relative to this coordinator's root."""
+        self.registry.register_all_after_restored(metadata, claim=claim)
+        if not claim:
+            self._not_owned_paths.update(f.path for f in metadata.files())
+        self._next_id = max(self._next_id, metadata.checkpoint_id + 1)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _check_usable(self, pending: PendingCheckpoint, verb: str) -> None:
+        if pending.is_aborted:
+            raise CheckpointAbortedError(
+                f"checkpoint {pending.checkpoint_id} was aborted ({pending.failure_reason}) and "
+                f"can't be {verb}; trigger a new checkpoint"
+            )
+        if pending.is_completed:
+            raise CheckpointError(f"checkpoint {pending.checkpoint_id} is already completed "
+                                  f"and can't be {verb}")
+        if self._pending.get(pending.checkpoint_id) is not pending:
+            raise CheckpointError(
+                f"checkpoint {pending.checkpoint_id} was not triggered by this coordinator (it "
+                f"predates a recovery?) and can't be {verb}; trigger a new checkpoint"
+            )
+
+    def _bad_reference(self, pending: PendingCheckpoint) -> str | None:
+        """Why Step 2 refuses ``pending``, or None."""
+        checkpoint_id = pending.checkpoint_id
+        private_prefix = checkpoint_dir_name(checkpoint_id) + "/"
+        for index, handle in sorted(pending._acknowledged.items()):
+            for stream in handle.shared.values():
+                if checkpoint_id_of_shared_file(stream.path) == checkpoint_id:
+                    continue  # new in this checkpoint
+                entry = self.registry.get(stream.path)
+                where = self.storage.url_of(stream.path)
+                if entry is None:
+                    writer = checkpoint_id_of_shared_file(stream.path)
+                    why = (f"it was written for checkpoint {writer}, which has not completed "
+                           f"(an unconfirmed base)" if writer in self._pending else
+                           "its checkpoints were subsumed or aborted and it may be deleted")
+                    return (f"subtask {index} references shared file {where}, which no retained "
+                            f"checkpoint registers: {why}. The backend must build its next "
+                            f"snapshot on its last confirmed checkpoint")
+                if (entry.handle.size, entry.handle.checksum) != (stream.size, stream.checksum):
+                    return (f"subtask {index} references shared file {where} with "
+                            f"{stream.size} bytes and checksum {stream.checksum}, but it is "
+                            f"registered with {entry.handle.size} bytes and checksum "
+                            f"{entry.handle.checksum}; shared files are immutable")
+            for stream in handle.private.values():
+                if not stream.path.startswith(private_prefix):
+                    return (f"subtask {index} lists {stream.path} as a private file, but private "
+                            f"files of checkpoint {checkpoint_id} live under {private_prefix} "
+                            f"(deleted with it); write them through the pending location")
+        return None
+
+    def _written_for(self, checkpoint_id: int) -> list[str]:
+        """Shared files whose name says they were written for ``checkpoint_id``."""
+        prefix = shared_file_prefix(checkpoint_id)
+        if any(c in self.storage.root for c in "*?["):  # glob would misread the root
+            return [p for p in self.storage.list_files(SHARED_DIR) if p.startswith(prefix)]
+        root = self.storage.root.rstrip("/") + "/"
+        found = self.storage.fs.glob(self.storage.path(prefix) + "*")
+        return sorted(p[len(root):] for p in found if p.startswith(root))
+
+    def _discard_completed(self, checkpoint: CompletedCheckpoint) -> None:
+        self._delete_quietly([checkpoint.metadata_path],
+                             f"subsumed checkpoint {checkpoint.checkpoint_id}")
+        self._delete_dir_quietly(checkpoint_dir_name(checkpoint.checkpoint_id))
+
+    def _delete_quietly(self, paths: Iterable[str], why: str) -> None:
+        for path in paths:
+            try:
+                self.storage.delete([path])
+            except OSError as exc:
+                logger.warning("could not delete %s (%s): %s; `keyedstate gc` will find it",
+                               self.storage.url_of(path), why, exc)
+
+    def _delete_dir_quietly(self, relative: str) -> None:
+        try:
+            self.storage.delete_dir(relative)
+        except OSError as exc:
+            logger.warning("could not delete %s: %s; `keyedstate gc` will find it",
+                           self.storage.url_of(relative), exc)
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    @classmethod
+    def recover(cls, storage: CheckpointStorage, *, backend: str, parallelism: int,
+                max_parallelism: int, key_types: Sequence[str], num_retained: int = 1,
+                cleanup_orphans: bool = True,
+                not_owned: Sequence[CheckpointMetadata] = ()) -> CheckpointCoordinator:
+        """Rebuild the coordinator of a job from ``storage`` alone (after a crash or a stop).
+
+        The newest ``num_retained`` readable ``_metadata`` files are the retained checkpoints;
+        a corrupt one is skipped (a warning, and a line in :attr:`recovery_notes`) and kept for
+        inspection while newer than the retained ones. Raises before deleting anything:
+        :class:`CorruptCheckpointError` when checkpoints exist but none is readable,
+        :class:`UnsupportedFormatVersionError` for a newer keyedstate's ``_metadata``,
+        :class:`MaxParallelismMismatchError` or :class:`ConfigurationError` when the retained
+        checkpoints were written with another max parallelism, backend or key types.
+        Incomplete ``chk-<N>/`` (no ``_metadata``) are deleted, older checkpoints subsumed and,
+        with ``cleanup_orphans``, shared files no retained checkpoint references deleted (safe:
+        one coordinator runs per job). ``not_owned``: snapshots the job was restored from in
+        NO_CLAIM or LEGACY mode, whose files are never deleted. An empty root gives a new job.
+        """
+        self = cls.__new__(cls)
+        self._configure(storage, backend, parallelism, max_parallelism, key_types, num_retained)
+        dir_ids = _checkpoint_dir_ids(storage)
+        # Step 1. Read _metadata newest first until num_retained are readable. Only corruption
+        # is skipped: I/O errors and a newer format version propagate (nothing deleted yet).
+        retained: list[CompletedCheckpoint] = []
+        older: list[CompletedCheckpoint] = []
+        unreadable: dict[int, str] = {}
+        incomplete: list[int] = []
+        for checkpoint_id in reversed(dir_ids):
+            path = storage.metadata_path(checkpoint_id)
+            try:
+                metadata = storage.read_metadata(path)
+            except NoCheckpointError:
+                incomplete.append(checkpoint_id)
+                continue
+            except (CorruptCheckpointError, UnsafePathError) as exc:
+                unreadable[checkpoint_id] = str(exc)
+                continue
+            if metadata.checkpoint_id != checkpoint_id:
+                unreadable[checkpoint_id] = (f"{storage.url_of(path)} describes checkpoint "
+                                             f"{metadata.checkpoint_id}, not {checkpoint_id}")
+                continue
+            checkpoint = CompletedCheckpoint(checkpoint_id, metadata, path)
+            (retained if len(retained) < num_retained else older).append(checkpoint)
+        retained.reverse()
+        if unreadable and not retained:
+            raise CorruptCheckpointError(
+                f"no checkpoint in {storage.url} can be read: "
+                + "; ".join(unreadable[i] for i in sorted(unreadable, reverse=True))
+                + ". Restore from a savepoint (nothing was deleted)"
+            )
+        # Step 2. The configuration must fit the retained checkpoints.
+        for checkpoint in retained:
+            self._check_compatible(checkpoint)
+        # Step 3. Rebuild the registry from the retained checkpoints, then the older readable
+        # ones (so that subsuming them below releases their files as complete() would; one
+        # that contradicts a retained checkpoint is left to the orphan clean-up).
+        for checkpoint in retained:
+            self.registry.register_all(checkpoint.metadata)
+        for checkpoint in older:
+            try:
+                self.registry.register_all(checkpoint.metadata)
+            except CorruptCheckpointError as exc:
+                self._note(f"checkpoint {checkpoint.checkpoint_id} (subsumed) conflicts with a "
+                           f"retained one: {exc}")
+        for metadata in not_owned:
+            self.register_restored(metadata, claim=False)
+        for checkpoint in retained:
+            self.store.add_checkpoint_and_subsume_oldest(checkpoint)
+        lowest = retained[0].checkpoint_id if retained else None
+        # Step 4. A chk-<N>/ without _metadata never committed (or was half subsumed).
+        for checkpoint_id in incomplete:
+            self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+        # Step 5. Subsume what is beyond num_retained; keep a corrupt checkpoint newer than the
+        # lowest retained one for inspection (deleted once subsumed), never silently.
+        for checkpoint in reversed(older):
+            self._discard_completed(checkpoint)
+        if lowest is not None:
+            released = self.registry.unregister_unused_state(lowest)
+            self._delete_quietly((h.path for h in released), "subsumed during recovery")
+        fallback = f"checkpoint {retained[-1].checkpoint_id}" if retained else "nothing"
+        for checkpoint_id in sorted(unreadable):
+            kept = lowest is not None and checkpoint_id > lowest
+            note = (f"checkpoint {checkpoint_id} is unreadable ({unreadable[checkpoint_id]}); "
+                    + (f"recovered from {fallback} instead; chk-{checkpoint_id} is kept for "
+                       f"inspection until a newer checkpoint subsumes it" if kept else
+                       "it is older than the retained checkpoints and was deleted"))
+            self._note(note)
+            if kept:
+                self._quarantined.add(checkpoint_id)
+            else:
+                self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+        # Step 6. Orphans: shared files no retained checkpoint references (a crash between
+        # writing and registering or deleting them, a corrupt checkpoint's files).
+        shared = storage.list_files(SHARED_DIR)
+        if cleanup_orphans:
+            protected = set(self.registry) | self._not_owned_paths
+            self._delete_quietly((p for p in shared if p not in protected),
+                                 "referenced by no retained checkpoint")
+        # Step 7. Never reuse an id that names a directory or file already written.
+        self._next_id = max([_highest_used_id(storage, shared, dir_ids),
+                             *(m.checkpoint_id for m in not_owned)]) + 1
+        return self
+
+    def _note(self, note: str) -> None:
+        logger.warning("%s", note)
+        self.recovery_notes.append(note)
+
+    def _check_compatible(self, checkpoint: CompletedCheckpoint) -> None:
+        metadata, where = checkpoint.metadata, self.storage.url_of(checkpoint.metadata_path)
+        if metadata.max_parallelism != self.max_parallelism:
+            raise MaxParallelismMismatchError(
+                f"{where} was written with max parallelism {metadata.max_parallelism}, the job "
+                f"is configured with {self.max_parallelism}. Key groups can't change in place: "
+                f"configure max parallelism {metadata.max_parallelism}, or take a canonical "
+                f"savepoint, rewrite it with the state processor API at max parallelism "
+                f"{self.max_parallelism}, and start the job from that savepoint"
+            )
+        if metadata.backend != self.backend:
+            raise ConfigurationError(
+                f"{where} was written by the {metadata.backend!r} backend, the job is configured "
+                f"with {self.backend!r}; use {metadata.backend!r}, or take a canonical savepoint "
+                f"to change backends"
+            )
+        if metadata.key_types and self.key_types and metadata.key_types != self.key_types:
+            raise ConfigurationError(
+                f"{where} was written with key types {metadata.key_types}, the job declares "
+                f"{self.key_types}; keys are stored in their types' encoding, so declare the "
+                f"same key types (or migrate the state with the state processor API)"
+            )
+
+    def __repr__(self) -> str:
+        latest = self.store.latest
+        return (f"CheckpointCoordinator({self.storage.url!r}, latest="
+                f"{latest.checkpoint_id if latest else None}, pending={sorted(self._pending)})")
+
+
+def _highest_used_id(storage: CheckpointStorage, shared: Iterable[str],
+                     dir_ids: Iterable[int] | None = None) -> int:
+    """The highest checkpoint id in a ``chk-<N>/`` name or a shared file name (0 if none)."""
+    ids = [*(_checkpoint_dir_ids(storage) if dir_ids is None else dir_ids),
+           *(i for p in shared if (i := checkpoint_id_of_shared_file(p)) is not None)]
+    return max(ids, default=0)
+
+
+def _checkpoint_dir_ids(storage: CheckpointStorage) -> list[int]:
+    """Ids of every ``chk-<N>/`` under the root, complete or not, ascending."""
+    try:
+        entries = storage.fs.ls(storage.root, detail=False)
+    except FileNotFoundError:
+        return []
+    ids = []
+    for entry in entries:
+        if m := _CHK_DIR_RE.match(str(entry).rstrip("/").rsplit("/", 1)[-1]):
+            ids.append(int(m.group(1)))
+    return sorted(ids)

@@ -1,0 +1,103 @@
+"""Job configuration: dotted-kebab keys, Flink's names where Flink has one, defaults once.
+
+``JobConfig`` is the typed form; ``JobConfig.from_mapping({"state.backend.type": "heap", ...})``
+reads the dotted keys (unknown keys are refused, with the known ones listed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+from keyedstate.errors import ConfigurationError
+from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
+
+
+class RestoreMode(StrEnum):
+    """Who owns the snapshot a job is started from (Flink's ``RecoveryClaimMode``)."""
+
+    NO_CLAIM = "NO_CLAIM"
+    CLAIM = "CLAIM"
+    LEGACY = "LEGACY"
+
+
+class LateEvents(StrEnum):
+    DROP = "drop"
+    SIDE_OUTPUT = "side-output"
+
+
+#: The side output late events go to with ``keyedstate.late-events: side-output``.
+LATE_EVENTS_TAG = "late-events"
+
+
+def _key(name: str) -> dict[str, str]:
+    return {"key": name}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Configuration of one keyed job. Every field has a dotted key (``JobConfig.KEYS``)."""
+
+    checkpoint_dir: str = field(metadata=_key("execution.checkpointing.dir"))
+    backend: str = field(default="rocksdb", metadata=_key("state.backend.type"))
+    parallelism: int = field(default=2, metadata=_key("parallelism.default"))
+    max_parallelism: int | None = field(default=None, metadata=_key("pipeline.max-parallelism"))
+    num_retained: int = field(default=1, metadata=_key("execution.checkpointing.num-retained"))
+    restore_path: str | None = field(default=None, metadata=_key("execution.state-recovery.path"))
+    restore_mode: RestoreMode = field(default=RestoreMode.NO_CLAIM,
+                                      metadata=_key("execution.state-recovery.claim-mode"))
+    watermark_column: str | None = field(default=None, metadata=_key("keyedstate.watermark.column"))
+    watermark_delay: dt.timedelta = field(default=dt.timedelta(0),
+                                          metadata=_key("keyedstate.watermark.delay"))
+    late_events: LateEvents = field(default=LateEvents.DROP, metadata=_key("keyedstate.late-events"))
+    local_dir: str | None = field(default=None, metadata=_key("state.backend.local-dir"))
+    storage_options: dict[str, Any] = field(default_factory=dict,
+                                            metadata=_key("keyedstate.checkpointing.storage-options"))
+    backend_options: dict[str, Any] = field(default_factory=dict,
+                                            metadata=_key("keyedstate.backend.options"))
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint_dir:
+            raise ConfigurationError("execution.checkpointing.dir is required")
+        object.__setattr__(self, "restore_mode", RestoreMode(str(self.restore_mode).upper()))
+        object.__setattr__(self, "late_events", LateEvents(str(self.late_events)))
+        if isinstance(self.watermark_delay, (int, float)):
+            object.__setattr__(self, "watermark_delay",
+                               dt.timedelta(milliseconds=self.watermark_delay))
+        check_parallelism(self.parallelism, self.effective_max_parallelism)
+        if self.num_retained < 1:
+            raise ConfigurationError(
+                f"execution.checkpointing.num-retained must be >= 1, got {self.num_retained}"
+            )
+
+    @property
+    def effective_max_parallelism(self) -> int:
+        return self.max_parallelism or compute_default_max_parallelism(self.parallelism)
+
+    @property
+    def watermark_delay_ms(self) -> int:
+        return int(self.watermark_delay / dt.timedelta(milliseconds=1))
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """Dotted key -> field name."""
+        return {f.metadata["key"]: f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> JobConfig:
+        known = cls.keys()
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown configuration keys {unknown}; known keys: {sorted(known)}"
+            )
+        return cls(**{known[k]: v for k, v in options.items()})
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> JobConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,491 @@
+"""The driver: a keyed job over a Structured Streaming query, one checkpoint per micro-batch.
+
+``key_by(df, "user_id").process(MyFunction(), output_schema=...).sink(ParquetSink(...))
+.start(config)`` runs ``MyFunction`` over every micro-batch of ``df`` with keyedstate keeping
+its state. Per batch (``foreachBatch``), the driver is the checkpoint coordinator:
+
+1. If the batch is already covered by a completed checkpoint (a replay after a driver crash),
+   re-commit its sinks from the staged output and return.
+2. Trigger checkpoint N; route every row to subtask ``key_group * p // maxP`` with a JVM
+   expression (the key group is Spark's ``pmod(xxhash64(keys), maxP)``, see
+   :mod:`keyedstate.keys`) and ``repartitionById``; run every subtask with ``mapInArrow``
+   (:mod:`keyedstate.spark.runtime`), which stages output and snapshots state.
+3. All p handles in: complete checkpoint N (``_metadata`` written atomically, recording the
+   batch id, the new watermark, the staged outputs and each subtask's snapshot token).
+4. Commit the sinks, then mark the batch's sinks committed and drop the staged files.
+
+A crash before step 3 leaves the checkpoint incomplete: the batch is re-run from the previous
+checkpoint (task retries, killed executors and speculative attempts re-run from committed state
+too). A crash between 3 and 4 is repaired by step 1 on restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+
+from keyedstate.backends import load_backend
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.metadata import (
+    METADATA_FILE,
+    CheckpointMetadata,
+    SnapshotFormat,
+    SnapshotKind,
+)
+from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
+from keyedstate.errors import (
+    BatchFailedError,
+    CheckpointError,
+    ConfigurationError,
+    MaxParallelismMismatchError,
+    SnapshotExistsError,
+)
+from keyedstate.spark.function import KeyedProcessFunction
+from keyedstate.spark.runtime import (
+    KG_COLUMN,
+    MIN_WATERMARK,
+    RESULT_DDL,
+    SUBTASK_COLUMN,
+    BatchPlan,
+    RestoreSource,
+    decode_handle,
+    run_subtask,
+)
+from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
+from keyedstate.spark.sinks import CallbackSink, Sink, StagedOutput
+
+log = logging.getLogger("keyedstate")
+
+MAIN_OUTPUT = "main"
+COMMITS_DIR = "commits"
+STAGING_DIR = "staging"
+
+
+@dataclass
+class BatchStats:
+    """What one micro-batch and its checkpoint cost (Flink's checkpoint statistics)."""
+
+    batch_id: int
+    checkpoint_id: int
+    rows_in: int = 0
+    rows_out: int = 0
+    late_events: int = 0
+    timers_fired: int = 0
+    watermark: int = MIN_WATERMARK
+    duration_s: float = 0.0
+    sync_duration_s: float = 0.0
+    async_duration_s: float = 0.0
+    incremental_bytes: int = 0
+    full_bytes: int = 0
+    state_bytes_per_subtask: list[int] = field(default_factory=list)
+    restore_s: float = 0.0
+    reused_subtasks: int = 0
+    restored_subtasks: int = 0
+    skipped_replay: bool = False
+
+
+class KeyedStream:
+    """A streaming (or batch) DataFrame keyed by one or more columns."""
+
+    def __init__(self, df: Any, key_columns: Sequence[str]) -> None:
+        if not key_columns:
+            raise ConfigurationError("key_by needs at least one key column")
+        missing = [c for c in key_columns if c not in df.columns]
+        if missing:
+            raise ConfigurationError(
+                f"key columns {missing} are not in the DataFrame; its columns are {df.columns}"
+            )
+        self.df = df
+        self.key_columns = list(key_columns)
+
+    def process(self, function: KeyedProcessFunction, output_schema: Any,
+                side_outputs: Mapping[str, Any] | None = None) -> KeyedProcessJob:
+        """Run ``function`` per key; it emits rows of ``output_schema`` (a DDL string, pyarrow
+        schema or StructType) and of the named ``side_outputs`` (``ctx.output(tag, row)``)."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise ConfigurationError("process() needs a KeyedProcessFunction instance")
+        return KeyedProcessJob(self, function, to_arrow_schema(output_schema),
+                               {k: to_arrow_schema(v) for k, v in (side_outputs or {}).items()})
+
+
+def key_by(df: Any, *columns: str) -> KeyedStream:
+    """Key a DataFrame by ``columns`` (Flink's ``keyBy``)."""
+    return KeyedStream(df, columns)
+
+
+class KeyedProcessJob:
+    """A keyed process function over a keyed stream, with sinks; ``start`` runs it."""
+
+    def __init__(self, stream: KeyedStream, function: KeyedProcessFunction,
+                 output_schema: pa.Schema, side_outputs: dict[str, pa.Schema]) -> None:
+        self.stream = stream
+        self.function = function
+        self.output_schema = output_schema
+        self.side_outputs = dict(side_outputs)
+        self.sinks: dict[str, list[Sink]] = {}
+
+    def sink(self, sink: Sink | Callable[[Any, int], None], output: str = MAIN_OUTPUT
+             ) -> KeyedProcessJob:
+        """Send ``output`` (the main output, or a side output tag) to ``sink``."""
+        if output != MAIN_OUTPUT and output not in self.side_outputs and output != LATE_EVENTS_TAG:
+            raise ConfigurationError(
+                f"output {output!r} is not declared; declared: {[MAIN_OUTPUT, *self.side_outputs]}"
+            )
+        self.sinks.setdefault(output, []).append(sink if isinstance(sink, Sink)
+                                                 else CallbackSink(sink))
+        return self
+
+    def driver(self, config: JobConfig | Mapping[str, Any],
+               spark_checkpoint_location: str | None = None) -> KeyedJobDriver:
+        cfg = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
+        return KeyedJobDriver(self, cfg, spark_checkpoint_location)
+
+    def start(self, config: JobConfig | Mapping[str, Any], *,
+              spark_checkpoint_location: str | None = None, trigger: Mapping[str, Any] | None = None,
+              query_name: str | None = None) -> KeyedQuery:
+        """Start the streaming query. Spark keeps the source offsets in
+        ``spark_checkpoint_location`` (default: ``<checkpoint dir>/spark`` for a local
+        checkpoint directory); keyedstate keeps the state in the checkpoint directory."""
+        cfg = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
+        location = spark_checkpoint_location
+        if location is None:
+            storage = CheckpointStorage(cfg.checkpoint_dir, cfg.storage_options)
+            if not storage.is_local:
+                raise ConfigurationError(
+                    "pass spark_checkpoint_location for a non-local checkpoint directory"
+                )
+            location = os.path.join(storage.root, "spark")
+        driver = self.driver(cfg, location)
+        writer = self.stream.df.writeStream.foreachBatch(driver.process_batch)
+        writer = writer.option("checkpointLocation", location)
+        if trigger:
+            writer = writer.trigger(**trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        return KeyedQuery(writer.start(), driver)
+
+
+class KeyedJobDriver:
+    """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator."""
+
+    def __init__(self, job: KeyedProcessJob, config: JobConfig,
+                 spark_checkpoint_location: str | None = None) -> None:
+        self.job = job
+        self.config = config
+        #: where Spark keeps the source offsets: batch ids are comparable only within it
+        self.spark_checkpoint_location = spark_checkpoint_location or ""
+        self.storage = CheckpointStorage(config.checkpoint_dir, config.storage_options)
+        self.backend = load_backend(config.backend, **config.backend_options)
+        self.max_parallelism = config.effective_max_parallelism
+        df = job.stream.df
+        types = {f.name: f.dataType for f in df.schema.fields}
+        self.key_types = [spark_type_ddl(types[c]) for c in job.stream.key_columns]
+        if config.watermark_column and config.watermark_column not in types:
+            raise ConfigurationError(
+                f"watermark column {config.watermark_column!r} is not in the DataFrame; its "
+                f"columns are {df.columns}"
+            )
+        self.stats: list[BatchStats] = []
+        self.listeners: list[Callable[[BatchStats], None]] = []
+        self.drained = False
+        self._open()
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def _coordinator_args(self) -> dict[str, Any]:
+        return dict(backend=self.backend.name, parallelism=self.config.parallelism,
+                    max_parallelism=self.max_parallelism, key_types=self.key_types,
+                    num_retained=self.config.num_retained)
+
+    def _open(self) -> None:
+        """Recover from the job's own checkpoints, else restore from the configured snapshot."""
+        self.share_restored_files = True
+        self.force_full = False
+        self.lineage = {"restored_from": self.config.restore_path or "",
+                        "spark_checkpoint_location": self.spark_checkpoint_location}
+        if self.storage.checkpoint_ids():
+            self.coordinator = CheckpointCoordinator.recover(self.storage,
+                                                             **self._coordinator_args())
+            latest = self.coordinator.latest_completed
+            assert latest is not None
+            restored_from = latest.metadata.properties.get("restored_from", "")
+            if restored_from != self.lineage["restored_from"]:
+                raise ConfigurationError(
+                    f"{self.config.checkpoint_dir} holds the checkpoints of a job started from "
+                    f"{restored_from or 'empty state'}, not from "
+                    f"{self.config.restore_path or 'empty state'}; start a job from a snapshot "
+                    f"in a new checkpoint directory"
+                )
+            if latest.metadata.properties.get("drained") == "true":
+                raise CheckpointError(
+                    f"the job in {self.config.checkpoint_dir} was stopped with drain; start a new "
+                    f"job from its savepoint (execution.state-recovery.path) in a new directory"
+                )
+            self.base = self._restore_source(self.storage, latest.metadata, own=True)
+            self.watermark = int(latest.metadata.properties.get("watermark", MIN_WATERMARK))
+            self.last_batch_id = int(latest.metadata.properties.get("batch_id", -1))
+            return
+        self.coordinator = CheckpointCoordinator(self.storage, **self._coordinator_args())
+        self.base = None
+        self.watermark = MIN_WATERMARK
+        self.last_batch_id = -1
+        if self.config.restore_path:
+            if self.config.restore_mode is not RestoreMode.NO_CLAIM:
+                raise ConfigurationError(
+                    f"restore mode {self.config.restore_mode} is not available yet; use NO_CLAIM"
+                )
+            snap = resolve_snapshot(self.config.restore_path, self.config.storage_options)
+            if snap.metadata.max_parallelism != self.max_parallelism:
+                raise MaxParallelismMismatchError(
+                    f"{self.config.restore_path} was taken with max parallelism "
+                    f"{snap.metadata.max_parallelism}, the job has {self.max_parallelism}; set "
+                    f"pipeline.max-parallelism to {snap.metadata.max_parallelism}, or rewrite the "
+                    f"state with a canonical savepoint and the state processor API"
+                )
+            self.base = self._restore_source(snap.storage, snap.metadata, own=False)
+            self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
+            # Batch ids continue only when Spark resumes from the same source offsets: then a
+            # batch the snapshot already covers must not be processed twice.
+            if (self.spark_checkpoint_location and snap.metadata.properties.get(
+                    "spark_checkpoint_location") == self.spark_checkpoint_location):
+                self.last_batch_id = int(snap.metadata.properties.get("batch_id", -1))
+            # NO_CLAIM: the first checkpoint references none of the snapshot's files.
+            self.share_restored_files = False
+            self.force_full = True
+
+    def _restore_source(self, storage: CheckpointStorage, metadata: Any, own: bool
+                        ) -> RestoreSource:
+        tokens = json.loads(metadata.properties["tokens"]) if own and "tokens" in \
+            metadata.properties else None
+        return RestoreSource(metadata.checkpoint_id, storage, list(metadata.handles),
+                             metadata.parallelism, tokens)
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def process_batch(self, df: Any, batch_id: int) -> None:
+        """The ``foreachBatch`` function (steps in the module docstring)."""
+        started = time.perf_counter()
+        # Step 1. A replay of a batch a completed checkpoint already covers.
+        if batch_id <= self.last_batch_id:
+            latest = self.coordinator.latest_completed
+            if latest is not None and latest.metadata.properties.get("batch_id") == str(batch_id):
+                self._commit_sinks(df.sparkSession, latest)
+            log.info("batch %s is covered by checkpoint state; skipped", batch_id)
+            self._record(BatchStats(batch_id, -1, skipped_replay=True))
+            return
+        if self.drained:
+            raise CheckpointError("the job was stopped with drain; it takes no more batches")
+        self._run(df, batch_id, started)
+
+    def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False) -> BatchPlan:
+        cfg = self.config
+        return BatchPlan(
+            job_id=self.storage.url, batch_id=batch_id,
+            checkpoint_id=checkpoint_id, parallelism=cfg.parallelism,
+            max_parallelism=self.max_parallelism, key_columns=self.job.stream.key_columns,
+            key_types=self.key_types, backend=self.backend, storage=self.storage,
+            function=self.job.function, output_schema=self.job.output_schema,
+            side_output_schemas={**self.job.side_outputs,
+                                 **({LATE_EVENTS_TAG: self._late_schema()}
+                                    if cfg.late_events is LateEvents.SIDE_OUTPUT else {})},
+            watermark=self.watermark, watermark_column=cfg.watermark_column,
+            late_events=cfg.late_events, restore=self.base, full_snapshot=self.force_full,
+            share_restored_files=self.share_restored_files, drain=drain,
+            local_dir=cfg.local_dir)
+
+    def _late_schema(self) -> pa.Schema:
+        return to_arrow_schema(self.job.stream.df.schema)
+
+    def _route(self, df: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        p, max_p = self.config.parallelism, self.max_parallelism
+        cols = ", ".join(f"`{c}`" for c in self.job.stream.key_columns)
+        return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
+                  .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
+                  .repartitionById(p, SUBTASK_COLUMN))
+
+    def _run(self, df: Any, batch_id: int, started: float, *, drain: bool = False) -> None:
+        # Step 2. Trigger, route, run every subtask.
+        pending = self.coordinator.trigger({"batch_id": str(batch_id)})
+        plan = self._plan(batch_id, pending.checkpoint_id, drain=drain)
+        try:
+            rows = self._route(df).mapInArrow(partial(run_subtask, plan), RESULT_DDL).collect()
+            results = sorted(rows, key=lambda r: r["subtask"])
+            if [r["subtask"] for r in results] != list(range(self.config.parallelism)):
+                raise CheckpointError(
+                    f"batch {batch_id}: expected one result per subtask 0..{self.config.parallelism - 1}, "
+                    f"got {[r['subtask'] for r in results]}"
+                )
+            # Step 3. Acknowledge and complete the checkpoint.
+            for r in results:
+                self.coordinator.acknowledge(pending, decode_handle(r["handle"]))
+            event_times = [r["max_event_time"] for r in results if r["max_event_time"] is not None]
+            watermark = self.watermark
+            if event_times:
+                watermark = max(watermark, max(event_times) - self.config.watermark_delay_ms)
+            staged: dict[str, list[str]] = {}
+            for r in results:
+                for tag, path in json.loads(r["staged"]).items():
+                    staged.setdefault(tag, []).append(path)
+            properties = {
+                **self.lineage,
+                "batch_id": str(batch_id),
+                "watermark": str(watermark),
+                "tokens": json.dumps([r["token"] for r in results]),
+                "staged": json.dumps(staged),
+                "drained": "true" if drain else "false",
+            }
+            completed = self.coordinator.complete(pending, properties=properties)
+        except BaseException as exc:
+            self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
+            if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
+                cause = _batch_failure(exc)
+                if cause is not None:
+                    raise BatchFailedError(cause) from exc
+            raise
+        self.watermark = watermark
+        self.last_batch_id = batch_id
+        self.drained = drain
+        self.base = self._restore_source(self.storage, completed.metadata, own=True)
+        self.share_restored_files = True
+        self.force_full = False
+        # Step 4. Sinks.
+        self._commit_sinks(df.sparkSession, completed)
+        self._record(self._stats(batch_id, completed, results, started))
+
+    def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:
+        props = completed.metadata.properties
+        batch_id = int(props["batch_id"])
+        marker = f"{COMMITS_DIR}/batch-{batch_id}-chk-{completed.checkpoint_id}"
+        if self.storage.exists(marker):
+            return
+        staged = json.loads(props.get("staged", "{}"))
+        schemas = {MAIN_OUTPUT: self.job.output_schema, **self.job.side_outputs}
+        if LATE_EVENTS_TAG in staged:
+            schemas[LATE_EVENTS_TAG] = self._late_schema()
+        for output, sinks in self.job.sinks.items():
+            out = StagedOutput(self.storage, staged.get(output, []), schemas[output])
+            for sink in sinks:
+                sink.commit(spark, batch_id, out)
+        self.storage.write(marker, b"")
+        self.storage.delete_dir(f"{STAGING_DIR}/batch-{batch_id}")
+
+    def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
+               started: float) -> BatchStats:
+        per = [json.loads(r["stats"]) for r in results]
+        return BatchStats(
+            batch_id=batch_id, checkpoint_id=completed.checkpoint_id,
+            rows_in=sum(s["rows_in"] for s in per), rows_out=sum(s["rows_out"] for s in per),
+            late_events=sum(r["late"] for r in results),
+            timers_fired=sum(s["timers_fired"] for s in per), watermark=self.watermark,
+            duration_s=time.perf_counter() - started,
+            sync_duration_s=max(s["sync_s"] for s in per),
+            async_duration_s=max(s["async_s"] for s in per),
+            incremental_bytes=completed.metadata.incremental_size,
+            full_bytes=completed.metadata.full_size,
+            state_bytes_per_subtask=[h.full_size for h in completed.metadata.handles],
+            restore_s=max(s["restore_s"] for s in per),
+            reused_subtasks=sum(1 for s in per if s["reused_local_state"]),
+            restored_subtasks=sum(1 for s in per if not s["reused_local_state"]),
+        )
+
+    def _record(self, stats: BatchStats) -> None:
+        self.stats.append(stats)
+        log.info("keyedstate batch %s: %s", stats.batch_id, stats)
+        for listener in self.listeners:
+            listener(stats)
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def savepoint(self, spark: Any, target: str) -> str:
+        """A native savepoint of the last committed state in ``target`` (self-contained: every
+        file under ``target``); returns the path of its ``_metadata``."""
+        latest = self.coordinator.latest_completed
+        if latest is None:
+            raise CheckpointError("no checkpoint completed yet: nothing to take a savepoint of")
+        storage = CheckpointStorage(target, self.config.storage_options)
+        if storage.exists(METADATA_FILE):
+            raise SnapshotExistsError(
+                f"{target} already holds a savepoint; choose an empty directory"
+            )
+        plan = dataclasses.replace(
+            self._plan(self.last_batch_id, latest.checkpoint_id + 1), savepoint_storage=storage)
+        empty = spark.createDataFrame([], self.job.stream.df.schema)
+        rows = sorted(self._route(empty).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
+                      .collect(), key=lambda r: r["subtask"])
+        metadata = CheckpointMetadata(
+            checkpoint_id=plan.checkpoint_id, timestamp_ms=time.time_ns() // 1_000_000,
+            backend=self.backend.name, parallelism=self.config.parallelism,
+            max_parallelism=self.max_parallelism, key_types=self.key_types,
+            handles=[decode_handle(r["handle"]) for r in rows], kind=SnapshotKind.SAVEPOINT,
+            format=SnapshotFormat.NATIVE,
+            properties={**self.lineage, "batch_id": str(self.last_batch_id),
+                        "watermark": str(self.watermark)})
+        return storage.write_metadata(metadata, METADATA_FILE)
+
+    def drain(self, spark: Any) -> None:
+        """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint."""
+        empty = spark.createDataFrame([], self.job.stream.df.schema)
+        self._run(empty, self.last_batch_id + 1, time.perf_counter(), drain=True)
+
+
+def _batch_failure(exc: BaseException) -> str | None:
+    """The keyedstate error message inside a Spark task failure, if there is one."""
+    text = str(exc)
+    marker = "keyedstate.errors."
+    at = text.rfind(marker)
+    if at < 0:
+        return None
+    return text[at + len(marker):].split("\n", 1)[0]
+
+
+class KeyedQuery:
+    """A running keyed job: the Spark ``StreamingQuery`` plus keyedstate's statistics."""
+
+    def __init__(self, query: Any, driver: KeyedJobDriver) -> None:
+        self.query = query
+        self.driver = driver
+
+    @property
+    def stats(self) -> list[BatchStats]:
+        return self.driver.stats
+
+    @property
+    def last_progress(self) -> dict[str, Any]:
+        """Spark's last progress with keyedstate's last checkpoint statistics."""
+        last = self.driver.stats[-1] if self.driver.stats else None
+        return {"spark": self.query.lastProgress,
+                "keyedstate": None if last is None else last.__dict__}
+
+    def add_listener(self, listener: Callable[[BatchStats], None]) -> None:
+        self.driver.listeners.append(listener)
+
+    def process_all_available(self) -> None:
+        self.query.processAllAvailable()
+
+    def await_termination(self, timeout: float | None = None) -> bool | None:
+        return self.query.awaitTermination(timeout)
+
+    def stop(self, *, drain: bool = False, savepoint: str | None = None) -> str | None:
+        """Stop after the batch in flight. With ``drain``, fire every timer first (the last
+        checkpoint then marks the job finished). With ``savepoint``, take a native savepoint
+        there (after the drain, if both) and return its ``_metadata`` path."""
+        self.query.stop()
+        exc = self.query.exception()
+        if exc is not None:
+            raise BatchFailedError(f"the query had failed: {exc}")
+        spark = self.query.sparkSession
+        if drain:
+            self.driver.drain(spark)
+        return self.driver.savepoint(spark, savepoint) if savepoint else None

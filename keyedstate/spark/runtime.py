@@ -1,0 +1,337 @@
+"""What runs in an executor: one subtask of one micro-batch (a Spark task of ``mapInArrow``).
+
+Steps of :func:`run_subtask`, in order (the driver's side is in :mod:`keyedstate.spark.job`):
+
+1. Get the subtask's state at the last committed checkpoint: the live copy this Python worker
+   holds if it is exactly that version (same snapshot token), else a restore from checkpoint
+   storage (rescaling when the parallelism changed). An uncommitted or stale copy is closed,
+   never used.
+2. Fire timers due at the batch's watermark (event time) and now (processing time): the
+   watermark advanced at the end of the previous batch, as Flink fires timers when a
+   watermark arrives after the elements before it.
+3. Split late rows (event time before the watermark) off: counted, dropped or side output.
+4. Run the function key by key over the rows (grouped by key, arrival order kept).
+5. Stage the outputs as Parquet files under the checkpoint directory (not yet visible).
+6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch.
+7. Return one row: the snapshot handle, staged files, max event time, counts and timings.
+
+Nothing here is visible to readers until the driver commits the checkpoint and the sinks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
+from keyedstate.checkpoint.metadata import KeyedStateHandle
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.config import LATE_EVENTS_TAG, LateEvents
+from keyedstate.errors import BatchFailedError, KeyedStateError, OutputSchemaError
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.keys import KeySerializer
+from keyedstate.spark.function import Context, KeyedProcessFunction, Row
+from keyedstate.state.timers import TimeDomain
+from keyedstate.state.ttl import SystemTimeProvider
+
+KG_COLUMN = "_ks_key_group"
+SUBTASK_COLUMN = "_ks_subtask"
+MAX_WATERMARK = (1 << 63) - 1
+MIN_WATERMARK = -(1 << 63)
+
+RESULT_SCHEMA = pa.schema([
+    ("subtask", pa.int32()),
+    ("token", pa.string()),
+    ("handle", pa.binary()),
+    ("staged", pa.string()),
+    ("max_event_time", pa.int64()),
+    ("late", pa.int64()),
+    ("stats", pa.string()),
+])
+RESULT_DDL = ("subtask int, token string, handle binary, staged string, max_event_time long, "
+              "late long, stats string")
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    """The committed snapshot a batch starts from: where to read it and its handles."""
+
+    checkpoint_id: int
+    storage: CheckpointStorage
+    handles: list[KeyedStateHandle]
+    parallelism: int
+    #: per subtask index, the token of the snapshot that subtask produced (reuse check)
+    tokens: list[str] | None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Everything a subtask needs for one batch; pickled into the task closure."""
+
+    job_id: str
+    batch_id: int
+    checkpoint_id: int
+    parallelism: int
+    max_parallelism: int
+    key_columns: list[str]
+    key_types: list[str]
+    backend: StateBackend
+    storage: CheckpointStorage
+    function: KeyedProcessFunction
+    output_schema: pa.Schema
+    side_output_schemas: dict[str, pa.Schema]
+    watermark: int
+    watermark_column: str | None
+    late_events: LateEvents
+    restore: RestoreSource | None
+    full_snapshot: bool
+    share_restored_files: bool
+    drain: bool = False
+    local_dir: str | None = None
+    #: a savepoint round: no processing, a full snapshot into ``snapshot_storage``
+    savepoint_storage: CheckpointStorage | None = None
+
+
+@dataclass
+class _Live:
+    backend: KeyedStateBackend
+    token: str
+    parallelism: int
+
+
+#: Live state per (job, subtask) in this Python worker. A Spark Python worker runs one task at
+#: a time, so no lock is needed; a copy is reused only if its token is the committed one.
+_LIVE: dict[tuple[str, int], _Live] = {}
+
+
+def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, float]:
+    live = _LIVE.pop((plan.job_id, index), None)
+    src = plan.restore
+    if (live is not None and src is not None and src.tokens is not None
+            and src.parallelism == plan.parallelism and live.parallelism == plan.parallelism
+            and index < len(src.tokens) and src.tokens[index] == live.token):
+        live.backend.notify_checkpoint_complete(src.checkpoint_id)
+        return live.backend, True, 0.0
+    if live is not None:
+        live.backend.close()  # stale or uncommitted: never used
+    start = time.perf_counter()
+    backend = plan.backend.create_keyed_backend(
+        subtask_index=index,
+        key_group_range=KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index),
+        max_parallelism=plan.max_parallelism,
+        key_serializer=KeySerializer(plan.key_types),
+        restore_handles=src.handles if src else (),
+        storage=src.storage if src else None,
+        share_restored_files=plan.share_restored_files,
+        time_provider=SystemTimeProvider(),
+        local_dir=plan.local_dir,
+    )
+    return backend, False, time.perf_counter() - start
+
+
+def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    if pa.types.is_timestamp(column.type):
+        return pc.divide(column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()), 1000)
+    if pa.types.is_integer(column.type):
+        return column.cast(pa.int64())
+    raise OutputSchemaError(f"watermark column must be a timestamp or integer (ms), got {column.type}")
+
+
+def _rows_to_table(rows: list[Row], schema: pa.Schema, where: str) -> pa.Table:
+    if not rows:
+        return schema.empty_table()
+    try:
+        if isinstance(rows[0], dict):
+            return pa.Table.from_pylist(rows, schema=schema)
+        columns = list(zip(*rows))
+        if len(columns) != len(schema):
+            raise ValueError(f"rows have {len(columns)} fields, the schema has {len(schema)}")
+        return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)],
+                                    schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        raise OutputSchemaError(
+            f"{where}: output rows do not match the declared schema {schema}: {exc}"
+        ) from exc
+
+
+def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | None:
+    if table.num_rows == 0:
+        return None
+    relative = f"staging/batch-{plan.batch_id}/{name}/part-{index:05d}-{uuid.uuid4().hex}.parquet"
+    storage = plan.storage
+    storage.fs.makedirs(storage.path(relative).rsplit("/", 1)[0], exist_ok=True)
+    with storage.fs.open(storage.path(relative), "wb") as f:
+        pq.write_table(table, f)
+    return relative
+
+
+class _Emitter:
+    """Collects output rows, remembering which key produced them for error messages."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.keys: list[tuple[int, Any]] = []
+
+    def extend(self, key: Any, result: Iterable[Row] | None) -> None:
+        if result is not None:
+            self.keys.append((len(self.rows), key))
+            self.rows.extend(result)
+
+
+def _call(where: str, key: Any, fn: Any, *args: Any) -> Iterable[Row] | None:
+    try:
+        result = fn(*args)
+        return list(result) if result is not None else None
+    except KeyedStateError as exc:
+        raise BatchFailedError(f"{where}, key {key!r}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise BatchFailedError(
+            f"{where}, key {key!r}: the function raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: _Emitter,
+                 where: str) -> int:
+    fired = 0
+    fn = plan.function
+    for domain, now in ((TimeDomain.PROCESSING_TIME, ctx.processing_time),
+                        (TimeDomain.EVENT_TIME, ctx.watermark)):
+        ctx.time_domain = domain
+        for timer in backend.timer_service.pop_due(domain, now):
+            backend.set_current_key_bytes(timer.key_bytes, timer.key_group)
+            key = backend.get_current_key()
+            out.extend(key, _call(where, key, fn.on_timer, timer.timestamp, ctx))
+            fired += 1
+    ctx.time_domain = None
+    return fired
+
+
+def _key_runs(table: pa.Table, key_columns: list[str]) -> Iterator[tuple[Any, int, int, int]]:
+    """(key, key group, start, length) of each key's rows, after a stable sort by key."""
+    cols = [table.column(c).to_pylist() for c in key_columns]
+    kgs = table.column(KG_COLUMN).to_pylist()
+    keys: list[Any] = cols[0] if len(cols) == 1 else list(zip(*cols))
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            yield keys[start], kgs[start], start, i - start
+            start = i
+
+
+def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function: one subtask of one batch (see the module docstring)."""
+    from pyspark import TaskContext
+
+    index = TaskContext.get().partitionId()
+    where = f"batch {plan.batch_id}, subtask {index}"
+    # Step 1. State at the last committed checkpoint.
+    backend, reused, restore_s = _acquire(plan, index)
+    if plan.savepoint_storage is not None:
+        yield _savepoint(plan, index, backend, reused, restore_s)
+        return
+    token = uuid.uuid4().hex
+    try:
+        started = time.perf_counter()
+        input_batches = [b for b in batches if b.num_rows]
+        table = pa.Table.from_batches(input_batches) if input_batches else None
+        watermark = MAX_WATERMARK if plan.drain else plan.watermark
+        ctx = Context(backend, subtask_index=index, parallelism=plan.parallelism,
+                      batch_id=plan.batch_id, watermark=watermark,
+                      processing_time=time.time_ns() // 1_000_000)
+        fn = plan.function
+        out = _Emitter()
+        _call(where, None, fn.open, ctx)
+        # Step 2. Timers due at the watermark reached by the previous batch, and now.
+        fired = _fire_timers(plan, backend, ctx, out, where)
+        # Step 3. Late rows.
+        late = 0
+        max_event_time = None
+        if table is not None and plan.watermark_column:
+            event_ms = _to_ms(table.column(plan.watermark_column))
+            max_event_time = pc.max(event_ms).as_py()
+            is_late = pc.less(event_ms, pa.scalar(plan.watermark, pa.int64()))
+            late = pc.sum(is_late.cast(pa.int64())).as_py() or 0
+            if late:
+                if plan.late_events is LateEvents.SIDE_OUTPUT:
+                    late_rows = table.filter(is_late).drop_columns([KG_COLUMN, SUBTASK_COLUMN])
+                    ctx.side_outputs.setdefault(LATE_EVENTS_TAG, []).extend(late_rows.to_pylist())
+                table = table.filter(pc.invert(is_late))
+        # Step 4. The function, key by key (stable sort keeps arrival order within a key).
+        rows_in = 0 if table is None else table.num_rows
+        if table is not None and table.num_rows:
+            table = table.take(pc.sort_indices(table, [(c, "ascending") for c in plan.key_columns]))
+            user_table = table.drop_columns([SUBTASK_COLUMN])
+            for key, kg, start, length in _key_runs(table, plan.key_columns):
+                backend.set_current_key(key, kg)
+                rows = user_table.slice(start, length).drop_columns([KG_COLUMN])
+                out.extend(key, _call(where, key, fn.process_key, key, rows, ctx))
+        if plan.drain:
+            fired += _fire_timers(plan, backend, ctx, out, where)
+        _call(where, None, fn.close)
+        process_s = time.perf_counter() - started
+        # Step 5. Stage outputs (invisible until the driver commits).
+        staged: dict[str, str] = {}
+        main = _rows_to_table(out.rows, plan.output_schema, where)
+        if (path := _stage(plan, index, "main", main)) is not None:
+            staged["main"] = path
+        for tag, rows in ctx.side_outputs.items():
+            schema = plan.side_output_schemas.get(tag)
+            if schema is None:
+                raise BatchFailedError(f"{where}: side output {tag!r} was not declared on the job")
+            if (path := _stage(plan, index, tag, _rows_to_table(rows, schema, where))) is not None:
+                staged[tag] = path
+        # Step 6. Snapshot.
+        result = backend.snapshot(plan.checkpoint_id,
+                                  plan.storage.location(plan.checkpoint_id, index),
+                                  full=plan.full_snapshot)
+        handle = result.materialize()
+    except BaseException:
+        backend.close()
+        raise
+    _LIVE[(plan.job_id, index)] = _Live(backend, token, plan.parallelism)
+    # Step 7. Report.
+    stats = {
+        "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,
+        "process_s": process_s, "restore_s": restore_s, "reused_local_state": reused,
+        "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s,
+        "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
+        "worker_pid": os.getpid(),
+    }
+    yield pa.RecordBatch.from_pylist([{
+        "subtask": index, "token": token, "handle": msgspec.json.encode(handle),
+        "staged": json.dumps(staged), "max_event_time": max_event_time, "late": late,
+        "stats": json.dumps(stats),
+    }], schema=RESULT_SCHEMA)
+
+
+def _savepoint(plan: BatchPlan, index: int, backend: KeyedStateBackend, reused: bool,
+               restore_s: float) -> pa.RecordBatch:
+    """A full snapshot of the committed state into the savepoint's own root; the live copy is
+    closed afterwards (the job stops with its savepoint)."""
+    assert plan.savepoint_storage is not None
+    try:
+        result = backend.snapshot(plan.checkpoint_id,
+                                  plan.savepoint_storage.location(plan.checkpoint_id, index),
+                                  full=True)
+        handle = result.materialize()
+    finally:
+        backend.close()
+    stats = {"restore_s": restore_s, "reused_local_state": reused,
+             "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s}
+    return pa.RecordBatch.from_pylist([{
+        "subtask": index, "token": "", "handle": msgspec.json.encode(handle), "staged": "{}",
+        "max_event_time": None, "late": 0, "stats": json.dumps(stats),
+    }], schema=RESULT_SCHEMA)
+
+
+def decode_handle(data: bytes) -> KeyedStateHandle:
+    return msgspec.json.decode(data, type=KeyedStateHandle)

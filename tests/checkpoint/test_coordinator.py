@@ -1,0 +1,424 @@
+"""The checkpoint coordinator on real files: seed 003's walkthrough and race, aborts, crashes at
+every step of ``complete``, corrupt and incompatible checkpoints on recovery."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.metadata import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    StreamHandle,
+    serialize_metadata,
+)
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.errors import (
+    CheckpointAbortedError,
+    CheckpointError,
+    ConfigurationError,
+    CorruptCheckpointError,
+    KeyGroupRangeError,
+    MaxParallelismMismatchError,
+    UnsupportedFormatVersionError,
+)
+
+from . import acknowledge_all, make_handle, shared_files, snapshot
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> CheckpointStorage:
+    return CheckpointStorage(str(tmp_path / "job"))
+
+
+def config(**overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = dict(backend="rocksdb", parallelism=2, max_parallelism=128,
+                                key_types=["bigint"], num_retained=1)
+    args.update(overrides)
+    return args
+
+
+def checkpoint(coordinator: CheckpointCoordinator, *, new: tuple[str, ...] = ("sst",),
+               reuse: list[StreamHandle] | tuple[()] = ()) -> CompletedCheckpoint:
+    pending = coordinator.trigger({"batch_id": "b"})
+    acknowledge_all(coordinator, pending, new=new, reuse=reuse)
+    return coordinator.complete(pending)
+
+
+def shared_of(completed: CompletedCheckpoint) -> list[StreamHandle]:
+    return [f for h in completed.handles for f in h.shared.values()]
+
+
+def assert_restorable(coordinator: CheckpointCoordinator) -> None:
+    """Every file of every retained checkpoint is there and intact; nothing else is left."""
+    for completed in coordinator.retained:
+        storage = coordinator.storage
+        assert storage.read_metadata(completed.metadata_path) == completed.metadata
+        for stream in completed.metadata.files():
+            storage.read_verified(stream)
+    assert coordinator.unreferenced_files() == []
+
+
+# -- seed 003 ----------------------------------------------------------------------------------
+
+def test_seed_003_walkthrough(storage: CheckpointStorage) -> None:
+    """The blog post's example: one subtask, two retained checkpoints, CP1..CP4 (and CP5)."""
+    coordinator = CheckpointCoordinator(storage, **config(parallelism=1, num_retained=2))
+    files: dict[str, StreamHandle] = {}
+
+    def cp(new: list[str], reuse: list[str]) -> CompletedCheckpoint:
+        pending = coordinator.trigger()
+        location = pending.location(0)
+        for name in new:
+            files[name] = location.write_shared(name.encode(), name)
+        handle = make_handle(coordinator, pending, 0, {n: files[n] for n in new + reuse})
+        coordinator.acknowledge(pending, handle)
+        return coordinator.complete(pending)
+
+    def present() -> set[str]:
+        return {n for n, h in files.items() if storage.exists(h.path)}
+
+    def last_used(name: str) -> int:
+        entry = coordinator.registry.get(files[name].path)
+        assert entry is not None
+        return entry.last_used_checkpoint_id
+
+    cp(["sst1", "sst2"], [])
+    cp(["sst3", "sst4"], ["sst1", "sst2"])
+    assert present() == {"sst1", "sst2", "sst3", "sst4"}
+    # CP3: compaction merged 1, 2, 3; CP1 is subsumed, but CP2 still uses sst1 and sst2.
+    cp(["sst123", "sst5"], ["sst4"])
+    assert [c.checkpoint_id for c in coordinator.retained] == [2, 3]
+    assert not storage.exists("chk-1/_metadata") and storage.list_files("chk-1") == []
+    assert present() == {"sst1", "sst2", "sst3", "sst4", "sst123", "sst5"}
+    assert [last_used(n) for n in ("sst1", "sst2", "sst3", "sst4")] == [2, 2, 2, 3]
+    # CP4: CP2 is subsumed; sst1, sst2 and sst3 were last used by CP2: deleted now, exactly.
+    cp(["sst456"], ["sst123"])
+    assert [c.checkpoint_id for c in coordinator.retained] == [3, 4]
+    assert present() == {"sst4", "sst5", "sst123", "sst456"}
+    assert coordinator.registry.get(files["sst1"].path) is None
+    # CP5: CP3 goes, and with it the last users of sst4 and sst5.
+    cp([], ["sst123", "sst456"])
+    assert present() == {"sst123", "sst456"}
+    assert_restorable(coordinator)
+
+
+def test_seed_003_race_unconfirmed_or_deleted_base(storage: CheckpointStorage) -> None:
+    """Concurrent checkpoints: one that builds on a subsumed checkpoint's deleted file, or on
+    a checkpoint that has not completed, is aborted, and its new files are deleted."""
+    coordinator = CheckpointCoordinator(storage, **config(parallelism=1))
+    cp1 = checkpoint(coordinator)
+    cp2 = coordinator.trigger()
+    cp3 = coordinator.trigger()
+    acknowledge_all(coordinator, cp2, new=["compacted"])  # references nothing of CP1
+    handle2 = cp2.acknowledged[0]
+    handle3 = snapshot(coordinator, cp3, 0, new=["x"], reuse=shared_of(cp1))
+    coordinator.acknowledge(cp3, handle3)
+    coordinator.complete(cp2)  # subsumes CP1 and deletes its file
+    assert not storage.exists(shared_of(cp1)[0].path)
+    # CP3 was triggered before CP2 completed, so its backend built on CP1 (then the last
+    # confirmed checkpoint) and references the file just deleted: Step 2 refuses it.
+    with pytest.raises(CheckpointAbortedError, match=shared_of(cp1)[0].path) as info:
+        coordinator.complete(cp3)
+    assert "last confirmed checkpoint" in str(info.value)
+    assert not any(storage.exists(f.path) for f in handle3.shared.values()
+                   if f.path.startswith("shared/chk-3-"))
+    assert storage.list_files("chk-3") == []
+    # A checkpoint built on a still-pending one (an unconfirmed base) is refused too.
+    cp4, cp5 = coordinator.trigger(), coordinator.trigger()
+    acknowledge_all(coordinator, cp4)
+    coordinator.acknowledge(cp5, snapshot(coordinator, cp5, 0, reuse=list(
+        cp4.acknowledged[0].shared.values())))
+    with pytest.raises(CheckpointAbortedError, match="checkpoint 4, which has not completed"):
+        coordinator.complete(cp5)
+    assert coordinator.latest_completed is not None
+    assert coordinator.latest_completed.checkpoint_id == 2
+    assert all(f.path in shared_files(coordinator) for f in handle2.shared.values())
+    coordinator.abort(cp4, "test")
+    assert_restorable(coordinator)
+
+
+# -- abort -------------------------------------------------------------------------------------
+
+def test_abort_deletes_what_the_checkpoint_wrote(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    cp1 = checkpoint(coordinator)
+    before = set(storage.list_files())
+    pending = coordinator.trigger()
+    coordinator.acknowledge(pending, snapshot(coordinator, pending, 0, reuse=shared_of(cp1)))
+    # Subtask 1 runs in an executor: it writes through a pickled copy of its location, whose
+    # record of written files the driver never sees, and fails before acknowledging.
+    remote = pickle.loads(pickle.dumps(pending.location(1)))
+    remote.write_shared(b"half", "000009.sst")
+    remote.write_private(b"half", "MANIFEST")
+    coordinator.abort(pending, "subtask 1 failed")
+    assert set(storage.list_files()) == before
+    assert pending.is_aborted and pending.failure_reason == "subtask 1 failed"
+    with pytest.raises(CheckpointAbortedError, match="subtask 1 failed"):
+        coordinator.complete(pending)
+    with pytest.raises(CheckpointAbortedError):
+        coordinator.acknowledge(pending, make_handle(coordinator, pending, 1, {}))
+    coordinator.abort(pending, "again")  # idempotent
+    assert_restorable(coordinator)
+    assert checkpoint(coordinator).checkpoint_id == 3  # ids are never reused
+
+
+def test_abort_of_completed_checkpoint_is_refused(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    pending = coordinator.trigger()
+    acknowledge_all(coordinator, pending)
+    coordinator.complete(pending)
+    with pytest.raises(CheckpointError, match="already completed"):
+        coordinator.abort(pending, "late")
+    with pytest.raises(CheckpointError, match="already completed"):
+        coordinator.complete(pending)
+
+
+def test_completing_a_newer_checkpoint_aborts_older_pending_ones(
+        storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    older, newer = coordinator.trigger(), coordinator.trigger()
+    acknowledge_all(coordinator, older)
+    acknowledge_all(coordinator, newer)
+    coordinator.complete(newer)
+    with pytest.raises(CheckpointAbortedError, match="subsumed by checkpoint 2"):
+        coordinator.complete(older)
+    assert coordinator.pending == []
+    assert_restorable(coordinator)
+
+
+def test_files_of_failed_task_attempts_are_deleted(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    pending = coordinator.trigger()
+    first_attempt = pickle.loads(pickle.dumps(pending.location(0)))
+    orphan = first_attempt.write_shared(b"lost", "000001.sst")
+    acknowledge_all(coordinator, pending)
+    coordinator.complete(pending)
+    assert not storage.exists(orphan.path)
+    assert_restorable(coordinator)
+
+
+# -- acknowledge and complete refusals ---------------------------------------------------------
+
+def test_acknowledge_errors(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    pending = coordinator.trigger()
+    good = snapshot(coordinator, pending, 0)
+    with pytest.raises(KeyGroupRangeError, match="subtask index 2 is out of range"):
+        coordinator.acknowledge(pending, _with(good, subtask_index=2))
+    with pytest.raises(KeyGroupRangeError, match="owns KeyGroupRange\\[0, 63\\]"):
+        coordinator.acknowledge(pending, _with(good, key_group_end=127))
+    with pytest.raises(CheckpointError, match="with a handle of checkpoint 9"):
+        coordinator.acknowledge(pending, _with(good, checkpoint_id=9))
+    with pytest.raises(ConfigurationError, match="'heap' backend"):
+        coordinator.acknowledge(pending, _with(good, backend="heap"))
+    coordinator.acknowledge(pending, good)
+    with pytest.raises(CheckpointError, match="subtask 0 already acknowledged"):
+        coordinator.acknowledge(pending, good)
+    with pytest.raises(CheckpointError, match=r"subtasks \[1\] have not acknowledged"):
+        coordinator.complete(pending)
+    with pytest.raises(KeyGroupRangeError):
+        pending.location(5)
+    other = CheckpointCoordinator(CheckpointStorage(storage.url + "-other"), **config())
+    with pytest.raises(CheckpointError, match="not triggered by this coordinator"):
+        other.acknowledge(pending, good)
+
+
+def _with(handle: KeyedStateHandle, **changes: Any) -> KeyedStateHandle:
+    return msgspec.structs.replace(handle, **changes)
+
+
+def test_private_file_outside_its_checkpoint_is_refused(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config(parallelism=1))
+    cp1 = checkpoint(coordinator)
+    pending = coordinator.trigger()
+    stale = cp1.handles[0].private  # a backend that re-lists last checkpoint's private files
+    coordinator.acknowledge(pending, make_handle(coordinator, pending, 0, {}, stale))
+    with pytest.raises(CheckpointAbortedError, match="chk-1/sub-0/meta as a private file"):
+        coordinator.complete(pending)
+    assert_restorable(coordinator)
+
+
+@pytest.mark.parametrize("num_retained", [0, -1, True, 1.5])
+def test_num_retained_must_be_positive(storage: CheckpointStorage, num_retained: Any) -> None:
+    with pytest.raises(ConfigurationError, match="num-retained"):
+        CheckpointCoordinator(storage, **config(num_retained=num_retained))
+
+
+def test_new_coordinator_refuses_a_used_root(storage: CheckpointStorage) -> None:
+    checkpoint(CheckpointCoordinator(storage, **config()))
+    with pytest.raises(ConfigurationError, match="recover"):
+        CheckpointCoordinator(storage, **config())
+
+
+def test_properties_and_handles(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    assert coordinator.latest_completed is None and coordinator.restore_handles() == []
+    pending = coordinator.trigger({"batch_id": "7"})
+    acknowledge_all(coordinator, pending)
+    completed = coordinator.complete(pending, properties={"watermark": "100"})
+    assert completed.metadata.properties == {"batch_id": "7", "watermark": "100"}
+    assert completed.metadata_path == "chk-1/_metadata"
+    assert coordinator.restore_handles() == completed.handles
+    assert [h.subtask_index for h in completed.handles] == [0, 1]
+    with pytest.raises(ConfigurationError, match="str to str"):
+        coordinator.trigger({"batch_id": 7})  # type: ignore[dict-item]
+
+
+# -- crashes and recovery ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("steps_done", [0, 1, 2, 3, 4, 5, 6])
+def test_crash_after_each_step_of_complete(storage: CheckpointStorage, steps_done: int) -> None:
+    """Run complete() up to step k, drop the coordinator (the driver died), recover."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    cp1 = checkpoint(coordinator, new=("a", "b"))
+    pending = coordinator.trigger()
+    acknowledge_all(coordinator, pending, reuse=shared_of(cp1)[:1])
+    steps = coordinator._complete_steps(pending)
+    for _ in range(steps_done):
+        next(steps)
+    del coordinator, steps
+    recovered = CheckpointCoordinator.recover(storage, **config())
+    latest = recovered.latest_completed
+    assert latest is not None
+    assert latest.checkpoint_id == (2 if steps_done >= 3 else 1)
+    assert [c.checkpoint_id for c in recovered.retained] == [latest.checkpoint_id]
+    assert recovered.recovery_notes == []
+    assert_restorable(recovered)
+    assert storage.checkpoint_ids() == [latest.checkpoint_id]
+    # The recovered coordinator goes on, with a fresh id.
+    assert checkpoint(recovered, reuse=shared_of(latest)).checkpoint_id == 3
+    assert_restorable(recovered)
+
+
+def test_recover_deletes_incomplete_and_subsumes_old(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config(num_retained=3))
+    for _ in range(3):
+        checkpoint(coordinator)
+    crashed = coordinator.trigger()
+    acknowledge_all(coordinator, crashed)  # files written, never completed
+    recovered = CheckpointCoordinator.recover(storage, **config(num_retained=1))
+    assert [c.checkpoint_id for c in recovered.retained] == [3]
+    assert storage.checkpoint_ids() == [3]
+    assert storage.list_files("chk-4") == [] and storage.list_files("chk-1") == []
+    assert_restorable(recovered)
+    assert recovered.trigger().checkpoint_id == 5
+
+
+def test_recover_without_orphan_cleanup(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    checkpoint(coordinator)
+    orphan = storage.location(7, 0).write_shared(b"o", "lost.sst")
+    kept = CheckpointCoordinator.recover(storage, cleanup_orphans=False, **config())
+    assert kept.unreferenced_files() == [orphan.path]
+    assert kept.trigger().checkpoint_id == 8  # above the orphan's id
+    cleaned = CheckpointCoordinator.recover(storage, **config())
+    assert not storage.exists(orphan.path)
+    assert_restorable(cleaned)
+
+
+def test_recover_an_empty_root_starts_a_new_job(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator.recover(storage, **config())
+    assert coordinator.latest_completed is None and coordinator.restore_handles() == []
+    assert checkpoint(coordinator).checkpoint_id == 1
+
+
+def test_corrupt_latest_metadata_falls_back_with_a_note(
+        storage: CheckpointStorage, caplog: pytest.LogCaptureFixture) -> None:
+    coordinator = CheckpointCoordinator(storage, **config(num_retained=2))
+    cp1 = checkpoint(coordinator)
+    cp2 = checkpoint(coordinator, reuse=shared_of(cp1))
+    data = Path(storage.path(cp2.metadata_path)).read_bytes()
+    Path(storage.path(cp2.metadata_path)).write_bytes(data[: len(data) // 2])
+    with caplog.at_level(logging.WARNING, logger="keyedstate.checkpoint.coordinator"):
+        recovered = CheckpointCoordinator.recover(storage, **config(num_retained=2))
+    assert recovered.latest_completed is not None
+    assert recovered.latest_completed.checkpoint_id == 1
+    assert len(recovered.recovery_notes) == 1
+    note = recovered.recovery_notes[0]
+    assert "checkpoint 2 is unreadable" in note and "chk-2/_metadata" in note
+    assert "recovered from checkpoint 1" in note
+    assert note in caplog.text
+    # CP1's files are intact; CP2's own files are gone, its directory kept for inspection.
+    for stream in cp1.metadata.files():
+        storage.read_verified(stream)
+    assert storage.list_files("chk-2") != []
+    assert recovered.unreferenced_files() == storage.list_files("chk-2")
+    # New checkpoints never reuse id 2; chk-2 goes once it falls below the retained ones.
+    assert checkpoint(recovered, reuse=shared_of(cp1)).checkpoint_id == 3
+    assert storage.list_files("chk-2") != []
+    checkpoint(recovered)
+    assert storage.list_files("chk-2") == []
+    assert_restorable(recovered)
+
+
+def test_no_readable_checkpoint_raises_and_deletes_nothing(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config())
+    cp1 = checkpoint(coordinator)
+    Path(storage.path(cp1.metadata_path)).write_bytes(b"{}")
+    before = storage.list_files()
+    with pytest.raises(CorruptCheckpointError, match="no checkpoint .* can be read.*chk-1"):
+        CheckpointCoordinator.recover(storage, **config())
+    assert storage.list_files() == before
+
+
+def test_newer_format_version_is_not_skipped(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config(num_retained=2))
+    checkpoint(coordinator)
+    cp2 = checkpoint(coordinator)
+    data = serialize_metadata(cp2.metadata).replace(b'"format_version":1', b'"format_version":2')
+    Path(storage.path(cp2.metadata_path)).write_bytes(data)
+    before = storage.list_files()
+    with pytest.raises(UnsupportedFormatVersionError, match="upgrade keyedstate"):
+        CheckpointCoordinator.recover(storage, **config(num_retained=2))
+    assert storage.list_files() == before
+
+
+def test_max_parallelism_mismatch_on_recover(storage: CheckpointStorage) -> None:
+    checkpoint(CheckpointCoordinator(storage, **config()))
+    storage.write("chk-9/sub-0/x", b"pending")
+    before = storage.list_files()
+    with pytest.raises(MaxParallelismMismatchError,
+                       match="max parallelism 128.*configured with 256.*canonical savepoint.*"
+                             "state processor API"):
+        CheckpointCoordinator.recover(storage, **config(max_parallelism=256))
+    assert storage.list_files() == before  # refused before touching anything
+    with pytest.raises(ConfigurationError, match="'rocksdb' backend"):
+        CheckpointCoordinator.recover(storage, **config(backend="heap"))
+
+
+def test_recover_at_another_parallelism_rescales(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config(parallelism=2))
+    cp1 = checkpoint(coordinator)
+    recovered = CheckpointCoordinator.recover(storage, **config(parallelism=3))
+    assert recovered.restore_handles() == cp1.handles  # two handles, restored by three
+    cp2 = checkpoint(recovered, reuse=shared_of(cp1))
+    assert [h.key_group_range.start for h in cp2.handles] == [0, 43, 86]
+    assert_restorable(recovered)
+
+
+def test_not_owned_files_are_never_deleted(storage: CheckpointStorage) -> None:
+    """The restore-mode hook: files of a snapshot restored in NO_CLAIM or LEGACY mode (here
+    snapshot 7 of another job, whose shared files sit in this root) stay the user's."""
+    user = {n: storage.write(f"shared/user-{n}", n.encode()) for n in ("a", "b")}
+    restored = CheckpointMetadata(7, 0, "rocksdb", 1, 128, ["bigint"], [KeyedStateHandle(
+        "rocksdb", 0, 0, 127, 7, [], user, {}, 2, 2)])
+    coordinator = CheckpointCoordinator(storage, **config(parallelism=1))
+    coordinator.register_restored(restored, claim=False)
+    first = checkpoint(coordinator, reuse=[user["a"]])  # LEGACY: the first one builds on it
+    assert first.checkpoint_id == 8  # above the restored snapshot's id
+    checkpoint(coordinator)
+    checkpoint(coordinator)  # nothing references the user's files any more
+    assert all(storage.exists(h.path) for h in user.values())
+    assert not {h.path for h in user.values()} & set(coordinator.unreferenced_files())
+    # After a crash, the restore settings are passed again (as Flink reads its job config).
+    again = CheckpointCoordinator.recover(storage, **config(parallelism=1), not_owned=[restored])
+    assert all(storage.exists(h.path) for h in user.values())
+    assert again.unreferenced_files() == []
+    assert again.trigger().checkpoint_id == 11

@@ -1,0 +1,191 @@
+"""Checkpoint storage on a real local directory: verified reads, atomic ``_metadata``, pickling."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from pathlib import Path
+
+import pytest
+
+from keyedstate.checkpoint.metadata import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    StreamHandle,
+    checkpoint_id_of_shared_file,
+)
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.errors import (
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    NoCheckpointError,
+    UnsafePathError,
+)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> CheckpointStorage:
+    return CheckpointStorage(str(tmp_path / "ckpt"))
+
+
+def metadata(checkpoint_id: int, files: int = 1) -> CheckpointMetadata:
+    shared = {f"{i}.sst": StreamHandle(f"shared/f{i}", i, f"{i:016x}") for i in range(files)}
+    handle = KeyedStateHandle("heap", 0, 0, 127, checkpoint_id, [], shared, {}, files, files)
+    return CheckpointMetadata(checkpoint_id, 0, "heap", 1, 128, ["bigint"], [handle],
+                              properties={"batch_id": str(checkpoint_id)})
+
+
+# -- verified reads ----------------------------------------------------------------------------
+
+def test_write_then_read_verified(storage: CheckpointStorage) -> None:
+    handle = storage.write("shared/a", b"hello")
+    assert handle == StreamHandle("shared/a", 5, handle.checksum)
+    assert storage.read_verified(handle) == b"hello"
+
+
+def test_upload_then_download(storage: CheckpointStorage, tmp_path: Path) -> None:
+    source = tmp_path / "local.sst"
+    source.write_bytes(b"x" * 10_000)
+    handle = storage.upload(str(source), "shared/b.sst")
+    target = tmp_path / "restore" / "b.sst"
+    storage.download(handle, str(target))
+    assert target.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("altered", [b"hellO", b"hell", b"hello!"])
+def test_read_verified_detects_alteration(storage: CheckpointStorage, altered: bytes) -> None:
+    handle = storage.write("shared/a", b"hello")
+    Path(storage.path("shared/a")).write_bytes(altered)
+    with pytest.raises(CorruptCheckpointError, match="shared/a is corrupt"):
+        storage.read_verified(handle)
+
+
+@pytest.mark.parametrize("altered", [b"hellO", b"hell"])
+def test_download_detects_alteration(storage: CheckpointStorage, tmp_path: Path,
+                                     altered: bytes) -> None:
+    handle = storage.write("shared/a", b"hello")
+    Path(storage.path("shared/a")).write_bytes(altered)
+    with pytest.raises(CorruptCheckpointError, match="shared/a is corrupt"):
+        storage.download(handle, str(tmp_path / "out"))
+
+
+def test_missing_files(storage: CheckpointStorage, tmp_path: Path) -> None:
+    handle = storage.write("shared/a", b"hello")
+    storage.delete(["shared/a"])
+    with pytest.raises(MissingCheckpointFileError, match="shared/a is missing"):
+        storage.read_verified(handle)
+    with pytest.raises(MissingCheckpointFileError, match="shared/a is missing"):
+        storage.download(handle, str(tmp_path / "out"))
+    with pytest.raises(NoCheckpointError, match="chk-1/_metadata"):
+        storage.read_metadata("chk-1/_metadata")
+
+
+def test_delete_is_idempotent(storage: CheckpointStorage) -> None:
+    storage.write("chk-1/sub-0/a", b"1")
+    storage.delete(["chk-1/sub-0/a", "chk-1/sub-0/a", "shared/never"])
+    storage.delete_dir("chk-1")
+    storage.delete_dir("chk-1")
+    assert storage.list_files() == []
+
+
+def test_paths_never_leave_the_root(storage: CheckpointStorage) -> None:
+    for bad in ["../x", "/x", "a/../../x", ""]:
+        with pytest.raises(UnsafePathError):
+            storage.path(bad)
+    with pytest.raises(UnsafePathError):
+        storage.delete_dir("")  # never the root itself
+
+
+# -- _metadata ---------------------------------------------------------------------------------
+
+def test_metadata_roundtrip_and_listing(storage: CheckpointStorage) -> None:
+    assert storage.checkpoint_ids() == []
+    path = storage.write_metadata(metadata(1))
+    assert path == "chk-1/_metadata"
+    storage.write("chk-2/sub-0/private", b"x")  # a pending checkpoint: no _metadata yet
+    storage.write_metadata(metadata(10))
+    assert storage.read_metadata(path) == metadata(1)
+    assert storage.checkpoint_ids() == [1, 10]
+
+
+@pytest.mark.parametrize("content", [b"", b'{"format_version": 1, "chec', b"\x00" * 64])
+def test_corrupt_metadata_file_names_the_file(storage: CheckpointStorage,
+                                              content: bytes) -> None:
+    storage.write("chk-4/_metadata", content)
+    with pytest.raises(CorruptCheckpointError, match=r"chk-4/_metadata"):
+        storage.read_metadata("chk-4/_metadata")
+
+
+def test_metadata_commit_leaves_no_temporary_file(storage: CheckpointStorage) -> None:
+    storage.write_metadata(metadata(1))
+    storage.write_metadata(metadata(1, files=3))  # overwritten atomically too
+    assert storage.list_files("chk-1") == ["chk-1/_metadata"]
+
+
+def test_failed_commit_leaves_no_temporary_file(storage: CheckpointStorage) -> None:
+    # A directory where _metadata should go makes the final rename fail.
+    os.makedirs(storage.path("chk-1/_metadata"))
+    with pytest.raises(OSError):
+        storage.write_metadata(metadata(1))
+    assert os.listdir(storage.path("chk-1")) == ["_metadata"]
+
+
+def test_concurrent_reader_sees_only_complete_metadata(storage: CheckpointStorage) -> None:
+    """A reader racing the writer sees the old file or the new one, never a partial one; the
+    temporary file is never called ``_metadata`` (it ends ``.inprogress``)."""
+    versions = [metadata(1, files=n) for n in (1, 400, 2, 800)]
+    storage.write_metadata(versions[0])
+    done = threading.Event()
+    seen: list[CheckpointMetadata] = []
+    errors: list[BaseException] = []
+    strays: set[str] = set()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                seen.append(storage.read_metadata("chk-1/_metadata"))
+                strays.update(n for n in os.listdir(storage.path("chk-1")) if n != "_metadata")
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(200):
+            storage.write_metadata(versions[i % len(versions)])
+    finally:
+        done.set()
+        reader.join()
+    assert errors == []
+    assert seen and all(m in versions for m in seen)
+    assert all(n.startswith("_metadata.") and n.endswith(".inprogress") for n in strays)
+    assert storage.list_files("chk-1") == ["chk-1/_metadata"]
+
+
+# -- locations ---------------------------------------------------------------------------------
+
+def test_location_names_and_tracks_its_files(storage: CheckpointStorage) -> None:
+    location = storage.location(5, 2)
+    shared = location.write_shared(b"s", "000001.sst")
+    private = location.write_private(b"p", "MANIFEST")
+    assert shared.path.startswith("shared/chk-5-sub-2-") and shared.path.endswith("-000001.sst")
+    assert checkpoint_id_of_shared_file(shared.path) == 5
+    assert private.path == "chk-5/sub-2/MANIFEST"
+    assert location.written == [shared.path, private.path]
+    # A retry under the same name never clobbers the first file.
+    assert location.write_shared(b"t", "000001.sst").path != shared.path
+
+
+def test_storage_and_locations_pickle(storage: CheckpointStorage) -> None:
+    storage.write("shared/x", b"x")  # connects: the live filesystem must not be pickled
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy.url == storage.url and copy.read("shared/x") == b"x"
+    location = storage.location(3, 0)
+    location.write_private(b"p", "a")
+    remote = pickle.loads(pickle.dumps(location))
+    handle = remote.write_shared(b"data", "b.sst")
+    assert (remote.checkpoint_id, remote.subtask_index) == (3, 0)
+    assert storage.read_verified(handle) == b"data"
+    assert pickle.loads(pickle.dumps(handle)) == handle
+    assert pickle.loads(pickle.dumps(metadata(3))) == metadata(3)

@@ -1,0 +1,77 @@
+"""Keyed process functions used by the Spark tests (importable by the Python workers)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+
+from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.state.descriptors import ValueStateDescriptor
+
+COUNT_SCHEMA = "user_id string, count bigint, total double, batch_id bigint"
+
+
+class RunningTotals(KeyedProcessFunction):
+    """Count and total per user; one output row per user and batch."""
+
+    totals = ValueStateDescriptor("totals", "count bigint, total double")
+
+    def open(self, ctx: Context) -> None:
+        self.state = ctx.get_state(self.totals)
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        now = self.state.value() or {"count": 0, "total": 0.0}
+        amounts = rows.column("amount").to_pylist()
+        new = {"count": now["count"] + len(amounts), "total": now["total"] + sum(amounts)}
+        self.state.update(new)
+        return [{"user_id": key, **new, "batch_id": ctx.batch_id}]
+
+
+class PerElementTotals(RunningTotals):
+    """The same through process_element (one call per row)."""
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        for row in rows.to_pylist():
+            self.process_element(row, ctx)
+        now = self.state.value()
+        return [{"user_id": key, **now, "batch_id": ctx.batch_id}]
+
+    def process_element(self, row: dict[str, Any], ctx: Context) -> None:
+        now = self.state.value() or {"count": 0, "total": 0.0}
+        self.state.update({"count": now["count"] + 1, "total": now["total"] + row["amount"]})
+
+
+class FailOnKey(RunningTotals):
+    """Raises for one key: the query must stop naming the batch, subtask and key."""
+
+    def __init__(self, bad_key: str) -> None:
+        self.bad_key = bad_key
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        if key == self.bad_key:
+            raise ValueError(f"cannot handle {key}")
+        return super().process_key(key, rows, ctx)
+
+
+class KillWorkerOnce(RunningTotals):
+    """Kills its own Python worker (SIGKILL) in the first attempt of one batch, mid-batch,
+    after it has updated some state: the retried task must start from committed state."""
+
+    def __init__(self, batch_id: int, marker_dir: str) -> None:
+        self.batch_id = batch_id
+        self.marker_dir = marker_dir
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        out = super().process_key(key, rows, ctx)
+        marker = os.path.join(self.marker_dir, f"killed-{ctx.batch_id}-{ctx.subtask_index}")
+        if ctx.batch_id == self.batch_id and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), 9)
+        return out
+
+
+class WrongOutput(RunningTotals):
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        return [{"user_id": key, "count": "not a number", "total": 0.0, "batch_id": 0}]

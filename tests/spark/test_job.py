@@ -1,0 +1,233 @@
+"""End-to-end tests of keyed jobs on Spark (local[2,4]), against pandas over the input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from keyedstate.config import JobConfig
+from keyedstate.errors import ConfigurationError
+from keyedstate.spark.job import key_by
+from keyedstate.spark.sinks import ParquetSink, StagedOutput
+from tests.spark.jobs import (
+    COUNT_SCHEMA,
+    FailOnKey,
+    KillWorkerOnce,
+    PerElementTotals,
+    RunningTotals,
+    WrongOutput,
+)
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "user_id string, ts timestamp, amount double"
+
+
+def write_files(directory: str, files: int, events: int = 1500, users: int = 150,
+                seed: int = 1, first: int = 0) -> None:
+    """``files`` Parquet files of events; modification times increase so that the file source
+    takes them in order, one per batch."""
+    os.makedirs(directory, exist_ok=True)
+    rng = random.Random(seed + first)
+    for n in range(first, first + files):
+        table = pa.table({
+            "user_id": [f"u{rng.randrange(users):04d}" for _ in range(events)],
+            "ts": pa.array([1_700_000_000_000_000 + n * 10**9 + i for i in range(events)],
+                           pa.timestamp("us", tz="UTC")),
+            "amount": [round(rng.uniform(0, 10), 2) for _ in range(events)],
+        })
+        path = os.path.join(directory, f"part-{n:03d}.parquet")
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+
+
+def run_job(spark: Any, root: str, fn: Any, parallelism: int, backend: str = "rocksdb",
+            extra_sinks: tuple[Any, ...] = (), **config: Any) -> Any:
+    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(fn, COUNT_SCHEMA)
+    job.sink(ParquetSink(os.path.join(root, "out")))
+    for sink in extra_sinks:
+        job.sink(sink)
+    query = job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"),
+                                parallelism=parallelism, backend=backend, **config),
+                      trigger={"availableNow": True},
+                      spark_checkpoint_location=os.path.join(root, "spark"))
+    query.await_termination()
+    query.stop()
+    return query
+
+
+def check_against_pandas(root: str) -> pd.DataFrame:
+    """Every output row equals the running totals over the input files up to its batch, and
+    each (user, batch) appears exactly once: nothing lost, nothing doubled."""
+    files = sorted(os.listdir(os.path.join(root, "input")))
+    out = pd.read_parquet(os.path.join(root, "out"))
+    assert not out.duplicated(["user_id", "batch_id"]).any()
+    seen = pd.DataFrame(columns=["user_id", "amount"])
+    expected_rows = 0
+    for batch_id, name in enumerate(files):
+        batch = pd.read_parquet(os.path.join(root, "input", name))
+        seen = pd.concat([seen, batch[["user_id", "amount"]]])
+        cumulative = seen.groupby("user_id")["amount"].agg(["size", "sum"])
+        got = out[out.batch_id == batch_id].set_index("user_id").sort_index()
+        assert list(got.index) == sorted(batch.user_id.unique()), f"batch {batch_id}"
+        assert (got["count"] == cumulative.loc[got.index, "size"]).all()
+        assert ((got["total"] - cumulative.loc[got.index, "sum"]).abs() < 1e-6).all()
+        expected_rows += batch.user_id.nunique()
+    assert len(out) == expected_rows
+    return out
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+def test_results_equal_pandas(spark, tmp_path, backend):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    query = run_job(spark, root, RunningTotals(), parallelism=2, backend=backend)
+    check_against_pandas(root)
+    stats = [s for s in query.stats if s.checkpoint_id >= 0]
+    assert len(stats) == 3
+    assert all(s.full_bytes > 0 and len(s.state_bytes_per_subtask) == 2 for s in stats)
+    assert stats[0].restored_subtasks == 2  # nothing to reuse in the first batch
+
+
+def test_process_element_path(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    run_job(spark, root, PerElementTotals(), parallelism=2)
+    check_against_pandas(root)
+
+
+@pytest.mark.parametrize("new_parallelism", [1, 3, 8])
+def test_restart_at_another_parallelism(spark, tmp_path, new_parallelism):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    run_job(spark, root, RunningTotals(), parallelism=2)
+    write_files(os.path.join(root, "input"), 2, first=2)
+    query = run_job(spark, root, RunningTotals(), parallelism=new_parallelism)
+    check_against_pandas(root)
+    first = [s for s in query.stats if s.checkpoint_id >= 0][0]
+    assert first.restored_subtasks == new_parallelism
+    assert len(first.state_bytes_per_subtask) == new_parallelism
+
+
+def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 1)
+    run_job(spark, root, RunningTotals(), parallelism=2)
+    write_files(os.path.join(root, "input"), 1, first=1)
+    bad_key = pd.read_parquet(os.path.join(root, "input", "part-001.parquet")).user_id.iloc[0]
+    with pytest.raises(Exception) as failure:
+        run_job(spark, root, FailOnKey(bad_key), parallelism=2)
+    text = str(failure.value)
+    assert "batch 1" in text and "subtask" in text and bad_key in text
+    assert "cannot handle" in text
+    # The last committed checkpoint is intact: a fixed job resumes from it.
+    run_job(spark, root, RunningTotals(), parallelism=2)
+    check_against_pandas(root)
+
+
+def test_output_not_matching_schema_stops_with_clear_error(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 1)
+    with pytest.raises(Exception, match="OutputSchemaError|declared schema"):
+        run_job(spark, root, WrongOutput(), parallelism=2)
+
+
+def test_missing_key_column(spark):
+    df = spark.createDataFrame([("a", 1.0)], "user_id string, amount double")
+    with pytest.raises(ConfigurationError, match="not in the DataFrame"):
+        key_by(df, "customer")
+
+
+def test_killed_python_worker_mid_batch_exactly_once(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    run_job(spark, root, KillWorkerOnce(batch_id=1, marker_dir=str(markers)), parallelism=2)
+    assert list(markers.iterdir()), "the worker was never killed: the test proved nothing"
+    check_against_pandas(root)
+
+
+class CrashBeforeSinkCommit(ParquetSink):
+    """Fails once, after the checkpoint of batch 1 committed and before its output is
+    visible: what a driver crash between the two commits leaves behind."""
+
+    def __init__(self, path: str, marker: str) -> None:
+        super().__init__(path)
+        self.marker = marker
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        if batch_id == 1 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("driver crash between checkpoint commit and sink commit")
+        super().commit(spark, batch_id, staged)
+
+
+def test_driver_crash_between_checkpoint_and_sink_commit(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    crash = CrashBeforeSinkCommit(os.path.join(root, "out2"), str(tmp_path / "crashed"))
+    with pytest.raises(Exception, match="driver crash"):
+        run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
+    query = run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
+    assert query.stats[0].skipped_replay, "batch 1 must be replayed from its checkpoint"
+    out = check_against_pandas(root)
+    out2 = pd.read_parquet(os.path.join(root, "out2"))
+    pd.testing.assert_frame_equal(
+        out.sort_values(["batch_id", "user_id"]).reset_index(drop=True),
+        out2.sort_values(["batch_id", "user_id"]).reset_index(drop=True))
+
+
+def test_restart_from_other_snapshot_into_used_directory_is_refused(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 1)
+    run_job(spark, root, RunningTotals(), parallelism=2)
+    with pytest.raises(ConfigurationError, match="new checkpoint directory"):
+        run_job(spark, root, RunningTotals(), parallelism=2,
+                restore_path=os.path.join(root, "ckpt"))
+
+
+def test_demo_end_to_end_with_savepoint_rescale_and_drain(spark, tmp_path):
+    from keyedstate.spark.demo import run_spark_demo
+
+    report = run_spark_demo(spark, str(tmp_path / "demo"), events=6000, users=80, files=4,
+                            on_batch=lambda s: None)
+    assert report.checks and all(report.checks.values()), report.checks
+    assert os.path.exists(report.savepoint)
+    assert report.batches == 4 + 1  # four files and the drain
+
+
+LOCAL_CLUSTER_SCRIPT = """
+import json, os, sys
+from keyedstate.spark.session import local_session
+from keyedstate.spark.demo import run_spark_demo
+spark = local_session("local-cluster[2,1,1024]", "keyedstate-local-cluster")
+report = run_spark_demo(spark, sys.argv[1], events=6000, users=80, files=4,
+                        on_batch=lambda s: None)
+workers = {s["batch_id"]: s for s in report.stats}
+print(json.dumps({"checks": report.checks, "batches": report.batches}))
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_local_cluster_two_executors(tmp_path):
+    """The demo job on two executor JVMs (separate processes, own Python workers)."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOCAL_CLUSTER_SCRIPT, str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["batches"] == 5 and all(summary["checks"].values()), summary
