@@ -36,7 +36,7 @@ import pyarrow as pa
 import xxhash
 
 from keyedstate.errors import SerializationError
-from keyedstate.serde import TypeLike, converters, datetime_to_micros, parse_type
+from keyedstate.serde import TypeLike, converters, parse_type
 
 SPARK_HASH_SEED = 42
 _MASK64 = (1 << 64) - 1
@@ -48,13 +48,16 @@ _pack_d = struct.Struct("<d").pack
 
 HashBytes = Callable[[Any], bytes]
 
+# Hashers take the *plain* (already type-checked) form of a value: ints for dates (days),
+# timestamps (microseconds) and decimals (unscaled), see keyedstate.serde.converters.
+
 
 def _int_bytes(v: Any) -> bytes:
-    return _pack_i(int(v))
+    return _pack_i(v)
 
 
 def _long_bytes(v: Any) -> bytes:
-    return _pack_q(int(v))
+    return _pack_q(v)
 
 
 def _bool_bytes(v: Any) -> bytes:
@@ -74,19 +77,12 @@ def _string_bytes(v: Any) -> bytes:
 
 
 def _binary_bytes(v: Any) -> bytes:
-    return bytes(v)
+    return v
 
 
-def _date_bytes(v: Any) -> bytes:
-    return _pack_i((v - _dt.date(1970, 1, 1)).days)
-
-
-def _timestamp_bytes(v: Any) -> bytes:
-    return _pack_q(datetime_to_micros(v))
-
-
-def _java_big_integer_bytes(n: int) -> bytes:
+def _java_big_integer_bytes(n: Any) -> bytes:
     """``java.math.BigInteger.toByteArray()``: minimal big-endian two's complement."""
+    n = int(n)
     length = (n + (n < 0)).bit_length() // 8 + 1
     return n.to_bytes(length, "big", signed=True)
 
@@ -95,7 +91,9 @@ def _hash_bytes_for(type_: pa.DataType) -> HashBytes:
     if pa.types.is_boolean(type_):
         return _bool_bytes
     if pa.types.is_integer(type_):
-        return _long_bytes if type_.bit_width == 64 else _int_bytes
+        if type_.bit_width == 64:
+            return _long_bytes
+        return _int_bytes
     if pa.types.is_float32(type_):
         return _float_bytes
     if pa.types.is_float64(type_):
@@ -105,14 +103,11 @@ def _hash_bytes_for(type_: pa.DataType) -> HashBytes:
     if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
         return _binary_bytes
     if pa.types.is_date32(type_):
-        return _date_bytes
+        return _int_bytes
     if pa.types.is_timestamp(type_):
-        return _timestamp_bytes
+        return _long_bytes
     if pa.types.is_decimal(type_):
-        enc, _ = converters(type_)
-        if type_.precision <= 18:
-            return lambda v: _pack_q(enc(v))
-        return lambda v: _java_big_integer_bytes(enc(v))
+        return _long_bytes if type_.precision <= 18 else _java_big_integer_bytes
     raise SerializationError(
         f"type {type_} cannot be a key: use boolean, integer, float, string, binary, date, "
         f"timestamp or decimal columns"
@@ -120,7 +115,8 @@ def _hash_bytes_for(type_: pa.DataType) -> HashBytes:
 
 
 def spark_xxhash64(values: Sequence[Any], hashers: Sequence[HashBytes]) -> int:
-    """Spark's ``xxhash64(col1, ..., coln)`` (seed 42) as a signed 64-bit int."""
+    """Spark's ``xxhash64(col1, ..., coln)`` (seed 42) as a signed 64-bit int, over the
+    plain forms of the column values."""
     h = SPARK_HASH_SEED
     for value, to_bytes in zip(values, hashers):
         if value is not None:
@@ -198,26 +194,44 @@ class KeySerializer:
             )
         return key
 
+    def _plain(self, key: Any) -> list[Any]:
+        # The converters check each column against its type (SerializationError otherwise).
+        columns = self._columns(key)  # first: it fixes inferred types
+        return [e(v) for e, v in zip(self._encs, columns)]
+
     def key_group(self, key: Any, max_parallelism: int) -> int:
-        """``pmod(xxhash64(key columns), max_parallelism)``, identical to Spark's."""
-        return spark_xxhash64(self._columns(key), self._hashers) % max_parallelism
+        """``pmod(xxhash64(key columns), max_parallelism)``, identical to Spark's; raises
+        :class:`SerializationError` for a key that doesn't match the key types."""
+        return spark_xxhash64(self._plain(key), self._hashers) % max_parallelism
 
     def serialize(self, key: Any) -> bytes:
         """The canonical stored form of ``key``; raises :class:`SerializationError` on a type
         mismatch."""
-        cols = self._columns(key)
-        if self._single:
-            return self._encoder.encode(self._encs[0](cols[0]))
-        return self._encoder.encode([e(v) for e, v in zip(self._encs, cols)])
+        return self._encode(self._plain(key))
+
+    def serialize_with_key_group(self, key: Any, max_parallelism: int) -> tuple[bytes, int]:
+        """:meth:`serialize` and :meth:`key_group` in one pass."""
+        plain = self._plain(key)
+        return self._encode(plain), spark_xxhash64(plain, self._hashers) % max_parallelism
+
+    def _encode(self, plain: list[Any]) -> bytes:
+        return self._encoder.encode(plain[0] if self._single else plain)
 
     def deserialize(self, data: bytes) -> Any:
         """The key that :meth:`serialize` turned into ``data`` (a scalar or a tuple)."""
         if self.arrow_types is None:
             raise SerializationError("key types are unknown: nothing was serialized yet")
-        plain = msgspec.msgpack.decode(data)
-        if self._single:
-            return self._decs[0](plain)
-        return tuple(d(v) for d, v in zip(self._decs, plain))
+        try:
+            plain = msgspec.msgpack.decode(data)
+            if self._single:
+                return self._decs[0](plain)
+            if not isinstance(plain, list) or len(plain) != len(self._decs):
+                raise ValueError(f"expected {len(self._decs)} columns")
+            return tuple(d(v) for d, v in zip(self._decs, plain))
+        except (msgspec.DecodeError, TypeError, ValueError, ArithmeticError) as exc:
+            raise SerializationError(
+                f"stored key bytes are not a key of types {self.type_strings}: {exc}"
+            ) from exc
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (KeySerializer, (self.arrow_types,))

@@ -170,6 +170,9 @@ Encode = Callable[[Any], Any]
 Decode = Callable[[Any], Any]
 
 _INT_BOUNDS = {8: 1 << 7, 16: 1 << 15, 32: 1 << 31, 64: 1 << 63}
+_I64 = 1 << 63
+# Spark decimals have up to 38 digits; the default context (28) would round or refuse them.
+_DECIMAL_CONTEXT = decimal.Context(prec=80, traps=[decimal.InvalidOperation])
 
 
 def _fail(value: Any, type_: pa.DataType) -> SerializationError:
@@ -208,7 +211,10 @@ def converters(type_: pa.DataType) -> tuple[Encode, Decode]:
             if v is None or type(v) is float:
                 return v
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                return float(v)
+                try:
+                    return float(v)
+                except OverflowError:
+                    raise _fail(v, type_) from None
             raise _fail(v, type_)
         return enc, _identity
     if pa.types.is_string(type_) or pa.types.is_large_string(type_):
@@ -258,11 +264,19 @@ def converters(type_: pa.DataType) -> tuple[Encode, Decode]:
             if v is None:
                 return None
             if isinstance(v, (decimal.Decimal, int)) and not isinstance(v, bool):
-                unscaled = int(decimal.Decimal(v).quantize(quantum).scaleb(scale))
-                if abs(unscaled) < limit:
-                    return unscaled
+                d = decimal.Decimal(v)
+                if d.is_finite():
+                    try:
+                        unscaled = int(d.quantize(quantum, context=_DECIMAL_CONTEXT)
+                                       .scaleb(scale, context=_DECIMAL_CONTEXT))
+                    except decimal.InvalidOperation:
+                        raise _fail(v, type_) from None
+                    if abs(unscaled) < limit:
+                        # MessagePack integers are 64-bit: wider ones are kept as digits.
+                        return unscaled if -_I64 <= unscaled < _I64 else str(unscaled)
             raise _fail(v, type_)
-        return enc, lambda v: None if v is None else decimal.Decimal(v).scaleb(-scale)
+        return enc, lambda v: None if v is None else decimal.Decimal(int(v)).scaleb(
+            -scale, context=_DECIMAL_CONTEXT)
     if pa.types.is_list(type_) or pa.types.is_large_list(type_):
         item_enc, item_dec = converters(type_.value_type)
 
@@ -351,6 +365,12 @@ class TypeSerializer(ABC):
     def to_plain(self, value: Any) -> Any:
         """The checked plain-value form (what MessagePack stores); for Arrow, the Python value."""
 
+    @abstractmethod
+    def copy(self, value: Any) -> Any:
+        """A checked private copy of ``value``, for backends that keep objects (heap): later
+        changes to the caller's object must not reach the state. Immutable values are
+        returned as they are."""
+
 
 class ArrowTypeSerializer(TypeSerializer):
     """Serializer for a declared Arrow / Spark type: checked MessagePack of the plain form."""
@@ -359,6 +379,9 @@ class ArrowTypeSerializer(TypeSerializer):
         self.arrow_type = parse_type(type_)
         self.type_string = str(self.arrow_type)
         self._enc, self._dec = converters(self.arrow_type)
+        t = self.arrow_type
+        self._immutable = not (pa.types.is_list(t) or pa.types.is_large_list(t)
+                               or pa.types.is_map(t) or pa.types.is_struct(t))
 
     def serialize(self, value: Any) -> bytes:
         return _ENCODER.encode(self._enc(value))
@@ -366,12 +389,16 @@ class ArrowTypeSerializer(TypeSerializer):
     def deserialize(self, data: bytes) -> Any:
         try:
             return self._dec(_decode(data))
-        except (msgspec.DecodeError, TypeError, ValueError) as exc:
+        except (msgspec.DecodeError, TypeError, ValueError, ArithmeticError) as exc:
             raise SerializationError(f"stored bytes are not a {self.type_string}: {exc}") from exc
 
     def to_plain(self, value: Any) -> Any:
         self._enc(value)
         return value
+
+    def copy(self, value: Any) -> Any:
+        plain = self._enc(value)
+        return value if self._immutable else self._dec(plain)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Closures don't pickle; the type rebuilds them.
@@ -385,6 +412,10 @@ class ArrowTypeSerializer(TypeSerializer):
 
     def __repr__(self) -> str:
         return f"ArrowTypeSerializer({self.type_string})"
+
+
+_IMMUTABLE_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes,
+                              decimal.Decimal, _dt.date, _dt.datetime, _dt.timedelta})
 
 
 class PickleSerializer(TypeSerializer):
@@ -406,6 +437,11 @@ class PickleSerializer(TypeSerializer):
 
     def to_plain(self, value: Any) -> Any:
         return value
+
+    def copy(self, value: Any) -> Any:
+        if type(value) in _IMMUTABLE_ATOMS:
+            return value
+        return self.deserialize(self.serialize(value))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PickleSerializer)
@@ -430,14 +466,27 @@ def serializer_for(type_: TypeLike | None) -> TypeSerializer:
 VOID_NAMESPACE = _ENCODER.encode(None)
 
 
+_NAMESPACE_ATOMS = (type(None), bool, int, float, str, bytes)
+
+
+def _check_namespace(namespace: Any, whole: Any) -> None:
+    # Only types MessagePack keeps apart: a date would be encoded like its ISO string and two
+    # windows would merge; a set would come back as a tuple.
+    if type(namespace) is tuple:
+        for part in namespace:
+            _check_namespace(part, whole)
+    elif type(namespace) not in _NAMESPACE_ATOMS or (
+            type(namespace) is int and not -_I64 <= namespace < (1 << 64)):
+        raise SerializationError(
+            f"namespace {whole!r} must be None, bool, a 64-bit int, float, str, bytes or a tuple "
+            f"of them"
+        )
+
+
 def serialize_namespace(namespace: Any) -> bytes:
     """Canonical bytes of a namespace: None, bool, int, float, str, bytes or tuples of them."""
-    try:
-        return _ENCODER.encode(namespace)
-    except TypeError as exc:
-        raise SerializationError(
-            f"namespace {namespace!r} must be None, a number, str, bytes or a tuple of them"
-        ) from exc
+    _check_namespace(namespace, namespace)
+    return _ENCODER.encode(namespace)
 
 
 def _tuples(v: Any) -> Any:
@@ -445,4 +494,7 @@ def _tuples(v: Any) -> Any:
 
 
 def deserialize_namespace(data: bytes) -> Any:
-    return _tuples(_decode(data))
+    try:
+        return _tuples(_decode(data))
+    except msgspec.DecodeError as exc:
+        raise SerializationError(f"stored namespace bytes are corrupt: {exc}") from exc

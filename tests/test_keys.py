@@ -19,7 +19,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import keyedstate
-
 from keyedstate.errors import SerializationError
 from keyedstate.keys import SPARK_HASH_SEED, KeySerializer
 

@@ -20,7 +20,6 @@ import pytest
 from pyspark import cloudpickle
 
 import keyedstate
-
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.backends.base.backend import StateBackend, StateEntry
 from keyedstate.checkpoint.metadata import (
@@ -247,14 +246,14 @@ def _use(backend: StateBackend, tmp_path: Path, tag: str) -> list[Any]:
     """Create a keyed backend, write, snapshot, restore: what an executor does with it."""
     storage = CheckpointStorage(str(tmp_path / f"ckpt-{tag}"))
     ks = KeySerializer(["bigint"])
-    common = dict(subtask_index=0, key_group_range=KeyGroupRange(0, 127), max_parallelism=128,
+    common: dict[str, Any] = dict(subtask_index=0, key_group_range=KeyGroupRange(0, 127), max_parallelism=128,
                   key_serializer=ks, storage=storage, time_provider=ManualTimeProvider(0))
     (tmp_path / f"local-{tag}-1").mkdir()
     (tmp_path / f"local-{tag}-2").mkdir()
     keyed = backend.create_keyed_backend(**common, local_dir=str(tmp_path / f"local-{tag}-1"))
     try:
         d = ReducingStateDescriptor("r", operator.add, "bigint")
-        state = keyed.get_state(d)
+        state: Any = keyed.get_state(d)
         for k in range(10):
             keyed.set_current_key(k)
             state.add(k)

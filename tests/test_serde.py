@@ -342,6 +342,7 @@ def test_values_that_do_not_match_the_type_are_refused(type_, value):
         ("decimal(10,2)", decimal.Decimal("sNaN")),
         ("double", 10 ** 400),
     ],
+    ids=["decimal-nan", "decimal-infinity", "decimal-snan", "double-huge-int"],
 )
 def test_special_numbers_that_do_not_fit_are_a_serialization_error(type_, value):
     with pytest.raises(SerializationError):
@@ -400,7 +401,7 @@ def test_pickle_serializer_roundtrip(value):
     assert ser.to_plain(value) is value
 
 
-@pytest.mark.parametrize("value", [lambda: 1, threading.Lock(), (x for x in [])])
+@pytest.mark.parametrize("value", [lambda: 1, threading.Lock(), (n for n in range(3))])
 def test_unpicklable_values_are_a_serialization_error(value):
     with pytest.raises(SerializationError):
         PickleSerializer().serialize(value)

@@ -463,21 +463,9 @@ class CheckpointCoordinator:
             for stream in handle.shared.values():
                 if checkpoint_id_of_shared_file(stream.path) == checkpoint_id:
                     continue  # new in this checkpoint
-                entry = self.registry.get(stream.path)
-                where = self.storage.url_of(stream.path)
-                if entry is None:
-                    writer = checkpoint_id_of_shared_file(stream.path)
-                    why = (f"it was written for checkpoint {writer}, which has not completed "
-                           f"(an unconfirmed base)" if writer in self._pending else
-                           "its checkpoints were subsumed or aborted and it may be deleted")
-                    return (f"subtask {index} references shared file {where}, which no retained "
-                            f"checkpoint registers: {why}. The backend must build its next "
-                            f"snapshot on its last confirmed checkpoint")
-                if (entry.handle.size, entry.handle.checksum) != (stream.size, stream.checksum):
-                    return (f"subtask {index} references shared file {where} with "
-                            f"{stream.size} bytes and checksum {stream.checksum}, but it is "
-                            f"registered with {entry.handle.size} bytes and checksum "
-                            f"{entry.handle.checksum}; shared files are immutable")
+                problem = self.registry.check_reference(stream, unconfirmed=self._pending)
+                if problem is not None:
+                    return f"subtask {index} references {problem}"
             for stream in handle.private.values():
                 if not stream.path.startswith(private_prefix):
                     return (f"subtask {index} lists {stream.path} as a private file, but private "
@@ -486,12 +474,18 @@ class CheckpointCoordinator:
         return None
 
     def _written_for(self, checkpoint_id: int) -> list[str]:
-        """Shared files whose name says they were written for ``checkpoint_id``."""
+        """Shared files whose name says they were written for ``checkpoint_id`` (one prefix
+        listing; a failure is logged, since only clean-up depends on it)."""
         prefix = shared_file_prefix(checkpoint_id)
-        if any(c in self.storage.root for c in "*?["):  # glob would misread the root
-            return [p for p in self.storage.list_files(SHARED_DIR) if p.startswith(prefix)]
-        root = self.storage.root.rstrip("/") + "/"
-        found = self.storage.fs.glob(self.storage.path(prefix) + "*")
+        try:
+            if any(c in self.storage.root for c in "*?["):  # glob would misread the root
+                return [p for p in self.storage.list_files(SHARED_DIR) if p.startswith(prefix)]
+            root = self.storage.root.rstrip("/") + "/"
+            found = self.storage.fs.glob(self.storage.path(prefix) + "*")
+        except OSError as exc:
+            logger.warning("could not list %s*: %s; `keyedstate gc` will find what is left",
+                           self.storage.url_of(prefix), exc)
+            return []
         return sorted(p[len(root):] for p in found if p.startswith(root))
 
     def _discard_completed(self, checkpoint: CompletedCheckpoint) -> None:
@@ -596,13 +590,14 @@ class CheckpointCoordinator:
         if lowest is not None:
             released = self.registry.unregister_unused_state(lowest)
             self._delete_quietly((h.path for h in released), "subsumed during recovery")
-        fallback = f"checkpoint {retained[-1].checkpoint_id}" if retained else "nothing"
         for checkpoint_id in sorted(unreadable):
             kept = lowest is not None and checkpoint_id > lowest
-            note = (f"checkpoint {checkpoint_id} is unreadable ({unreadable[checkpoint_id]}); "
-                    + (f"recovered from {fallback} instead; chk-{checkpoint_id} is kept for "
-                       f"inspection until a newer checkpoint subsumes it" if kept else
-                       "it is older than the retained checkpoints and was deleted"))
+            note = f"checkpoint {checkpoint_id} is unreadable ({unreadable[checkpoint_id]}); "
+            if checkpoint_id > retained[-1].checkpoint_id:
+                note += f"recovered from checkpoint {retained[-1].checkpoint_id} instead; "
+            note += (f"chk-{checkpoint_id} is kept for inspection until a newer checkpoint "
+                     f"subsumes it" if kept else
+                     "it is older than the retained checkpoints and was deleted")
             self._note(note)
             if kept:
                 self._quarantined.add(checkpoint_id)

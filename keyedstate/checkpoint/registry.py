@@ -19,9 +19,13 @@ It lives on the driver and is not thread-safe (one coordinator per job).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Collection, Iterable, Iterator
 
-from keyedstate.checkpoint.metadata import CheckpointMetadata, StreamHandle
+from keyedstate.checkpoint.metadata import (
+    CheckpointMetadata,
+    StreamHandle,
+    checkpoint_id_of_shared_file,
+)
 from keyedstate.errors import CorruptCheckpointError
 
 
@@ -84,6 +88,28 @@ class SharedStateRegistry:
         of the restored snapshot's shared files; NO_CLAIM and LEGACY (``claim=False``) register
         them so later checkpoints may reference them, but never delete them."""
         self.register_all(metadata, owned=claim)
+
+    def check_reference(self, handle: StreamHandle,
+                        unconfirmed: Collection[int] = ()) -> str | None:
+        """Why a new checkpoint may not re-reference ``handle`` (a file it did not write), or
+        None. It must be registered, so that a retained checkpoint keeps it alive, with the same
+        size and checksum. Flink refuses a placeholder of unknown state the same way: the
+        backend built on an unconfirmed checkpoint (one of ``unconfirmed``, the pending ids)
+        or on a subsumed one whose file is deleted (seed 003's race). The reason starts with
+        the file's path."""
+        entry = self._entries.get(handle.path)
+        if entry is None:
+            writer = checkpoint_id_of_shared_file(handle.path)
+            why = (f"it was written for checkpoint {writer}, which has not completed (an "
+                   f"unconfirmed base)" if writer in unconfirmed else
+                   "its checkpoints were subsumed or aborted and it may be deleted")
+            return (f"{handle.path}, a shared file no retained checkpoint registers: {why}. "
+                    f"The backend must build its next snapshot on its last confirmed checkpoint")
+        if (entry.handle.size, entry.handle.checksum) != (handle.size, handle.checksum):
+            return (f"{handle.path} with {handle.size} bytes and checksum {handle.checksum}, "
+                    f"but it is registered with {entry.handle.size} bytes and checksum "
+                    f"{entry.handle.checksum}; shared files are immutable")
+        return None
 
     # -- release -------------------------------------------------------------------------------
 

@@ -432,7 +432,7 @@ class KeyedJobDriver:
             format=SnapshotFormat.NATIVE,
             properties={**self.lineage, "batch_id": str(self.last_batch_id),
                         "watermark": str(self.watermark)})
-        return storage.write_metadata(metadata, METADATA_FILE)
+        return storage.url_of(storage.write_metadata(metadata, METADATA_FILE))
 
     def drain(self, spark: Any) -> None:
         """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint."""
@@ -485,7 +485,7 @@ class KeyedQuery:
         exc = self.query.exception()
         if exc is not None:
             raise BatchFailedError(f"the query had failed: {exc}")
-        spark = self.query.sparkSession
+        spark = self.driver.job.stream.df.sparkSession
         if drain:
             self.driver.drain(spark)
         return self.driver.savepoint(spark, savepoint) if savepoint else None

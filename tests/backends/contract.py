@@ -22,6 +22,7 @@ state API to explicit values.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import decimal
 import operator
@@ -308,7 +309,8 @@ def dump(harness: Harness, backends: Sequence[KeyedStateBackend],
                     f"{name}: entry of key {key!r} filed under the wrong key group")
                 ident = (entry.key_bytes, entry.namespace_bytes, entry.user_key)
                 assert ident not in entries, f"{name}: duplicate entry {ident!r}"
-                entries[ident] = entry.value
+                # a copy: the model must not change when the backend's objects do
+                entries[ident] = copy.deepcopy(entry.value)
         out[name] = entries
     return out
 
@@ -359,7 +361,7 @@ def write(harness: Harness, backends: Sequence[KeyedStateBackend], keys: Iterabl
         backend = harness.at(backends, key)
         for _ in range(rnd.randint(1, 3)):
             ns = rnd.choice(NAMESPACES)
-            states = {n: backend.get_state(d) for n, d in descriptors.items()}
+            states: dict[str, Any] = {n: backend.get_state(d) for n, d in descriptors.items()}
             for s in states.values():
                 s.set_current_namespace(ns)
             op = rnd.random()
@@ -1337,6 +1339,34 @@ class StateBackendContract:
         assert everything(harness, [b]) == after
         # the next snapshot has the later changes
         assert everything(harness, [harness.create(handles=[harness.snapshot(b)])]) == after
+
+    def test_snapshot_is_unaffected_by_mutating_a_stored_object(self, harness):
+        # "materialize reflects the state exactly as of the snapshot call": also when user code
+        # mutates, after snapshot(), an object it handed to update() / add() / put() earlier.
+        b = harness.create()
+        typed = b.get_state(ValueStateDescriptor("typed", "array<bigint>"))
+        untyped = b.get_state(ValueStateDescriptor("untyped"))
+        lst = b.get_state(ListStateDescriptor("list"))
+        m = b.get_state(MapStateDescriptor("map", "string"))
+        b.set_current_key(1)
+        arr, obj, elem, val = [1], {"n": 1}, {"e": 1}, {"v": 1}
+        typed.update(arr)
+        untyped.update(obj)
+        lst.add(elem)
+        m.put("k", val)
+        kb = ident(harness, 1)
+        expected = {"typed": {kb: [1]}, "untyped": {kb: {"n": 1}}, "list": {kb: [{"e": 1}]},
+                    "map": {(*kb[:2], "k"): {"v": 1}}}
+        cid = harness.next_id()
+        result = b.snapshot(cid, harness.location(cid, b))
+        arr.append(2)
+        obj["n"] = 2
+        elem["e"] = 2
+        val["v"] = 2
+        handle = result.materialize()
+        b.notify_checkpoint_complete(cid)
+        restored = harness.create(handles=[handle])
+        assert dump(harness, [restored], ["typed", "untyped", "list", "map"]) == expected
 
     def test_materialize_on_another_thread_while_processing(self, harness):
         b = harness.create()

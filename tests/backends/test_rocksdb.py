@@ -24,6 +24,7 @@ from keyedstate.backends.rocksdb.restore import (
 from keyedstate.checkpoint.metadata import KeyedStateHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
+    BackendError,
     ConfigurationError,
     CorruptCheckpointError,
     StateNotFoundError,
@@ -461,6 +462,11 @@ def test_closed_backend_refuses_use(local_dir: str) -> None:
     kb.set_current_key(1)
     kb.close()
     kb.close()
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(BackendError, match="closed"):
         state.value()
+    with pytest.raises(BackendError, match="closed"):
+        kb.timer_service.register_event_time_timer(1)
+    with pytest.raises(BackendError, match="closed"):
+        list(kb.iter_entries("count"))
+    assert not os.path.exists(kb.instance_dir)
 

@@ -223,7 +223,7 @@ class BackendModelMachine(RuleBasedStateMachine):
             return
         cid = h.next_id()
         results = [b.snapshot(cid, h.location(cid, b), full=full) for b in self.backends]
-        for b, result in zip(self.backends, results):
+        for b, result in zip(self.backends, results, strict=True):
             if outcome == "discard":
                 result.discard()
             else:
@@ -234,8 +234,20 @@ class BackendModelMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def restore(self, data: st.DataObject) -> None:
+        """Fail over: restore the last confirmed checkpoint at a random parallelism."""
         assert self.harness is not None
         self.restore_at(data.draw(parallelisms(self.harness.max_parallelism), "parallelism"))
+
+    @rule(data=st.data(), full=st.booleans(),
+          failed_first=st.sampled_from([None, "abort", "discard", "unconfirmed"]))
+    def checkpoint_and_rescale(self, data: st.DataObject, full: bool,
+                               failed_first: str | None) -> None:
+        """The path that matters most, as one rule: (a failed checkpoint,) a confirmed one, a
+        restore of it elsewhere."""
+        if failed_first is not None:
+            self.snapshot(failed_first, False)
+        self.snapshot("confirm", full)
+        self.restore(data)
 
     def restore_at(self, parallelism: int) -> None:
         if self.confirmed is None:
@@ -276,7 +288,7 @@ class BackendModelMachine(RuleBasedStateMachine):
 
 SETTINGS = settings(
     max_examples=20,
-    stateful_step_count=25,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -422,3 +422,20 @@ def test_not_owned_files_are_never_deleted(storage: CheckpointStorage) -> None:
     assert all(storage.exists(h.path) for h in user.values())
     assert again.unreferenced_files() == []
     assert again.trigger().checkpoint_id == 11
+
+
+def test_corrupt_metadata_between_retained_checkpoints(storage: CheckpointStorage) -> None:
+    coordinator = CheckpointCoordinator(storage, **config(num_retained=3))
+    for _ in range(3):
+        checkpoint(coordinator)
+    storage.write("chk-2/_metadata", b"garbage")
+    recovered = CheckpointCoordinator.recover(storage, **config(num_retained=3))
+    assert [c.checkpoint_id for c in recovered.retained] == [1, 3]
+    assert len(recovered.recovery_notes) == 1
+    assert "recovered from" not in recovered.recovery_notes[0]
+    assert "chk-2 is kept for inspection" in recovered.recovery_notes[0]
+    # Once older than every retained checkpoint, it goes with the rest of the subsumed.
+    again = CheckpointCoordinator.recover(storage, **config(num_retained=1))
+    assert "was deleted" in again.recovery_notes[0]
+    assert storage.list_files("chk-2") == [] and storage.checkpoint_ids() == [3]
+    assert_restorable(again)

@@ -231,7 +231,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     def crash_and_recover(self, data: st.DataObject, steps_done: int) -> None:
         """The driver dies, possibly in the middle of complete() and with other checkpoints
         pending; a new one recovers from storage alone."""
-        if self.coord.pending and data.draw(st.booleans()):
+        mid_complete: bool = bool(self.coord.pending) and data.draw(st.booleans())
+        if mid_complete:
             pending = data.draw(st.sampled_from(self.coord.pending))
             accepted = self.acknowledge_all(pending, data)
             steps = self.coord._complete_steps(pending)

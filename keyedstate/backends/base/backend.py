@@ -169,9 +169,11 @@ class KeyedStateBackend(ABC):
         """Make ``key`` current for every state and the timer service. ``key_group`` may be
         passed when already known (the Spark runtime computes it in the JVM); it is checked
         against this subtask's range."""
-        key_bytes = self.key_serializer.serialize(key)
         if key_group is None:
-            key_group = self.key_serializer.key_group(key, self.max_parallelism)
+            key_bytes, key_group = self.key_serializer.serialize_with_key_group(
+                key, self.max_parallelism)
+        else:
+            key_bytes = self.key_serializer.serialize(key)
         self._set_current(key, key_bytes, key_group)
 
     def set_current_key_bytes(self, key_bytes: bytes, key_group: int) -> None:

@@ -107,21 +107,20 @@ class StateTable:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_value(self, value: Any) -> None:
-        self._check(self.value_serializer, value, "value")
+    def check_value(self, value: Any) -> Any:
+        """The value to store: checked against the type, and a private copy of a mutable
+        value (the caller's later changes must not reach the state or a running snapshot)."""
+        return self._check(self.value_serializer, value, "value")
 
     def check_user_key(self, user_key: Any) -> None:
         if self.user_key_serializer is not None:
             self._check(self.user_key_serializer, user_key, "map key")
 
-    def _check(self, serializer: TypeSerializer, value: Any, what: str) -> None:
+    def _check(self, serializer: TypeSerializer, value: Any, what: str) -> Any:
         try:
-            if isinstance(serializer, PickleSerializer):
-                # Untyped: only pickling proves a value can be snapshotted; failing here names
-                # the write at fault instead of failing a later checkpoint.
-                serializer.serialize(value)
-            else:
-                serializer.to_plain(value)
+            # Untyped values are pickled to copy them: only pickling proves a value can be
+            # snapshotted, and failing here names the write at fault, not a later checkpoint.
+            return serializer.copy(value)
         except SerializationError as exc:
             hint = "store picklable values or declare a type" \
                 if isinstance(serializer, PickleSerializer) \
@@ -312,7 +311,7 @@ class _SingleValueState(_HeapState):
         if value is None:
             table.remove(kg, key)
         else:
-            table.check_value(value)
+            value = table.check_value(value)
             table.put(kg, key, value if table.ttl_ms is None else (value, now))
         if table.ttl_ms is not None:
             self._done(now)
@@ -335,7 +334,7 @@ class HeapReducingState(_SingleValueState, ReducingState[Any]):
 
     def add(self, value: Any) -> None:
         # Input and result are of the declared type: refuse a bad input before reducing it.
-        self._table.check_value(value)
+        value = self._table.check_value(value)
         kg, key, stored, now = self._read()
         if stored is not None and self._table.ttl_ms is not None:
             stored = stored[0]
@@ -367,10 +366,8 @@ class HeapAggregatingState(_SingleValueState, AggregatingState[Any]):
 
 class HeapListState(_HeapState, ListState[Any]):
     def _checked(self, values: Iterable[Any]) -> list[Any]:
-        values = list(values)
-        for v in values:
-            self._table.check_value(v)
-        return values
+        check = self._table.check_value
+        return [check(v) for v in values]
 
     def get(self) -> list[Any]:
         kg, key, stored, now = self._read()
@@ -450,9 +447,9 @@ class HeapMapState(_HeapState, MapState[Any, Any]):
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
         table = self._table
-        for k, v in mapping.items():
+        for k in mapping:
             table.check_user_key(k)
-            table.check_value(v)
+        mapping = {k: table.check_value(v) for k, v in mapping.items()}
         if not mapping:
             return
         kg, ekey, stored, now = self._read()

@@ -74,6 +74,8 @@ class RocksDBStateBackend(StateBackend):
         if rescale_strategy not in RESCALE_STRATEGIES:
             raise ConfigurationError(f"rescale_strategy {rescale_strategy!r} is unknown; choose "
                                      f"one of {list(RESCALE_STRATEGIES)}")
+        if options is not None and not isinstance(options, RocksDBOptions):
+            raise ConfigurationError(f"options must be RocksDBOptions, got {options!r}")
         self.options = options or RocksDBOptions()
         self.incremental = incremental
         self.rescale_strategy = rescale_strategy

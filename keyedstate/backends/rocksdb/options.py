@@ -228,8 +228,6 @@ def scan(cf: rocksdict.Rdict, lower: bytes | None, upper: bytes | None,
         it.status()
     except KeyedStateError:
         raise
-    except GeneratorExit:
-        raise
     except Exception as exc:
         raise rocksdb_error(exc, what) from exc
 

@@ -1,6 +1,7 @@
 """Incremental snapshots of a RocksDB instance (Flink's ``RocksDBIncrementalSnapshotStrategy``).
 
-Synchronous part (:meth:`RocksDBIncrementalSnapshotStrategy.snapshot`, processing is paused):
+Synchronous part (:meth:`RocksDBIncrementalSnapshotStrategy.snapshot`, processing is paused;
+before it, a ``full`` snapshot deletes expired TTL entries so a restore can't revive them):
 
 1. flush every column family, so the memtables are in SST files (the WAL is off);
 2. create a RocksDB checkpoint (hard links of the live SST files, copies of MANIFEST, CURRENT,
@@ -13,7 +14,8 @@ Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`, processing goes on
 1. every SST file the base already has (same name, same size) is re-referenced by its existing
    :class:`StreamHandle`; every other SST file is uploaded as a shared file;
 2. every other file (MANIFEST, CURRENT, OPTIONS, the meta file ...) is uploaded as a private
-   file of this checkpoint;
+   file of this checkpoint, except an empty WAL (``*.log``): with the WAL off and every column
+   family flushed it holds nothing, and RocksDB opens without it;
 3. the local snapshot directory is deleted; the shared files become a base candidate that only
    :meth:`~RocksDBIncrementalSnapshotStrategy.notify_checkpoint_complete` turns into the base.
 
