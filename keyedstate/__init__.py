@@ -1,0 +1,42 @@
+"""keyedstate: Flink-grade keyed state for stateful stream processing on PySpark.
+
+The engine-independent core is importable without pyspark; the Spark API lives in
+:mod:`keyedstate.spark` (``key_by``, ``KeyedProcessFunction``, sinks).
+"""
+
+from keyedstate.backends import load_backend
+from keyedstate.backends.heap import HeapStateBackend
+from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.metadata import CheckpointMetadata, KeyedStateHandle
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.config import JobConfig, LateEvents, RestoreMode
+from keyedstate.errors import KeyedStateError
+from keyedstate.keygroups import (
+    KeyGroupRange,
+    compute_default_max_parallelism,
+    operator_index_for_key_group,
+)
+from keyedstate.keys import KeySerializer
+from keyedstate.local import LocalKeyedOperator
+from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
+from keyedstate.state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    TtlUpdateType,
+    ValueStateDescriptor,
+)
+
+__all__ = [
+    "AggregatingState", "AggregatingStateDescriptor", "CheckpointCoordinator",
+    "CheckpointMetadata", "CheckpointStorage", "CompletedCheckpoint", "HeapStateBackend",
+    "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedStateError", "KeyedStateHandle",
+    "LateEvents", "ListState", "ListStateDescriptor", "LocalKeyedOperator", "MapState",
+    "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",
+    "RocksDBOptions", "RocksDBStateBackend", "StateTtlConfig", "TtlUpdateType", "ValueState",
+    "ValueStateDescriptor", "compute_default_max_parallelism", "load_backend",
+    "operator_index_for_key_group",
+]

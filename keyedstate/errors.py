@@ -71,6 +71,11 @@ class UnsafePathError(CheckpointError, ValueError):
     """A file reference points outside its checkpoint or savepoint directory."""
 
 
+class CheckpointProtocolError(CheckpointError, ValueError):
+    """The checkpoint protocol was misused: a duplicate or foreign acknowledgement, a missing
+    subtask, a checkpoint id out of order, a pending checkpoint of another coordinator."""
+
+
 class CheckpointAbortedError(CheckpointError, RuntimeError):
     """A pending checkpoint was aborted and can no longer be completed."""
 
@@ -85,3 +90,7 @@ class BatchFailedError(KeyedStateError, RuntimeError):
 
 class SnapshotExistsError(CheckpointError, FileExistsError):
     """The target directory already holds a savepoint; keyedstate never overwrites one."""
+
+
+class JobDrainedError(CheckpointError, RuntimeError):
+    """The job was stopped with drain (every timer fired); it takes no more input."""

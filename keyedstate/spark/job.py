@@ -45,9 +45,11 @@ from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
 from keyedstate.errors import (
     BatchFailedError,
-    CheckpointError,
+    CheckpointProtocolError,
     ConfigurationError,
+    JobDrainedError,
     MaxParallelismMismatchError,
+    NoCheckpointError,
     SnapshotExistsError,
 )
 from keyedstate.spark.function import KeyedProcessFunction
@@ -227,7 +229,7 @@ class KeyedJobDriver:
                     f"in a new checkpoint directory"
                 )
             if latest.metadata.properties.get("drained") == "true":
-                raise CheckpointError(
+                raise JobDrainedError(
                     f"the job in {self.config.checkpoint_dir} was stopped with drain; start a new "
                     f"job from its savepoint (execution.state-recovery.path) in a new directory"
                 )
@@ -284,7 +286,7 @@ class KeyedJobDriver:
             self._record(BatchStats(batch_id, -1, skipped_replay=True))
             return
         if self.drained:
-            raise CheckpointError("the job was stopped with drain; it takes no more batches")
+            raise JobDrainedError("the job was stopped with drain; it takes no more batches")
         self._run(df, batch_id, started)
 
     def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False) -> BatchPlan:
@@ -323,7 +325,7 @@ class KeyedJobDriver:
             rows = self._route(df).mapInArrow(partial(run_subtask, plan), RESULT_DDL).collect()
             results = sorted(rows, key=lambda r: r["subtask"])
             if [r["subtask"] for r in results] != list(range(self.config.parallelism)):
-                raise CheckpointError(
+                raise CheckpointProtocolError(
                     f"batch {batch_id}: expected one result per subtask 0..{self.config.parallelism - 1}, "
                     f"got {[r['subtask'] for r in results]}"
                 )
@@ -413,7 +415,7 @@ class KeyedJobDriver:
         file under ``target``); returns the path of its ``_metadata``."""
         latest = self.coordinator.latest_completed
         if latest is None:
-            raise CheckpointError("no checkpoint completed yet: nothing to take a savepoint of")
+            raise NoCheckpointError("no checkpoint completed yet: nothing to take a savepoint of")
         storage = CheckpointStorage(target, self.config.storage_options)
         if storage.exists(METADATA_FILE):
             raise SnapshotExistsError(

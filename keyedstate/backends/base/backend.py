@@ -132,7 +132,7 @@ class SnapshotResult(ABC):
     def _materialize(self) -> KeyedStateHandle:
         """Write the files and return the handle (may run on another thread)."""
 
-    def discard(self) -> None:
+    def discard(self) -> None:  # noqa: B027 - a no-op is the right default
         """Release what the synchronous part holds without writing anything."""
 
 
