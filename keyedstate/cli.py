@@ -19,6 +19,7 @@ BENCHMARKS = {
     "checkpoint": "benchmarks.checkpoint",
     "backend-rescale": "benchmarks.backend_rescale",
     "access": "benchmarks.access",
+    "throughput": "benchmarks.throughput",
 }
 
 

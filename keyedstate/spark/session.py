@@ -20,6 +20,7 @@ def local_session(master: str = "local[2]", app_name: str = "keyedstate",
         [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *paths]).keys()).strip(os.pathsep)
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true"))

@@ -1,0 +1,432 @@
+"""Keyed-count throughput on Spark: keyedstate against Spark's own stateful operators.
+
+Every system counts events per key over the same Parquet files (one file = one micro-batch of
+``events_per_batch`` events over ``keys`` keys, uniformly drawn), read by a streaming file
+source with ``maxFilesPerTrigger=1`` and ``trigger(availableNow=True)``, in one SparkSession on
+``local[2]``. Each batch emits one row per key seen in it with the key's count so far:
+
+- ``keyedstate-rocksdb`` / ``keyedstate-heap``: a :class:`KeyedProcessFunction` with a bigint
+  ``ValueState``, through ``process_key`` (one call per key and batch);
+- ``spark-applyInPandasWithState``: the same with ``GroupState`` (RocksDB state store);
+- ``spark-transformWithStateInPandas``: a ``StatefulProcessor`` with a ``ValueState`` (RocksDB
+  state store, which it requires);
+- ``spark-builtin-agg``: ``groupBy(key).count()`` in update mode, no Python (the upper bound).
+
+Each system's output goes to a ``foreachBatch`` that aggregates it (rows, sum of counts, sum of
+squared counts), which forces the whole batch to be computed and keeps nothing; the aggregates
+must equal the ones computed with numpy from the generated data, batch by batch, or the run
+fails. Seconds per batch are Spark's ``triggerExecution`` of each micro-batch (listing, planning,
+the batch, the commit logs: the same clock for every system).
+
+Goals (issue 3): keyedstate at least 10x the events/s of ``applyInPandasWithState``, and at
+least half the events/s of the built-in aggregation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.common import machine, workdir
+from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.state.descriptors import ValueStateDescriptor
+
+KEYEDSTATE_ROCKSDB = "keyedstate-rocksdb"
+KEYEDSTATE_HEAP = "keyedstate-heap"
+APPLY_IN_PANDAS_WITH_STATE = "spark-applyInPandasWithState"
+TRANSFORM_WITH_STATE_IN_PANDAS = "spark-transformWithStateInPandas"
+BUILTIN_AGG = "spark-builtin-agg"
+SYSTEMS = (BUILTIN_AGG, KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP, APPLY_IN_PANDAS_WITH_STATE,
+           TRANSFORM_WITH_STATE_IN_PANDAS)
+#: the Spark systems that run Python per key: slow, so they get fewer batches
+PYTHON_BASELINES = (APPLY_IN_PANDAS_WITH_STATE, TRANSFORM_WITH_STATE_IN_PANDAS)
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+#: the state store provider each Spark system runs with
+STATE_STORES = {APPLY_IN_PANDAS_WITH_STATE: ROCKSDB_PROVIDER,
+                TRANSFORM_WITH_STATE_IN_PANDAS: ROCKSDB_PROVIDER,
+                BUILTIN_AGG: ROCKSDB_PROVIDER}
+
+INPUT_SCHEMA = pa.schema([("user_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                          ("amount", pa.float64())])
+INPUT_DDL = "user_id string, ts timestamp, amount double"
+OUTPUT_DDL = "user_id string, count bigint"
+ROW_GROUP_SIZE = 250_000  # several row groups per file, so both cores read a file
+
+
+# --------------------------------------------------------------------------------------------
+# the user functions, one per system
+# --------------------------------------------------------------------------------------------
+
+
+class KeyedCount(KeyedProcessFunction):
+    """The count per key in a ValueState; one output row per key and batch."""
+
+    count = ValueStateDescriptor("count", "bigint", default=0)
+
+    def open(self, ctx: Context) -> None:
+        self.state = ctx.get_state(self.count)
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[tuple[Any, int]]:
+        n = self.state.value() + rows.num_rows
+        self.state.update(n)
+        return [(key, n)]
+
+
+def count_with_group_state(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """``applyInPandasWithState``: the count per key in a GroupState."""
+    import pandas as pd
+
+    n = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        n += len(pdf)
+    state.update((n,))
+    yield pd.DataFrame({"user_id": [key[0]], "count": [n]})
+
+
+def _count_processor() -> Any:
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class CountProcessor(StatefulProcessor):
+        """``transformWithStateInPandas``: the count per key in a ValueState."""
+
+        def init(self, handle: Any) -> None:
+            self.count = handle.getValueState("count", "count bigint")
+
+        def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any
+                            ) -> Iterator[Any]:
+            import pandas as pd
+
+            n = self.count.get()[0] if self.count.exists() else 0
+            for pdf in rows:
+                n += len(pdf)
+            self.count.update((n,))
+            yield pd.DataFrame({"user_id": [key[0]], "count": [n]})
+
+        def close(self) -> None:
+            pass
+
+    return CountProcessor()
+
+
+# --------------------------------------------------------------------------------------------
+# data and the expected results
+# --------------------------------------------------------------------------------------------
+
+
+def write_batches(directory: str, files: int, events: int, keys: int, seed: int = 42
+                  ) -> tuple[list[str], list[tuple[int, int, int]]]:
+    """``files`` Parquet files of ``events`` events each, with increasing modification times
+    (the file source takes them in that order), and per file the expected
+    ``(rows, sum of counts, sum of squared counts)`` of the output after that batch."""
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = pa.array([f"user-{i:08d}" for i in range(keys)])
+    counts = np.zeros(keys, dtype=np.int64)
+    paths, expected = [], []
+    for n in range(files):
+        idx = rng.integers(0, keys, events)
+        table = pa.table({
+            "user_id": names.take(pa.array(idx)),
+            "ts": pa.array(1_800_000_000_000_000 + n * 10**9 + np.arange(events),
+                           pa.timestamp("us", tz="UTC")),
+            "amount": rng.uniform(0, 100, events).round(2),
+        }, schema=INPUT_SCHEMA)
+        path = os.path.join(directory, f"events-{n:04d}.parquet")
+        pq.write_table(table, path, row_group_size=ROW_GROUP_SIZE)
+        os.utime(path, (1_800_000_000 + n, 1_800_000_000 + n))
+        paths.append(path)
+        in_batch = np.bincount(idx, minlength=keys)
+        counts += in_batch
+        touched = counts[in_batch > 0]
+        expected.append((int(touched.size), int(touched.sum()), int((touched ** 2).sum())))
+    return paths, expected
+
+
+class BatchCheck:
+    """The ``foreachBatch`` sink: one aggregate over the batch's output (so all of it is
+    computed), nothing kept but the aggregate."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[int, int, int]] = {}
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        row = df.agg(F.count("*"), F.sum("count"), F.sum(F.col("count") * F.col("count"))
+                     ).collect()[0]
+        self.seen[batch_id] = (int(row[0]), int(row[1] or 0), int(row[2] or 0))
+
+    def verify(self, system: str, expected: Sequence[tuple[int, int, int]]) -> None:
+        got = [self.seen.get(b) for b in range(len(expected))]
+        if got != list(expected) or len(self.seen) != len(expected):
+            raise AssertionError(
+                f"{system}: per-batch (rows, sum of counts, sum of squared counts) differ from "
+                f"the generated data's: got {got}, expected {list(expected)}"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# one system
+# --------------------------------------------------------------------------------------------
+
+
+def _input(spark: Any, root: str, paths: Sequence[str]) -> Any:
+    """A streaming source over hard links to ``paths`` (same inode, same modification time)."""
+    directory = os.path.join(root, "input")
+    os.makedirs(directory)
+    for path in paths:
+        os.link(path, os.path.join(directory, os.path.basename(path)))
+    return (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
+            .parquet(directory))
+
+
+def _start_spark(system: str, events: Any, root: str, sink: BatchCheck) -> Any:
+    grouped = events.groupBy("user_id")
+    if system == BUILTIN_AGG:
+        out = grouped.count()
+    elif system == APPLY_IN_PANDAS_WITH_STATE:
+        out = grouped.applyInPandasWithState(count_with_group_state, OUTPUT_DDL, "count bigint",
+                                             "Update", "NoTimeout")
+    elif system == TRANSFORM_WITH_STATE_IN_PANDAS:
+        out = grouped.transformWithStateInPandas(_count_processor(), OUTPUT_DDL, "Update", "None")
+    else:
+        raise ValueError(f"unknown system {system!r}; known: {SYSTEMS}")
+    return (out.writeStream.outputMode("update").foreachBatch(sink)
+            .option("checkpointLocation", os.path.join(root, "spark"))
+            .trigger(availableNow=True).start())
+
+
+def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any],
+                          sink_s: list[float]) -> list[dict[str, Any]]:
+    """Per batch: keyedstate's driver time and, per subtask, where the task's time went."""
+    out = []
+    for subtasks, s, sink in zip(per_batch, stats, sink_s):
+        out.append({
+            "batch_id": s.batch_id, "driver_s": s.duration_s, "sink_s": sink,
+            "reused_subtasks": s.reused_subtasks,
+            "subtasks": [{k: st[k] for k in ("rows_in", "rows_out", "restore_s", "process_s",
+                                             "sync_s", "async_s", "full_bytes",
+                                             "incremental_bytes", "worker_pid")}
+                         for st in subtasks],
+        })
+    return out
+
+
+def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
+                    parallelism: int) -> tuple[Any, dict[str, Any]]:
+    from keyedstate.config import JobConfig
+    from keyedstate.spark.job import key_by
+
+    backend = "rocksdb" if system == KEYEDSTATE_ROCKSDB else "heap"
+    sink_s: list[float] = []
+
+    def timed_sink(df: Any, batch_id: int) -> None:
+        start = time.perf_counter()
+        sink(df, batch_id)
+        sink_s.append(time.perf_counter() - start)
+
+    job = key_by(events, "user_id").process(KeyedCount(), OUTPUT_DDL).sink(timed_sink)
+    # The per-subtask statistics (process_s, ...) reach the driver but BatchStats keeps only
+    # maxima of some: keep the subtasks' own figures too.
+    per_batch: list[list[dict[str, Any]]] = []
+    make_driver = job.driver
+
+    def driver(*args: Any, **kwargs: Any) -> Any:
+        d = make_driver(*args, **kwargs)
+        original = d._stats
+
+        def stats(batch_id: int, completed: Any, results: list[Any], started: float) -> Any:
+            per_batch.append([json.loads(r["stats"]) for r in results])
+            return original(batch_id, completed, results, started)
+
+        d._stats = stats
+        return d
+
+    job.driver = driver  # type: ignore[method-assign]
+    query = job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"),
+                                parallelism=parallelism, backend=backend),
+                      spark_checkpoint_location=os.path.join(root, "spark"),
+                      trigger={"availableNow": True})
+    query.await_termination()
+    query.stop()
+    stats = [s for s in query.stats if s.checkpoint_id >= 0]
+    return query.query, {"keyedstate": _keyedstate_breakdown(per_batch, stats, sink_s)}
+
+
+def _state_store_of(progress: Any) -> str | None:
+    """Which provider a Spark stateful query really ran with, from its custom metrics."""
+    ops = progress.stateOperators
+    if not ops:
+        return None
+    metrics = ops[0].customMetrics or {}
+    return "rocksdb" if any(k.startswith("rocksdb") for k in metrics) else "hdfs"
+
+
+def run_system(spark: Any, system: str, paths: Sequence[str],
+               expected: Sequence[tuple[int, int, int]], root: str, events_per_batch: int,
+               parallelism: int) -> dict[str, Any]:
+    """Run one system over ``paths`` (one batch each), verify it, and time it."""
+    os.makedirs(root)
+    events = _input(spark, root, paths)
+    sink = BatchCheck()
+    extra: dict[str, Any] = {}
+    started = time.perf_counter()
+    if system in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
+        query, extra = _run_keyedstate(system, events, root, sink, parallelism)
+    else:
+        spark.conf.set(PROVIDER_CONF, STATE_STORES[system])
+        query = _start_spark(system, events, root, sink)
+        query.awaitTermination()
+        query.stop()
+        if query.exception() is not None:
+            raise RuntimeError(f"{system}: the query failed: {query.exception()}")
+    wall_s = time.perf_counter() - started
+    sink.verify(system, expected)
+    progress = [p for p in query.recentProgress if p.numInputRows > 0]
+    if [p.numInputRows for p in progress] != [events_per_batch] * len(paths):
+        raise AssertionError(f"{system}: expected {len(paths)} batches of {events_per_batch} "
+                             f"rows, got {[p.numInputRows for p in progress]}")
+    seconds = [p.durationMs["triggerExecution"] / 1000 for p in progress]
+    later = seconds[1:] or seconds
+    result = {
+        "system": system,
+        # Steady state: batches that update existing keys (the first one only creates state).
+        "events_per_s": events_per_batch * len(later) / sum(later),
+        "events_per_s_all_batches": events_per_batch * len(seconds) / sum(seconds),
+        "seconds_per_batch": seconds,
+        "batches": len(seconds),
+        "wall_s": wall_s,
+        "verified": True,
+    }
+    if system not in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
+        result["state_store"] = _state_store_of(progress[-1])
+    result.update(extra)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# the benchmark
+# --------------------------------------------------------------------------------------------
+
+
+def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 5,
+        baseline_batches: int = 3, parallelism: int = 2, master: str = "local[2]",
+        systems: Sequence[str] = SYSTEMS, progress: Callable[[str], None] | None = None,
+        spark: Any = None) -> dict[str, Any]:
+    """Run every system in ``systems`` over the same generated batches; ``batches`` each,
+    except the Spark Python baselines (``baseline_batches``). Fails if any system's output
+    differs from the generated data's counts."""
+    from keyedstate.spark.session import local_session
+
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; known: {list(SYSTEMS)}")
+    if batches < 2 or baseline_batches < 2:
+        raise ValueError("run at least 2 batches per system (the first one has no state)")
+    say = progress or (lambda msg: None)
+    own_session = spark is None
+    results = []
+    with workdir("throughput") as root:
+        say(f"generating {max(batches, baseline_batches)} batches of {events_per_batch:,} "
+            f"events over {keys:,} keys")
+        paths, expected = write_batches(os.path.join(root, "data"),
+                                        max(batches, baseline_batches), events_per_batch, keys)
+        if own_session:
+            say(f"starting Spark ({master})")
+            spark = local_session(master, "keyedstate-bench-throughput",
+                                  {"spark.sql.shuffle.partitions": str(parallelism)})
+        try:
+            # Warm the JVM (Parquet reader, hash aggregate, shuffle) before any system runs.
+            spark.read.parquet(paths[0]).groupBy("user_id").count().collect()
+            for system in systems:
+                n = baseline_batches if system in PYTHON_BASELINES else batches
+                say(f"{system}: {n} batches")
+                results.append(run_system(spark, system, paths[:n], expected[:n],
+                                          os.path.join(root, system), events_per_batch,
+                                          parallelism))
+        finally:
+            if own_session:
+                spark.stop()
+    rate = {r["system"]: r["events_per_s"] for r in results}
+    goals: dict[str, Any] = {}
+    for ours in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
+        if ours not in rate:
+            continue
+        if APPLY_IN_PANDAS_WITH_STATE in rate:
+            ratio = rate[ours] / rate[APPLY_IN_PANDAS_WITH_STATE]
+            goals[f"{ours} >= 10x {APPLY_IN_PANDAS_WITH_STATE}"] = {
+                "ratio": ratio, "target": 10.0, "met": ratio >= 10.0}
+        if BUILTIN_AGG in rate:
+            ratio = rate[ours] / rate[BUILTIN_AGG]
+            goals[f"{ours} >= 0.5x {BUILTIN_AGG}"] = {
+                "ratio": ratio, "target": 0.5, "met": ratio >= 0.5}
+    return {
+        "benchmark": "throughput",
+        "machine": {**machine(), "master": master, "spark": spark_version(),
+                    "shuffle_partitions": parallelism},
+        "workload": {"keys": keys, "events_per_batch": events_per_batch, "batches": batches,
+                     "baseline_batches": baseline_batches, "parallelism": parallelism,
+                     "timing": "Spark triggerExecution per micro-batch; events_per_s over the "
+                               "batches after the first"},
+        "results": results,
+        "goals": goals,
+        "goals_met": all(g["met"] for g in goals.values()),
+    }
+
+
+def spark_version() -> str:
+    import pyspark
+
+    return pyspark.__version__
+
+
+# --------------------------------------------------------------------------------------------
+# the figure
+# --------------------------------------------------------------------------------------------
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """A bar per system: events/s after the first batch (log scale), value on each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(result["results"], key=lambda r: r["events_per_s"])
+    names = [r["system"] for r in rows]
+    rates = [r["events_per_s"] for r in rows]
+    colors = ["#1f77b4" if n.startswith("keyedstate") else
+              "#7f7f7f" if n == BUILTIN_AGG else "#d62728" for n in names]
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=120)
+    bars = ax.barh(names, rates, color=colors)
+    ax.set_xscale("log")
+    ax.set_xlim(min(rates) / 2, max(rates) * 4)
+    for bar, r in zip(bars, rows):
+        secs = r["seconds_per_batch"][1:]
+        ax.text(bar.get_width() * 1.08, bar.get_y() + bar.get_height() / 2,
+                f"{r['events_per_s']:,.0f}/s  ({sum(secs) / len(secs):.1f} s/batch)",
+                va="center", fontsize=8)
+    w = result["workload"]
+    ax.set_xlabel("events per second, batches after the first (log scale)")
+    ax.set_title(f"Keyed count, {w['events_per_batch']:,} events over {w['keys']:,} keys per "
+                 f"batch, {result['machine']['master']}", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    # python -m benchmarks.throughput RESULT.json FIGURE.png: draw the figure of a saved run.
+    with open(sys.argv[1]) as f:
+        plot(json.load(f), sys.argv[2])
