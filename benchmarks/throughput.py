@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from importlib.util import find_spec
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -333,6 +334,9 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 5
         raise ValueError(f"unknown systems {unknown}; known: {list(SYSTEMS)}")
     if batches < 2 or baseline_batches < 2:
         raise ValueError("run at least 2 batches per system (the first one has no state)")
+    if TRANSFORM_WITH_STATE_IN_PANDAS in systems and find_spec("google.protobuf") is None:
+        raise RuntimeError(f"{TRANSFORM_WITH_STATE_IN_PANDAS} needs protobuf in the Python "
+                           f"workers: pip install 'protobuf>=6.33.5,<7'")
     say = progress or (lambda msg: None)
     own_session = spark is None
     results = []

@@ -234,7 +234,11 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     index = TaskContext.get().partitionId()
     where = f"batch {plan.batch_id}, subtask {index}"
     # Step 1. State at the last committed checkpoint.
-    backend, reused, restore_s = _acquire(plan, index)
+    try:
+        backend, reused, restore_s = _acquire(plan, index)
+    except KeyedStateError as exc:
+        raise BatchFailedError(
+            f"{where}: restoring the state failed: {type(exc).__name__}: {exc}") from exc
     if plan.savepoint_storage is not None:
         yield _savepoint(plan, index, backend, reused, restore_s)
         return

@@ -75,3 +75,31 @@ class KillWorkerOnce(RunningTotals):
 class WrongOutput(RunningTotals):
     def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
         return [{"user_id": key, "count": "not a number", "total": 0.0, "batch_id": 0}]
+
+
+def _executor_jvm_pid() -> int:
+    """The executor JVM above this Python worker (worker -> pyspark daemon -> JVM)."""
+    pid = os.getpid()
+    for _ in range(5):
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"CoarseGrainedExecutorBackend" in f.read():
+                return pid
+    raise RuntimeError("no executor JVM above this worker (not on local-cluster?)")
+
+
+class KillExecutorOnce(RunningTotals):
+    """SIGKILLs its executor JVM in the first attempt of one batch, after updating state."""
+
+    def __init__(self, batch_id: int, marker_dir: str) -> None:
+        self.batch_id = batch_id
+        self.marker_dir = marker_dir
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        out = super().process_key(key, rows, ctx)
+        marker = os.path.join(self.marker_dir, "killed")
+        if ctx.batch_id == self.batch_id and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(_executor_jvm_pid(), 9)
+        return out
