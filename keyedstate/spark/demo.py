@@ -155,17 +155,24 @@ def run_spark_demo(spark: Any, directory: str, events: int, users: int, files: i
         stats.append(s)
         on_batch(s)
 
+    def publish(paths: list[str]) -> None:
+        # The file source takes files in modification-time order: make it the event-time
+        # order, or later files would make earlier ones late.
+        for path in paths:
+            target = os.path.join(input_dir, os.path.basename(path))
+            shutil.copy(path, target)
+            n = int(os.path.basename(path).split("-")[1].split(".")[0])
+            os.utime(target, (1_700_000_000 + n, 1_700_000_000 + n))
+
     started = time.perf_counter()
-    for path in generated[: files // 2]:
-        shutil.copy(path, input_dir)
+    publish(generated[: files // 2])
     base = dict(backend="rocksdb", watermark_column="ts",
                 watermark_delay=dt.timedelta(milliseconds=WATERMARK_DELAY_MS))
     savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
     report.savepoint = _phase(spark, directory, JobConfig(
         checkpoint_dir=os.path.join(directory, "checkpoints", "job-1"), parallelism=2, **base),
         record, savepoint=savepoint_dir) or ""
-    for path in generated[files // 2:]:
-        shutil.copy(path, input_dir)
+    publish(generated[files // 2:])
     _phase(spark, directory, JobConfig(
         checkpoint_dir=os.path.join(directory, "checkpoints", "job-2"), parallelism=3,
         restore_path=savepoint_dir, **base), record, drain=True)

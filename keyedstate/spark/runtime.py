@@ -231,7 +231,13 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     """The ``mapInArrow`` function: one subtask of one batch (see the module docstring)."""
     from pyspark import TaskContext
 
-    index = TaskContext.get().partitionId()
+    return process_subtask(plan, TaskContext.get().partitionId(), batches)
+
+
+def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
+                    ) -> Iterator[pa.RecordBatch]:
+    """One subtask of one batch, given its index (Spark-independent: tests and profiling call
+    it directly with the routed Arrow batches)."""
     where = f"batch {plan.batch_id}, subtask {index}"
     # Step 1. State at the last committed checkpoint.
     try:
