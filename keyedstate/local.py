@@ -37,13 +37,14 @@ class LocalKeyedOperator:
                  backend: StateBackend | str = "rocksdb", parallelism: int = 2,
                  max_parallelism: int | None = None, num_retained: int = 1,
                  time_provider: TtlTimeProvider | None = None,
-                 local_dir: str | None = None) -> None:
+                 local_dir: str | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         self.backend = load_backend(backend) if isinstance(backend, str) else backend
         self.max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
         check_parallelism(parallelism, self.max_parallelism)
         self.parallelism = parallelism
         self.key_serializer = KeySerializer(list(key_types))
-        self.storage = CheckpointStorage(checkpoint_dir)
+        self.storage = CheckpointStorage(checkpoint_dir, storage_options)
         self.time_provider = time_provider
         self.local_dir = local_dir or tempfile.mkdtemp(prefix="keyedstate-local-")
         self.num_retained = num_retained
