@@ -1,9 +1,23 @@
 """Checkpoint bytes and time, incremental vs full, for both backends.
 
-A state of N keys (one ValueState per key, a bigint counter plus a short string payload);
-between checkpoints a fraction of the keys is updated. For each backend and fraction: the bytes
-and duration (sync + async) of an incremental checkpoint against a full one of the same state.
-Goal (issue 2): at 1% changed, an incremental checkpoint writes at most 5% of a full one's bytes.
+A state of N keys (one ValueState per key: a bigint counter and a 16-character string) on
+``parallelism`` subtasks, checkpointed to a local file system. After a full base checkpoint,
+``rounds`` times: update a fresh random ``fraction`` of the keys, then checkpoint.
+
+Incremental and full are measured on two pipelines that do exactly the same work (same keys,
+same updates, same seed) and differ only in the snapshot kind, run one after the other: a full
+checkpoint is taken of the same state as the incremental one it is compared with, and pays the
+same RocksDB flush (a full checkpoint taken right after an incremental one would find the
+memtables already flushed and look faster than it is).
+
+A sequence of checkpoints, not one: RocksDB compacts the small L0 files each flush leaves, and
+an incremental checkpoint then uploads the compaction's output; a single checkpoint after the
+base would hide that. ``rounds`` = 10 stays within the heap backend's default chain length
+(10 diffs, then a full snapshot starts a new chain).
+
+Goal (issue 2): at 1% changed, an incremental checkpoint writes at most 5% of the bytes of a
+full one. Judged on the whole sequence (bytes of all incremental checkpoints over bytes of all
+full ones); the first and the worst checkpoint are reported too.
 """
 
 from __future__ import annotations
@@ -11,17 +25,21 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from benchmarks.common import build_subtasks, machine, route, timed, user_keys, workdir
+from benchmarks.common import build_subtasks, machine, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.keygroups import operator_index_for_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 DESCRIPTOR = ValueStateDescriptor("profile", "count bigint, note string")
+GOAL_FRACTION = 0.01
+GOAL_RATIO = 0.05
 
 
 def _checkpoint(subtasks: list[Any], storage: CheckpointStorage, checkpoint_id: int,
                 full: bool) -> dict[str, float]:
+    """Snapshot every subtask (sync part, then upload), confirm it; sums over subtasks."""
     sync = async_ = 0.0
     written = total = 0
     for sub in subtasks:
@@ -35,64 +53,103 @@ def _checkpoint(subtasks: list[Any], storage: CheckpointStorage, checkpoint_id: 
         async_ += t_async.seconds
         written += handle.incremental_size
         total += handle.full_size
-    return {"bytes_written": written, "full_size": total, "sync_s": sync, "async_s": async_}
+    return {"bytes_written": written, "full_size": total, "sync_s": sync, "async_s": async_,
+            "total_s": sync + async_}
 
 
-def run_one(backend_name: str, keys: int, fraction: float, parallelism: int = 2,
-            max_parallelism: int = 128, seed: int = 7) -> dict[str, Any]:
-    rng = random.Random(seed)
+def _pipeline(backend_name: str, keys: int, fraction: float, rounds: int, incremental: bool,
+              parallelism: int, max_parallelism: int, seed: int) -> dict[str, Any]:
+    """Load the state, take a full base checkpoint, then ``rounds`` x (update, checkpoint)."""
+    rng = random.Random(seed)  # same seed, same updates in both pipelines
     ks = KeySerializer(["string"])
     all_keys = user_keys(keys)
-    routed = route(all_keys, ks, parallelism, max_parallelism)
+    groups = [ks.key_group(k, max_parallelism) for k in all_keys]
+    owners = [operator_index_for_key_group(max_parallelism, parallelism, kg) for kg in groups]
+    changed = max(1, int(keys * fraction))
     with workdir(f"ckpt-{backend_name}") as root:
         storage = CheckpointStorage(f"{root}/checkpoints")
         subtasks = build_subtasks(load_backend(backend_name), parallelism, max_parallelism, ks,
                                   f"{root}/local")
         try:
-            for sub, mine in zip(subtasks, routed):
-                state = sub.get_state(DESCRIPTOR)
-                for key, kg in mine:
-                    sub.set_current_key(key, kg)
-                    state.update({"count": 1, "note": key[-4:] * 4})
+            states = [value_state(sub, DESCRIPTOR) for sub in subtasks]
+            with timed() as t_load:
+                for i, key in enumerate(all_keys):
+                    sub = subtasks[owners[i]]
+                    sub.set_current_key(key, groups[i])
+                    states[owners[i]].update({"count": 0, "note": key[-4:] * 4})
             base = _checkpoint(subtasks, storage, 1, full=True)
-            changed_set = set(rng.sample(range(keys), max(1, int(keys * fraction))))
-            for sub, mine in zip(subtasks, routed):
-                state = sub.get_state(DESCRIPTOR)
-                for key, kg in mine:
-                    if int(key[5:]) in changed_set:
-                        sub.set_current_key(key, kg)
-                        state.update({"count": 2, "note": key[-4:] * 4})
-            incremental = _checkpoint(subtasks, storage, 2, full=False)
-            full = _checkpoint(subtasks, storage, 3, full=True)
+            per_round = []
+            for r in range(1, rounds + 1):
+                for i in sorted(rng.sample(range(keys), changed)):
+                    key = all_keys[i]
+                    subtasks[owners[i]].set_current_key(key, groups[i])
+                    states[owners[i]].update({"count": r, "note": key[-4:] * 4})
+                per_round.append(_checkpoint(subtasks, storage, r + 1, full=not incremental))
         finally:
             for sub in subtasks:
                 sub.close()
+    return {"load_s": t_load.seconds, "base": base, "rounds": per_round}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("inf")
+
+
+def run_one(backend_name: str, keys: int, fraction: float, rounds: int = 10,
+            parallelism: int = 2, max_parallelism: int = 128, seed: int = 7) -> dict[str, Any]:
+    args = (backend_name, keys, fraction, rounds)
+    inc = _pipeline(*args, incremental=True, parallelism=parallelism,
+                    max_parallelism=max_parallelism, seed=seed)
+    full = _pipeline(*args, incremental=False, parallelism=parallelism,
+                     max_parallelism=max_parallelism, seed=seed)
+    inc_r, full_r = inc["rounds"], full["rounds"]
+    per_round_bytes = [_ratio(i["bytes_written"], f["bytes_written"])
+                       for i, f in zip(inc_r, full_r)]
+    per_round_time = [_ratio(i["total_s"], f["total_s"]) for i, f in zip(inc_r, full_r)]
+    sum_inc_bytes = sum(r["bytes_written"] for r in inc_r)
+    sum_full_bytes = sum(r["bytes_written"] for r in full_r)
     return {
         "backend": backend_name,
         "keys": keys,
+        "parallelism": parallelism,
         "changed_fraction": fraction,
-        "initial_full": base,
-        "incremental": incremental,
+        "changed_keys_per_round": max(1, int(keys * fraction)),
+        "rounds": rounds,
+        "incremental": inc,
         "full": full,
-        "incremental_over_full_bytes": incremental["bytes_written"] / max(1, full["bytes_written"]),
-        "incremental_over_full_time": (incremental["sync_s"] + incremental["async_s"])
-        / max(1e-9, full["sync_s"] + full["async_s"]),
+        "mean_incremental_bytes": sum_inc_bytes / rounds,
+        "mean_full_bytes": sum_full_bytes / rounds,
+        "mean_incremental_s": sum(r["total_s"] for r in inc_r) / rounds,
+        "mean_full_s": sum(r["total_s"] for r in full_r) / rounds,
+        # the goal's figure: all incremental bytes of the sequence over all full bytes
+        "incremental_over_full_bytes": _ratio(sum_inc_bytes, sum_full_bytes),
+        "first_incremental_over_full_bytes": per_round_bytes[0],
+        "max_incremental_over_full_bytes": max(per_round_bytes),
+        "per_round_incremental_over_full_bytes": per_round_bytes,
+        "incremental_over_full_time": _ratio(sum(r["total_s"] for r in inc_r),
+                                             sum(r["total_s"] for r in full_r)),
+        "per_round_incremental_over_full_time": per_round_time,
     }
 
 
 def run(keys: int = 1_000_000, fractions: tuple[float, ...] = (0.01, 0.10),
-        backends: tuple[str, ...] = ("heap", "rocksdb"), progress: Any = None) -> dict[str, Any]:
+        backends: tuple[str, ...] = ("heap", "rocksdb"), rounds: int = 10,
+        progress: Any = None) -> dict[str, Any]:
     results = []
     for backend_name in backends:
         for fraction in fractions:
             if progress:
                 progress(f"checkpoint {backend_name} {fraction:.0%} of {keys:,} keys")
-            results.append(run_one(backend_name, keys, fraction))
+            results.append(run_one(backend_name, keys, fraction, rounds=rounds))
+    goal = [r for r in results if r["changed_fraction"] <= GOAL_FRACTION]
     return {
         "benchmark": "checkpoint",
         "machine": machine(),
-        "goal": "incremental bytes <= 5% of full bytes at 1% of keys changed",
+        "goal": f"incremental bytes <= {GOAL_RATIO:.0%} of full bytes at {GOAL_FRACTION:.0%} of "
+                f"keys changed (summed over {rounds} consecutive checkpoints)",
         "results": results,
-        "goal_met": all(r["incremental_over_full_bytes"] <= 0.05
-                        for r in results if r["changed_fraction"] <= 0.01),
+        "goal_met_per_backend": {r["backend"]: r["incremental_over_full_bytes"] <= GOAL_RATIO
+                                 for r in goal},
+        "goal_met": bool(goal) and all(r["incremental_over_full_bytes"] <= GOAL_RATIO
+                                       for r in goal),
     }

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
@@ -17,6 +17,8 @@ from keyedstate.checkpoint.metadata import KeyedStateHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.keygroups import KeyGroupRange, operator_index_for_key_group
 from keyedstate.keys import KeySerializer
+from keyedstate.state.api import ValueState
+from keyedstate.state.descriptors import ValueStateDescriptor
 
 
 def machine() -> dict[str, Any]:
@@ -28,6 +30,8 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "memory_gib": round(mem_gib, 1),
         "python": platform.python_version(),
+        # other work on a shared machine shows here (1, 5, 15 minutes; taken at the end)
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -89,3 +93,8 @@ def route(keys: Sequence[Any], key_serializer: KeySerializer, parallelism: int,
 
 def backend_named(name: str, **options: Any) -> StateBackend:
     return load_backend(name, **options)
+
+
+def value_state(backend: KeyedStateBackend, descriptor: ValueStateDescriptor) -> ValueState[Any]:
+    """``backend.get_state(descriptor)``, typed as the ValueState it is."""
+    return cast(ValueState[Any], backend.get_state(descriptor))

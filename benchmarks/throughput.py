@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from importlib.util import find_spec
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.common import machine, workdir
 from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 KEYEDSTATE_ROCKSDB = "keyedstate-rocksdb"
@@ -53,9 +55,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 #: the state store provider each Spark system runs with
-STATE_STORES = {APPLY_IN_PANDAS_WITH_STATE: ROCKSDB_PROVIDER,
-                TRANSFORM_WITH_STATE_IN_PANDAS: ROCKSDB_PROVIDER,
-                BUILTIN_AGG: ROCKSDB_PROVIDER}
+PROVIDERS = {"rocksdb": ROCKSDB_PROVIDER, "hdfs": HDFS_PROVIDER}
 
 INPUT_SCHEMA = pa.schema([("user_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
                           ("amount", pa.float64())])
@@ -75,7 +75,7 @@ class KeyedCount(KeyedProcessFunction):
     count = ValueStateDescriptor("count", "bigint", default=0)
 
     def open(self, ctx: Context) -> None:
-        self.state = ctx.get_state(self.count)
+        self.state = cast(ValueState[int], ctx.get_state(self.count))
 
     def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[tuple[Any, int]]:
         n = self.state.value() + rows.num_rows
@@ -209,11 +209,16 @@ def _start_spark(system: str, events: Any, root: str, sink: BatchCheck) -> Any:
 
 def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any],
                           sink_s: list[float]) -> list[dict[str, Any]]:
-    """Per batch: keyedstate's driver time and, per subtask, where the task's time went."""
+    """Per batch: keyedstate's driver time (``foreachBatch``), the sink's part of it, the
+    slowest subtask's task time, the rest (the routing stage: scan, hash and shuffle; task
+    scheduling; completing the checkpoint), and per subtask where the task's time went."""
     out = []
     for subtasks, s, sink in zip(per_batch, stats, sink_s):
+        slowest = max(st["restore_s"] + st["process_s"] + st["sync_s"] + st["async_s"]
+                      for st in subtasks)
         out.append({
             "batch_id": s.batch_id, "driver_s": s.duration_s, "sink_s": sink,
+            "slowest_subtask_s": slowest, "other_s": s.duration_s - sink - slowest,
             "reused_subtasks": s.reused_subtasks,
             "subtasks": [{k: st[k] for k in ("rows_in", "rows_out", "restore_s", "process_s",
                                              "sync_s", "async_s", "full_bytes",
@@ -250,7 +255,7 @@ def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
             per_batch.append([json.loads(r["stats"]) for r in results])
             return original(batch_id, completed, results, started)
 
-        d._stats = stats
+        d._stats = stats  # type: ignore[method-assign]
         return d
 
     job.driver = driver  # type: ignore[method-assign]
@@ -275,17 +280,19 @@ def _state_store_of(progress: Any) -> str | None:
 
 def run_system(spark: Any, system: str, paths: Sequence[str],
                expected: Sequence[tuple[int, int, int]], root: str, events_per_batch: int,
-               parallelism: int) -> dict[str, Any]:
-    """Run one system over ``paths`` (one batch each), verify it, and time it."""
+               parallelism: int, state_store: str = "rocksdb") -> dict[str, Any]:
+    """Run one system over ``paths`` (one batch each), verify it, and time it. Spark's own
+    stateful operators run with ``state_store`` ("rocksdb" or "hdfs")."""
     os.makedirs(root)
     events = _input(spark, root, paths)
     sink = BatchCheck()
     extra: dict[str, Any] = {}
+    load_before = os.getloadavg()[0]
     started = time.perf_counter()
     if system in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
         query, extra = _run_keyedstate(system, events, root, sink, parallelism)
     else:
-        spark.conf.set(PROVIDER_CONF, STATE_STORES[system])
+        spark.conf.set(PROVIDER_CONF, PROVIDERS[state_store])
         query = _start_spark(system, events, root, sink)
         query.awaitTermination()
         query.stop()
@@ -298,19 +305,25 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
         raise AssertionError(f"{system}: expected {len(paths)} batches of {events_per_batch} "
                              f"rows, got {[p.numInputRows for p in progress]}")
     seconds = [p.durationMs["triggerExecution"] / 1000 for p in progress]
-    later = seconds[1:] or seconds
+    later = seconds[1:]
     result = {
         "system": system,
-        # Steady state: batches that update existing keys (the first one only creates state).
-        "events_per_s": events_per_batch * len(later) / sum(later),
+        # Steady state: the median batch of those that update existing keys (the first one
+        # only creates state); the median, because the machine is shared.
+        "events_per_s": events_per_batch / statistics.median(later),
+        "events_per_s_mean": events_per_batch * len(later) / sum(later),
         "events_per_s_all_batches": events_per_batch * len(seconds) / sum(seconds),
         "seconds_per_batch": seconds,
         "batches": len(seconds),
         "wall_s": wall_s,
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "verified": True,
     }
     if system not in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
         result["state_store"] = _state_store_of(progress[-1])
+        if result["state_store"] != state_store:
+            raise AssertionError(f"{system} ran with the {result['state_store']} state store, "
+                                 f"not {state_store}: the provider switch did not take")
     result.update(extra)
     return result
 
@@ -320,13 +333,34 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
 # --------------------------------------------------------------------------------------------
 
 
-def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 5,
+def _drain(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    rows = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pylist([{"rows": rows}])
+
+
+def _warm_up(spark: Any, paths: Sequence[str], root: str, parallelism: int,
+             state_store: str) -> None:
+    """JIT-compile the JVM's hot paths and start the Python workers before anything is
+    timed, so that the first system measured is not the one that pays for it: a throw-away
+    built-in aggregation over two batches, and an Arrow round trip through Python."""
+    os.makedirs(root)
+    events = _input(spark, root, paths[:2])
+    spark.conf.set(PROVIDER_CONF, PROVIDERS[state_store])
+    query = _start_spark(BUILTIN_AGG, events, root, BatchCheck())
+    query.awaitTermination()
+    query.stop()
+    (spark.read.parquet(paths[0]).repartition(parallelism)
+     .mapInArrow(_drain, "rows long").collect())
+
+
+def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8,
         baseline_batches: int = 3, parallelism: int = 2, master: str = "local[2]",
-        systems: Sequence[str] = SYSTEMS, progress: Callable[[str], None] | None = None,
-        spark: Any = None) -> dict[str, Any]:
+        systems: Sequence[str] = SYSTEMS, state_store: str = "rocksdb",
+        progress: Callable[[str], None] | None = None, spark: Any = None) -> dict[str, Any]:
     """Run every system in ``systems`` over the same generated batches; ``batches`` each,
-    except the Spark Python baselines (``baseline_batches``). Fails if any system's output
-    differs from the generated data's counts."""
+    except the Spark Python baselines (``baseline_batches``). Spark's stateful operators use
+    ``state_store`` ("rocksdb" or "hdfs"; transformWithStateInPandas needs "rocksdb"). Fails
+    if any system's output differs from the generated data's counts."""
     from keyedstate.spark.session import local_session
 
     unknown = sorted(set(systems) - set(SYSTEMS))
@@ -337,9 +371,14 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 5
     if TRANSFORM_WITH_STATE_IN_PANDAS in systems and find_spec("google.protobuf") is None:
         raise RuntimeError(f"{TRANSFORM_WITH_STATE_IN_PANDAS} needs protobuf in the Python "
                            f"workers: pip install 'protobuf>=6.33.5,<7'")
+    if state_store not in PROVIDERS:
+        raise ValueError(f"state_store must be one of {sorted(PROVIDERS)}, got {state_store!r}")
+    if state_store != "rocksdb" and TRANSFORM_WITH_STATE_IN_PANDAS in systems:
+        raise ValueError(f"{TRANSFORM_WITH_STATE_IN_PANDAS} needs the rocksdb state store")
     say = progress or (lambda msg: None)
     own_session = spark is None
     results = []
+    started = time.perf_counter()
     with workdir("throughput") as root:
         say(f"generating {max(batches, baseline_batches)} batches of {events_per_batch:,} "
             f"events over {keys:,} keys")
@@ -350,14 +389,14 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 5
             spark = local_session(master, "keyedstate-bench-throughput",
                                   {"spark.sql.shuffle.partitions": str(parallelism)})
         try:
-            # Warm the JVM (Parquet reader, hash aggregate, shuffle) before any system runs.
-            spark.read.parquet(paths[0]).groupBy("user_id").count().collect()
+            say("warming up the JVM and the Python workers")
+            _warm_up(spark, paths, os.path.join(root, "warm-up"), parallelism, state_store)
             for system in systems:
                 n = baseline_batches if system in PYTHON_BASELINES else batches
                 say(f"{system}: {n} batches")
                 results.append(run_system(spark, system, paths[:n], expected[:n],
                                           os.path.join(root, system), events_per_batch,
-                                          parallelism))
+                                          parallelism, state_store))
         finally:
             if own_session:
                 spark.stop()
@@ -380,8 +419,11 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 5
                     "shuffle_partitions": parallelism},
         "workload": {"keys": keys, "events_per_batch": events_per_batch, "batches": batches,
                      "baseline_batches": baseline_batches, "parallelism": parallelism,
-                     "timing": "Spark triggerExecution per micro-batch; events_per_s over the "
-                               "batches after the first"},
+                     "spark_state_store": state_store,
+                     "timing": "seconds_per_batch: Spark's triggerExecution of each micro-batch; "
+                               "events_per_s: events_per_batch / the median of the batches "
+                               "after the first"},
+        "total_s": time.perf_counter() - started,
         "results": results,
         "goals": goals,
         "goals_met": all(g["met"] for g in goals.values()),

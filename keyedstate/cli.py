@@ -174,3 +174,232 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None) -> None:
         click.echo(text)
     else:
         console.print_json(text)
+
+
+# -- snapshots: checkpoints list|show, savepoint create, gc ------------------------------------------
+
+def _storage_options(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--storage-options") from exc
+    if not isinstance(options, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
+    return options
+
+
+_STORAGE_OPTIONS = click.option(
+    "--storage-options", "storage_options", default=None, metavar="JSON",
+    help='fsspec options as a JSON object, e.g. \'{"endpoint_url": "http://localhost:9000"}\'.')
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(f"{type(exc).__name__}: {exc}")
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+@main.group()
+def checkpoints() -> None:
+    """Inspect a job's checkpoints and savepoints."""
+
+
+@checkpoints.command("list")
+@click.argument("directory")
+@_JSON
+@_STORAGE_OPTIONS
+def checkpoints_list(directory: str, as_json: bool, storage_options: str | None) -> None:
+    """List the retained checkpoints of a job's checkpoint DIRECTORY (any fsspec URL; for a
+    savepoint directory, the savepoint)."""
+    from keyedstate.checkpoint.inspection import list_checkpoints
+    from keyedstate.errors import KeyedStateError
+
+    try:
+        listing = list_checkpoints(directory, _storage_options(storage_options))
+    except (KeyedStateError, OSError) as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        _echo_json(listing)
+        return
+    table = Table(title=f"checkpoints in {directory}")
+    for column in ("id", "kind", "batch", "p", "max p", "backend", "incremental", "full",
+                   "files"):
+        table.add_column(column, justify="left" if column in ("kind", "backend") else "right",
+                         no_wrap=True)
+    for c in listing:
+        if "error" in c:
+            table.add_row(str(c["id"]), "[red]unreadable[/red]", "", "", "", c["error"], "", "",
+                          "")
+            continue
+        table.add_row(str(c["id"]), c["kind"], "" if c["batch_id"] is None else str(c["batch_id"]),
+                      str(c["parallelism"]), str(c["max_parallelism"]), c["backend"],
+                      _human_bytes(c["incremental_bytes"]), _human_bytes(c["full_bytes"]),
+                      str(len(c["files"])))
+    Console().print(table)
+
+
+@checkpoints.command("show")
+@click.argument("path")
+@_JSON
+@click.option("--no-state-sizes", is_flag=True,
+              help="Skip computing per-state sizes (they read the snapshot's files).")
+@_STORAGE_OPTIONS
+def checkpoints_show(path: str, as_json: bool, no_state_sizes: bool,
+                     storage_options: str | None) -> None:
+    """Show one checkpoint or savepoint: PATH is a checkpoint directory (its latest
+    checkpoint), a chk-N folder, a savepoint folder or a _metadata file."""
+    from keyedstate.checkpoint.inspection import show
+    from keyedstate.errors import KeyedStateError
+
+    try:
+        with console.status("reading the snapshot"):
+            detail = show(path, _storage_options(storage_options),
+                          state_sizes=not no_state_sizes)
+    except (KeyedStateError, OSError) as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        _echo_json(detail)
+        return
+    out = Console()
+    summary = Table(title=f"{detail['kind']} {detail['id']} ({detail['format']})",
+                    show_header=False)
+    summary.add_column("field")
+    summary.add_column("value")
+    for key in ("metadata", "batch_id", "backend", "parallelism", "max_parallelism",
+                "key_types"):
+        summary.add_row(key, str(detail[key]))
+    summary.add_row("incremental / full", f"{_human_bytes(detail['incremental_bytes'])} / "
+                                          f"{_human_bytes(detail['full_bytes'])}")
+    summary.add_row("files", str(len(detail["files"])))
+    out.print(summary)
+    subtasks = Table(title="subtasks")
+    for column in ("subtask", "key groups", "shared files", "private files", "incremental",
+                   "full"):
+        subtasks.add_column(column, justify="right")
+    for s in detail["subtasks"]:
+        subtasks.add_row(str(s["index"]), f"{s['key_group_start']}-{s['key_group_end']}",
+                         str(len(s["shared"])), str(len(s["private"])),
+                         _human_bytes(s["incremental_bytes"]), _human_bytes(s["full_bytes"]))
+    out.print(subtasks)
+    states = Table(title=f"states (sizes {detail['state_sizes']})")
+    for column in ("state", "kind", "value type", "bytes"):
+        states.add_column(column, justify="right" if column == "bytes" else "left")
+    for s in detail["states"]:
+        states.add_row(s["name"], s["kind"] or "", s["value_type"] or "",
+                       "" if s["bytes"] is None else _human_bytes(s["bytes"]))
+    out.print(states)
+
+
+@main.group()
+def savepoint() -> None:
+    """Create savepoints (user-owned, self-contained snapshots)."""
+
+
+@savepoint.command("create")
+@click.argument("checkpoint_dir")
+@click.argument("target")
+@click.option("--format", "fmt", type=click.Choice(["native", "canonical"]), default="native",
+              show_default=True,
+              help="native: the backend's files, duplicated; canonical: Parquet per state, "
+                   "readable by any backend and tool.")
+@_JSON
+@_STORAGE_OPTIONS
+def savepoint_create(checkpoint_dir: str, target: str, fmt: str, as_json: bool,
+                     storage_options: str | None) -> None:
+    """Write a savepoint of a retained checkpoint to TARGET. CHECKPOINT_DIR is a job's
+    checkpoint directory (its latest checkpoint), a chk-N folder, or a savepoint."""
+    import time
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from keyedstate.checkpoint.resolve import resolve_snapshot
+    from keyedstate.checkpoint.savepoint import write_native_savepoint
+    from keyedstate.errors import KeyedStateError
+
+    options = _storage_options(storage_options)
+    started = time.perf_counter()
+    try:
+        source = resolve_snapshot(checkpoint_dir, options)
+        if fmt == "native":
+            with Progress(TextColumn("duplicating files"), BarColumn(), DownloadColumn(),
+                          console=console, transient=True) as bar:
+                task = bar.add_task("files", total=None)
+                url = write_native_savepoint(
+                    source, target, options,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total))
+        else:
+            from keyedstate.checkpoint.canonical import write_canonical_savepoint
+
+            with console.status("writing a canonical savepoint (Parquet per state)"):
+                url = write_canonical_savepoint(source, target, options)
+    except (KeyedStateError, OSError) as exc:
+        raise _fail(exc) from exc
+    result = {"savepoint": url, "format": fmt, "source": source.storage.url_of(
+        source.metadata_path), "seconds": round(time.perf_counter() - started, 3)}
+    if as_json:
+        _echo_json(result)
+    else:
+        Console().print(f"{fmt} savepoint of {result['source']} written: {url}")
+
+
+@main.command()
+@click.argument("directory")
+@click.option("--apply", "apply", is_flag=True,
+              help="Delete the files listed (without it, gc only lists them).")
+@_JSON
+@_STORAGE_OPTIONS
+def gc(directory: str, apply: bool, as_json: bool, storage_options: str | None) -> None:
+    """List files under a job's checkpoint DIRECTORY that no committed checkpoint references
+    (and no work in flight may need); delete them with --apply. Safe on a running job."""
+    from rich.progress import Progress
+
+    from keyedstate.checkpoint.inspection import delete_garbage, find_garbage
+    from keyedstate.errors import KeyedStateError
+
+    try:
+        report = find_garbage(directory, _storage_options(storage_options))
+        deleted = 0
+        if apply and report.files:
+            with Progress(console=console, transient=True) as bar:
+                task = bar.add_task("deleting", total=len(report.files))
+                deleted = delete_garbage(
+                    report, progress=lambda done, total: bar.update(task, completed=done))
+    except (KeyedStateError, OSError) as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        _echo_json({**report.to_json(), "deleted": deleted, "applied": apply})
+        return
+    out = Console()
+    if report.latest_checkpoint_id is None:
+        out.print(f"{directory} holds no committed checkpoint: nothing is known to be garbage")
+        return
+    table = Table(title=f"unreferenced files in {directory} (latest checkpoint "
+                        f"{report.latest_checkpoint_id})")
+    table.add_column("file")
+    table.add_column("size", justify="right")
+    for entry in report.to_json()["files"]:
+        table.add_row(entry["path"], _human_bytes(entry["size"]))
+    out.print(table)
+    verb = f"deleted {deleted}" if apply else "found"
+    out.print(f"{verb} {len(report.files)} files, {_human_bytes(report.bytes)}"
+              + ("" if apply or not report.files else "; run with --apply to delete them"))
+
+
+def _register_optional_commands() -> None:
+    """``keyedstate state ...`` (the state processor API, ``keyedstate/cli_state.py``)
+    registers itself when present."""
+    try:
+        cli_state = importlib.import_module("keyedstate.cli_state")
+    except ModuleNotFoundError as exc:
+        if exc.name != "keyedstate.cli_state":
+            raise
+        return
+    cli_state.register(main)
+
+
+_register_optional_commands()

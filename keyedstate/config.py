@@ -24,6 +24,18 @@ class RestoreMode(StrEnum):
     LEGACY = "LEGACY"
 
 
+def parse_restore_mode(value: RestoreMode | str) -> RestoreMode:
+    """``value`` as a :class:`RestoreMode` (any case); :class:`ConfigurationError` naming the
+    modes otherwise."""
+    try:
+        return RestoreMode(str(value).upper())
+    except ValueError:
+        raise ConfigurationError(
+            f"execution.state-recovery.claim-mode {value!r} is not a restore mode; choose one of "
+            f"{[m.value for m in RestoreMode]} (docs/restore-modes.md)"
+        ) from None
+
+
 class LateEvents(StrEnum):
     DROP = "drop"
     SIDE_OUTPUT = "side-output"
@@ -62,7 +74,7 @@ class JobConfig:
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
             raise ConfigurationError("execution.checkpointing.dir is required")
-        object.__setattr__(self, "restore_mode", RestoreMode(str(self.restore_mode).upper()))
+        object.__setattr__(self, "restore_mode", parse_restore_mode(self.restore_mode))
         object.__setattr__(self, "late_events", LateEvents(str(self.late_events)))
         if isinstance(self.watermark_delay, (int, float)):
             object.__setattr__(self, "watermark_delay",

@@ -94,3 +94,8 @@ class SnapshotExistsError(CheckpointError, FileExistsError):
 
 class JobDrainedError(CheckpointError, RuntimeError):
     """The job was stopped with drain (every timer fired); it takes no more input."""
+
+
+class SnapshotClaimedError(CheckpointError, RuntimeError):
+    """A snapshot is owned by a job that restored it in CLAIM mode; no other job may start from
+    it (the owner deletes it once subsumed)."""

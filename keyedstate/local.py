@@ -8,12 +8,22 @@ benchmarks and ``keyedstate demo --local`` use it; it imports no pyspark.
 from __future__ import annotations
 
 import tempfile
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.metadata import SnapshotFormat
+from keyedstate.checkpoint.resolve import ResolvedSnapshot
+from keyedstate.checkpoint.restore_modes import (
+    claim_snapshot,
+    max_parallelism_of_job,
+    open_restore_snapshot,
+)
+from keyedstate.checkpoint.savepoint import write_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.config import RestoreMode, parse_restore_mode
+from keyedstate.errors import NoCheckpointError
 from keyedstate.keygroups import (
     KeyGroupRange,
     check_parallelism,
@@ -31,6 +41,12 @@ class LocalKeyedOperator:
 
     On construction it restores from the latest completed checkpoint in ``checkpoint_dir``
     (any fsspec URL) when there is one, at the given parallelism (rescaling if it changed).
+    Otherwise, with ``restore_path``, it starts from that checkpoint or savepoint in
+    ``restore_mode`` (:class:`~keyedstate.config.RestoreMode`, see
+    :mod:`keyedstate.checkpoint.restore_modes`): every file of the snapshot is verified first,
+    then NO_CLAIM and LEGACY restore from it where it lies and make the first checkpoint full,
+    and CLAIM imports it as this job's first checkpoint. A job's own checkpoints always win
+    over ``restore_path``. Without ``max_parallelism``, the state's is adopted.
     """
 
     def __init__(self, checkpoint_dir: str, *, key_types: Sequence[str],
@@ -38,16 +54,38 @@ class LocalKeyedOperator:
                  max_parallelism: int | None = None, num_retained: int = 1,
                  time_provider: TtlTimeProvider | None = None,
                  local_dir: str | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None,
+                 restore_path: str | None = None,
+                 restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM) -> None:
         self.backend = load_backend(backend) if isinstance(backend, str) else backend
-        self.max_parallelism = max_parallelism or compute_default_max_parallelism(parallelism)
-        check_parallelism(parallelism, self.max_parallelism)
         self.parallelism = parallelism
         self.key_serializer = KeySerializer(list(key_types))
         self.storage = CheckpointStorage(checkpoint_dir, storage_options)
         self.time_provider = time_provider
         self.local_dir = local_dir or tempfile.mkdtemp(prefix="keyedstate-local-")
         self.num_retained = num_retained
+        self.restore_mode = parse_restore_mode(restore_mode)
+        #: the snapshot restored in NO_CLAIM or LEGACY mode, until the first checkpoint
+        self.restored: ResolvedSnapshot | None = None
+        self._force_full = False
+        # Step 1. A new job started from a snapshot: check it (reads only), then claim it or
+        # keep it as the restore source.
+        if restore_path and not self.storage.checkpoint_ids():
+            snapshot = open_restore_snapshot(self.storage, restore_path, self.restore_mode,
+                                             max_parallelism=max_parallelism,
+                                             backend=self.backend.name,
+                                             key_types=self.key_serializer.type_strings,
+                                             storage_options=storage_options)
+            max_parallelism = snapshot.metadata.max_parallelism
+            if self.restore_mode is RestoreMode.CLAIM:
+                claim_snapshot(snapshot, self.storage, {"restored_from": str(restore_path)})
+            else:
+                self.restored, self._force_full = snapshot, True
+        # Step 2. The key groups: configured, else those of the state, else Flink's default.
+        self.max_parallelism = (max_parallelism or max_parallelism_of_job(self.storage)
+                                or compute_default_max_parallelism(parallelism))
+        check_parallelism(parallelism, self.max_parallelism)
+        # Step 3. The coordinator (recovering the job's own checkpoints), then the subtasks.
         self.coordinator = self._coordinator()
         self.subtasks = self._open_subtasks()
 
@@ -63,6 +101,12 @@ class LocalKeyedOperator:
     def _open_subtasks(self) -> list[KeyedStateBackend]:
         latest = self.coordinator.latest_completed
         handles = latest.metadata.handles if latest else ()
+        storage, share = self.storage, True
+        if latest is None and self.restored is not None:
+            if self.restored.metadata.format is SnapshotFormat.CANONICAL:
+                return self._load_canonical(self.restored)
+            # NO_CLAIM / LEGACY: read the snapshot where it lies; reference none of its files.
+            handles, storage, share = self.restored.metadata.handles, self.restored.storage, False
         return [
             self.backend.create_keyed_backend(
                 subtask_index=i,
@@ -71,12 +115,32 @@ class LocalKeyedOperator:
                 max_parallelism=self.max_parallelism,
                 key_serializer=self.key_serializer,
                 restore_handles=handles,
-                storage=self.storage,
+                storage=storage,
+                share_restored_files=share,
                 time_provider=self.time_provider,
                 local_dir=self.local_dir,
             )
             for i in range(self.parallelism)
         ]
+
+    def _load_canonical(self, snapshot: ResolvedSnapshot) -> list[KeyedStateBackend]:
+        """Every subtask bulk-loaded from a canonical savepoint (any source backend)."""
+        from keyedstate.checkpoint.canonical import restore_canonical
+
+        subtasks: list[KeyedStateBackend] = []
+        try:
+            for i in range(self.parallelism):
+                subtasks.append(restore_canonical(
+                    self.backend, snapshot, subtask_index=i,
+                    key_group_range=KeyGroupRange.of_operator(self.max_parallelism,
+                                                              self.parallelism, i),
+                    max_parallelism=self.max_parallelism, key_serializer=self.key_serializer,
+                    time_provider=self.time_provider, local_dir=self.local_dir))
+        except BaseException:
+            for sub in subtasks:
+                sub.close()
+            raise
+        return subtasks
 
     def subtask_for(self, key: Any) -> tuple[KeyedStateBackend, int]:
         kg = self.key_serializer.key_group(key, self.max_parallelism)
@@ -96,7 +160,8 @@ class LocalKeyedOperator:
         try:
             for sub in self.subtasks:
                 result = sub.snapshot(pending.checkpoint_id,
-                                      pending.location(sub.subtask_index))
+                                      pending.location(sub.subtask_index),
+                                      full=self._force_full)
                 self.coordinator.acknowledge(pending, result.materialize())
             completed = self.coordinator.complete(pending)
         except BaseException:
@@ -106,7 +171,21 @@ class LocalKeyedOperator:
             raise
         for sub in self.subtasks:
             sub.notify_checkpoint_complete(completed.checkpoint_id)
+        # The job now depends on its own checkpoints only (NO_CLAIM's promise).
+        self.restored, self._force_full = None, False
         return completed
+
+    def savepoint(self, target: str) -> str:
+        """A native savepoint of the latest completed checkpoint in ``target`` (see
+        :func:`~keyedstate.checkpoint.savepoint.write_native_savepoint`); returns the path or
+        URL of its ``_metadata``."""
+        latest = self.coordinator.latest_completed
+        if latest is None:
+            raise NoCheckpointError(
+                f"{self.storage.url} has no completed checkpoint yet: call checkpoint() first"
+            )
+        source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
+        return write_native_savepoint(source, target, self.storage.storage_options)
 
     def rescale(self, parallelism: int) -> None:
         """Restore every subtask from the latest completed checkpoint at a new parallelism."""

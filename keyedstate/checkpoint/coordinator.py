@@ -40,6 +40,7 @@ from keyedstate.checkpoint.pending import (
     check_subtask_index,
 )
 from keyedstate.checkpoint.registry import SharedStateRegistry
+from keyedstate.checkpoint.restore_modes import PROP_CLAIMED_FROM, dispose_claimed_snapshot
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     CheckpointAbortedError,
@@ -380,6 +381,16 @@ class CheckpointCoordinator:
         return sorted(p[len(root):] for p in found if p.startswith(root))
 
     def _discard_completed(self, checkpoint: CompletedCheckpoint) -> None:
+        # CLAIM restore mode: a checkpoint imported from a claimed snapshot takes the snapshot
+        # with it, before its own _metadata goes (a crash in between repeats this on recover).
+        claimed = checkpoint.metadata.properties.get(PROP_CLAIMED_FROM)
+        if claimed:
+            try:
+                dispose_claimed_snapshot(claimed, self.storage)
+            except Exception as exc:  # the checkpoint that subsumed it is complete: log only
+                logger.warning("could not delete the claimed snapshot %s (subsumed with "
+                               "checkpoint %d): %s; delete it by hand", claimed,
+                               checkpoint.checkpoint_id, exc)
         self._delete_quietly([checkpoint.metadata_path],
                              f"subsumed checkpoint {checkpoint.checkpoint_id}")
         self._delete_dir_quietly(checkpoint_dir_name(checkpoint.checkpoint_id))

@@ -39,6 +39,13 @@ METADATA_FILE = "_metadata"
 CHECKPOINT_DIR_PREFIX = "chk-"
 SHARED_DIR = "shared"
 TASK_OWNED_DIR = "taskowned"
+#: In a snapshot claimed by a job (CLAIM restore mode): names the owner, sits beside _metadata.
+CLAIM_MARKER_FILE = "_claimed"
+#: Directories of a Spark job's checkpoint root besides the snapshot layout: staged outputs,
+#: sink-commit markers and (by default) Spark's own offset checkpoint.
+STAGING_DIR = "staging"
+COMMITS_DIR = "commits"
+SPARK_OFFSETS_DIR = "spark"
 
 
 def checkpoint_dir_name(checkpoint_id: int) -> str:

@@ -21,10 +21,10 @@ too). A crash between 3 and 4 is repaired by step 1 on restart.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,14 +33,21 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from keyedstate.backends import load_backend
+from keyedstate.checkpoint.canonical import PROP_KEY_COLUMNS
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from keyedstate.checkpoint.metadata import (
-    METADATA_FILE,
-    CheckpointMetadata,
+    COMMITS_DIR,
+    SPARK_OFFSETS_DIR,
+    STAGING_DIR,
     SnapshotFormat,
-    SnapshotKind,
 )
-from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.checkpoint.resolve import ResolvedSnapshot
+from keyedstate.checkpoint.restore_modes import (
+    claim_snapshot,
+    max_parallelism_of_job,
+    open_restore_snapshot,
+)
+from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
 from keyedstate.errors import (
@@ -48,10 +55,9 @@ from keyedstate.errors import (
     CheckpointProtocolError,
     ConfigurationError,
     JobDrainedError,
-    MaxParallelismMismatchError,
     NoCheckpointError,
-    SnapshotExistsError,
 )
+from keyedstate.keygroups import check_parallelism
 from keyedstate.spark.function import KeyedProcessFunction
 from keyedstate.spark.runtime import (
     KG_COLUMN,
@@ -69,8 +75,6 @@ from keyedstate.spark.sinks import CallbackSink, Sink, StagedOutput
 log = logging.getLogger("keyedstate")
 
 MAIN_OUTPUT = "main"
-COMMITS_DIR = "commits"
-STAGING_DIR = "staging"
 
 
 @dataclass
@@ -166,7 +170,7 @@ class KeyedProcessJob:
                 raise ConfigurationError(
                     "pass spark_checkpoint_location for a non-local checkpoint directory"
                 )
-            location = os.path.join(storage.root, "spark")
+            location = os.path.join(storage.root, SPARK_OFFSETS_DIR)
         driver = self.driver(cfg, location)
         writer = self.stream.df.writeStream.foreachBatch(driver.process_batch)
         writer = writer.option("checkpointLocation", location)
@@ -200,6 +204,10 @@ class KeyedJobDriver:
         self.stats: list[BatchStats] = []
         self.listeners: list[Callable[[BatchStats], None]] = []
         self.drained = False
+        #: held while a batch runs and while a savepoint duplicates the latest checkpoint, so
+        #: that no checkpoint completes (and subsumes it) meanwhile; re-entrant, so that a
+        #: listener (called at the end of a batch) may take a savepoint
+        self._lock = threading.RLock()
         self._open()
 
     # -- start-up ------------------------------------------------------------------------------
@@ -210,11 +218,39 @@ class KeyedJobDriver:
                     num_retained=self.config.num_retained)
 
     def _open(self) -> None:
-        """Recover from the job's own checkpoints, else restore from the configured snapshot."""
+        """Recover from the job's own checkpoints, else start from the configured snapshot in
+        its restore mode (:mod:`keyedstate.checkpoint.restore_modes`), else from empty state.
+
+        Step 1. A new job with ``execution.state-recovery.path``: check the snapshot, reading
+            only (max parallelism, not claimed by another job, every file's size and
+            checksum); CLAIM then imports it as this job's first checkpoint.
+        Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
+        Step 3. The job's own checkpoints: recover from the latest (lineage checked).
+        Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
+            checkpoint is full, so it references none of the snapshot's files.
+        """
+        cfg = self.config
+        self.base: RestoreSource | None = None
         self.share_restored_files = True
         self.force_full = False
-        self.lineage = {"restored_from": self.config.restore_path or "",
+        self.lineage = {"restored_from": cfg.restore_path or "",
                         "spark_checkpoint_location": self.spark_checkpoint_location}
+        # Step 1. Check (and claim) the snapshot before anything is touched.
+        snap = None
+        if cfg.restore_path and not self.storage.checkpoint_ids():
+            snap = open_restore_snapshot(self.storage, cfg.restore_path, cfg.restore_mode,
+                                         max_parallelism=cfg.max_parallelism,
+                                         backend=self.backend.name, key_types=self.key_types,
+                                         storage_options=cfg.storage_options)
+            if cfg.restore_mode is RestoreMode.CLAIM:
+                claim_snapshot(snap, self.storage, self._claim_properties(snap))
+        # Step 2. Key groups.
+        self.max_parallelism = (cfg.max_parallelism
+                                or (snap.metadata.max_parallelism if snap else None)
+                                or max_parallelism_of_job(self.storage)
+                                or cfg.effective_max_parallelism)
+        check_parallelism(cfg.parallelism, self.max_parallelism)
+        # Step 3. Own checkpoints (a claimed snapshot is one now).
         if self.storage.checkpoint_ids():
             self.coordinator = CheckpointCoordinator.recover(self.storage,
                                                              **self._coordinator_args())
@@ -241,41 +277,47 @@ class KeyedJobDriver:
         self.base = None
         self.watermark = MIN_WATERMARK
         self.last_batch_id = -1
-        if self.config.restore_path:
-            if self.config.restore_mode is not RestoreMode.NO_CLAIM:
-                raise ConfigurationError(
-                    f"restore mode {self.config.restore_mode} is not available yet; use NO_CLAIM"
-                )
-            snap = resolve_snapshot(self.config.restore_path, self.config.storage_options)
-            if snap.metadata.max_parallelism != self.max_parallelism:
-                raise MaxParallelismMismatchError(
-                    f"{self.config.restore_path} was taken with max parallelism "
-                    f"{snap.metadata.max_parallelism}, the job has {self.max_parallelism}; set "
-                    f"pipeline.max-parallelism to {snap.metadata.max_parallelism}, or rewrite the "
-                    f"state with a canonical savepoint and the state processor API"
-                )
+        if snap is not None:
+            # Step 4. NO_CLAIM / LEGACY.
             self.base = self._restore_source(snap.storage, snap.metadata, own=False)
             self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
-            # Batch ids continue only when Spark resumes from the same source offsets: then a
-            # batch the snapshot already covers must not be processed twice.
-            if (self.spark_checkpoint_location and snap.metadata.properties.get(
-                    "spark_checkpoint_location") == self.spark_checkpoint_location):
+            if self._same_offsets(snap):
                 self.last_batch_id = int(snap.metadata.properties.get("batch_id", -1))
             # NO_CLAIM: the first checkpoint references none of the snapshot's files.
             self.share_restored_files = False
             self.force_full = True
 
+    def _same_offsets(self, snap: ResolvedSnapshot) -> bool:
+        """Batch ids continue only when Spark resumes from the same source offsets: then a
+        batch the snapshot already covers must not be processed twice."""
+        return bool(self.spark_checkpoint_location) and snap.metadata.properties.get(
+            "spark_checkpoint_location") == self.spark_checkpoint_location
+
+    def _claim_properties(self, snap: ResolvedSnapshot) -> dict[str, str]:
+        """Properties of the checkpoint a claimed snapshot becomes: this job's lineage, not
+        drained (a drained job's savepoint starts a new job), the batch id only when Spark
+        resumes from the same offsets."""
+        batch_id = snap.metadata.properties.get("batch_id", "-1") if self._same_offsets(snap) \
+            else "-1"
+        return {**self.lineage, "drained": "false", "batch_id": batch_id}
+
     def _restore_source(self, storage: CheckpointStorage, metadata: Any, own: bool
                         ) -> RestoreSource:
         tokens = json.loads(metadata.properties["tokens"]) if own and "tokens" in \
             metadata.properties else None
+        # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
+        canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
         return RestoreSource(metadata.checkpoint_id, storage, list(metadata.handles),
-                             metadata.parallelism, tokens)
+                             metadata.parallelism, tokens, canonical)
 
     # -- one batch -----------------------------------------------------------------------------
 
     def process_batch(self, df: Any, batch_id: int) -> None:
         """The ``foreachBatch`` function (steps in the module docstring)."""
+        with self._lock:
+            self._process_batch(df, batch_id)
+
+    def _process_batch(self, df: Any, batch_id: int) -> None:
         started = time.perf_counter()
         # Step 1. A replay of a batch a completed checkpoint already covers.
         if batch_id <= self.last_batch_id:
@@ -347,6 +389,8 @@ class KeyedJobDriver:
                 "tokens": json.dumps([r["token"] for r in results]),
                 "staged": json.dumps(staged),
                 "drained": "true" if drain else "false",
+                # Names the key columns for the state processor API and canonical savepoints.
+                PROP_KEY_COLUMNS: json.dumps(self.job.stream.key_columns),
             }
             completed = self.coordinator.complete(pending, properties=properties)
         except BaseException as exc:
@@ -410,36 +454,36 @@ class KeyedJobDriver:
 
     # -- stop ----------------------------------------------------------------------------------
 
-    def savepoint(self, spark: Any, target: str) -> str:
-        """A native savepoint of the last committed state in ``target`` (self-contained: every
-        file under ``target``); returns the path of its ``_metadata``."""
-        latest = self.coordinator.latest_completed
-        if latest is None:
-            raise NoCheckpointError("no checkpoint completed yet: nothing to take a savepoint of")
-        storage = CheckpointStorage(target, self.config.storage_options)
-        if storage.exists(METADATA_FILE):
-            raise SnapshotExistsError(
-                f"{target} already holds a savepoint; choose an empty directory"
-            )
-        plan = dataclasses.replace(
-            self._plan(self.last_batch_id, latest.checkpoint_id + 1), savepoint_storage=storage)
-        empty = spark.createDataFrame([], self.job.stream.df.schema)
-        rows = sorted(self._route(empty).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
-                      .collect(), key=lambda r: r["subtask"])
-        metadata = CheckpointMetadata(
-            checkpoint_id=plan.checkpoint_id, timestamp_ms=time.time_ns() // 1_000_000,
-            backend=self.backend.name, parallelism=self.config.parallelism,
-            max_parallelism=self.max_parallelism, key_types=self.key_types,
-            handles=[decode_handle(r["handle"]) for r in rows], kind=SnapshotKind.SAVEPOINT,
-            format=SnapshotFormat.NATIVE,
-            properties={**self.lineage, "batch_id": str(self.last_batch_id),
-                        "watermark": str(self.watermark)})
-        return storage.url_of(storage.write_metadata(metadata, METADATA_FILE))
+    def savepoint(self, target: str,
+                  format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
+        """A savepoint of the last committed state, the latest completed checkpoint, in
+        ``target``; returns the path or URL of its ``_metadata``. The job keeps running: the
+        checkpoint's files are duplicated (native, see
+        :func:`~keyedstate.checkpoint.savepoint.write_native_savepoint`) or rewritten
+        (canonical) while the batch lock is held, so no batch completes a checkpoint and
+        subsumes it meanwhile (a batch in flight finishes first). A ``target`` holding a
+        savepoint raises :class:`SnapshotExistsError` before anything is written."""
+        fmt = SnapshotFormat(str(format).lower())
+        check_savepoint_target(CheckpointStorage(target, self.config.storage_options))
+        with self._lock:
+            latest = self.coordinator.latest_completed
+            if latest is None:
+                raise NoCheckpointError(
+                    "no checkpoint completed yet: nothing to take a savepoint of; wait for the "
+                    "first batch"
+                )
+            source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
+            if fmt is SnapshotFormat.NATIVE:
+                return write_native_savepoint(source, target, self.config.storage_options)
+            from keyedstate.checkpoint.canonical import write_canonical_savepoint
+
+            return write_canonical_savepoint(source, target, self.config.storage_options)
 
     def drain(self, spark: Any) -> None:
         """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint."""
         empty = spark.createDataFrame([], self.job.stream.df.schema)
-        self._run(empty, self.last_batch_id + 1, time.perf_counter(), drain=True)
+        with self._lock:
+            self._run(empty, self.last_batch_id + 1, time.perf_counter(), drain=True)
 
 
 def _batch_failure(exc: BaseException) -> str | None:
@@ -479,10 +523,22 @@ class KeyedQuery:
     def await_termination(self, timeout: float | None = None) -> bool | None:
         return self.query.awaitTermination(timeout)
 
-    def stop(self, *, drain: bool = False, savepoint: str | None = None) -> str | None:
+    def trigger_savepoint(self, target: str,
+                          format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
+        """Take a savepoint of the running job in ``target`` without stopping it (Flink's
+        ``flink savepoint``): the state as of the last completed checkpoint. Returns the path
+        or URL of its ``_metadata``. See :meth:`KeyedJobDriver.savepoint`."""
+        return self.driver.savepoint(target, format)
+
+    def stop(self, *, drain: bool = False, savepoint: str | None = None,
+             format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str | None:
         """Stop after the batch in flight. With ``drain``, fire every timer first (the last
-        checkpoint then marks the job finished). With ``savepoint``, take a native savepoint
-        there (after the drain, if both) and return its ``_metadata`` path."""
+        checkpoint then marks the job finished). With ``savepoint``, take a savepoint there
+        (``format`` native or canonical; after the drain, if both) and return its
+        ``_metadata`` path. A ``savepoint`` target that already holds one is refused
+        (:class:`SnapshotExistsError`) before the job is stopped."""
+        if savepoint:
+            check_savepoint_target(CheckpointStorage(savepoint, self.driver.config.storage_options))
         self.query.stop()
         exc = self.query.exception()
         if exc is not None:
@@ -490,4 +546,4 @@ class KeyedQuery:
         spark = self.driver.job.stream.df.sparkSession
         if drain:
             self.driver.drain(spark)
-        return self.driver.savepoint(spark, savepoint) if savepoint else None
+        return self.driver.savepoint(savepoint, format) if savepoint else None

@@ -33,7 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.metadata import KeyedStateHandle
+from keyedstate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata, KeyedStateHandle
+from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, KeyedStateError, OutputSchemaError
@@ -71,6 +72,9 @@ class RestoreSource:
     parallelism: int
     #: per subtask index, the token of the snapshot that subtask produced (reuse check)
     tokens: list[str] | None
+    #: the snapshot's metadata when it is a canonical savepoint (bulk-loaded, not restored
+    #: from backend files); None for native snapshots
+    canonical: CheckpointMetadata | None = None
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,6 @@ class BatchPlan:
     share_restored_files: bool
     drain: bool = False
     local_dir: str | None = None
-    #: a savepoint round: no processing, a full snapshot into ``snapshot_storage``
-    savepoint_storage: CheckpointStorage | None = None
 
 
 @dataclass
@@ -124,9 +126,21 @@ def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, floa
     if live is not None:
         live.backend.close()  # stale or uncommitted: never used
     start = time.perf_counter()
+    key_group_range = KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index)
+    if src is not None and src.canonical is not None:
+        # A canonical savepoint: an empty backend of the job's kind, bulk-loaded with the rows
+        # of this subtask's key groups (any parallelism, any source backend).
+        from keyedstate.checkpoint.canonical import restore_canonical
+
+        backend = restore_canonical(
+            plan.backend, ResolvedSnapshot(src.storage, METADATA_FILE, src.canonical),
+            subtask_index=index, key_group_range=key_group_range,
+            max_parallelism=plan.max_parallelism, key_serializer=KeySerializer(plan.key_types),
+            time_provider=SystemTimeProvider(), local_dir=plan.local_dir)
+        return backend, False, time.perf_counter() - start
     backend = plan.backend.create_keyed_backend(
         subtask_index=index,
-        key_group_range=KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index),
+        key_group_range=key_group_range,
         max_parallelism=plan.max_parallelism,
         key_serializer=KeySerializer(plan.key_types),
         restore_handles=src.handles if src else (),
@@ -245,9 +259,6 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     except KeyedStateError as exc:
         raise BatchFailedError(
             f"{where}: restoring the state failed: {type(exc).__name__}: {exc}") from exc
-    if plan.savepoint_storage is not None:
-        yield _savepoint(plan, index, backend, reused, restore_s)
-        return
     token = uuid.uuid4().hex
     try:
         started = time.perf_counter()
@@ -320,26 +331,6 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
         "subtask": index, "token": token, "handle": msgspec.json.encode(handle),
         "staged": json.dumps(staged), "max_event_time": max_event_time, "late": late,
         "stats": json.dumps(stats),
-    }], schema=RESULT_SCHEMA)
-
-
-def _savepoint(plan: BatchPlan, index: int, backend: KeyedStateBackend, reused: bool,
-               restore_s: float) -> pa.RecordBatch:
-    """A full snapshot of the committed state into the savepoint's own root; the live copy is
-    closed afterwards (the job stops with its savepoint)."""
-    assert plan.savepoint_storage is not None
-    try:
-        result = backend.snapshot(plan.checkpoint_id,
-                                  plan.savepoint_storage.location(plan.checkpoint_id, index),
-                                  full=True)
-        handle = result.materialize()
-    finally:
-        backend.close()
-    stats = {"restore_s": restore_s, "reused_local_state": reused,
-             "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s}
-    return pa.RecordBatch.from_pylist([{
-        "subtask": index, "token": "", "handle": msgspec.json.encode(handle), "staged": "{}",
-        "max_event_time": None, "late": 0, "stats": json.dumps(stats),
     }], schema=RESULT_SCHEMA)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from keyedstate.checkpoint.coordinator import CheckpointCoordinator
 from keyedstate.checkpoint.metadata import CheckpointMetadata
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import CorruptCheckpointError, MissingCheckpointFileError

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
 from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
@@ -40,6 +40,7 @@ from keyedstate.errors import (
 )
 from keyedstate.keygroups import KeyGroupRange, check_max_parallelism
 from keyedstate.keys import KeySerializer
+from keyedstate.serde import TypeSerializer
 from keyedstate.state.api import State
 from keyedstate.state.descriptors import StateDescriptor
 from keyedstate.state.timers import InternalTimerService
@@ -86,6 +87,40 @@ def check_compatible(descriptor: StateDescriptor, restored: StateMetaInfo) -> No
         )
 
 
+def check_load_compatible(existing: StateMetaInfo | None, loaded: StateMetaInfo,
+                          value_serializer: TypeSerializer,
+                          user_key_serializer: TypeSerializer | None) -> None:
+    """Raise :class:`StateTypeMismatchError` unless records of ``loaded`` may go into a state
+    that exists as ``existing`` (None: new state) through the given serializers (the rules of
+    :func:`check_compatible`; :meth:`KeyedStateBackend.load_records` calls it first)."""
+    problems = []
+    if value_serializer.type_string != loaded.value_type or (
+            None if user_key_serializer is None else user_key_serializer.type_string
+    ) != loaded.user_key_type:
+        problems.append(f"the serializers ({value_serializer.type_string}, "
+                        f"{None if user_key_serializer is None else user_key_serializer.type_string}"
+                        f") do not have its types ({loaded.value_type}, {loaded.user_key_type})")
+    if existing is not None:
+        if existing.kind != loaded.kind:
+            problems.append(f"it is a {existing.kind} state here, {loaded.kind} in the records")
+        if existing.value_type != loaded.value_type:
+            problems.append(f"its value type is {existing.value_type} here, {loaded.value_type} "
+                            f"in the records")
+        if existing.user_key_type != loaded.user_key_type:
+            problems.append(f"its map key type is {existing.user_key_type} here, "
+                            f"{loaded.user_key_type} in the records")
+        if (existing.ttl_ms is None) != (loaded.ttl_ms is None):
+            problems.append("TTL is " + ("off" if existing.ttl_ms is None else "on") +
+                            " here and " + ("off" if loaded.ttl_ms is None else "on") +
+                            " in the records")
+    if problems:
+        raise StateTypeMismatchError(
+            f"state {loaded.name!r} can't be loaded: " + "; ".join(problems) + ". Restore with "
+            "the descriptor the snapshot was taken with, or migrate the state with the state "
+            "processor API"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class StateEntry:
     """One live entry of a state, for canonical savepoints and the state processor API.
@@ -99,6 +134,24 @@ class StateEntry:
     namespace_bytes: bytes
     user_key: Any
     value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    """One stored element of a state with its TTL timestamp: a row of a canonical savepoint.
+
+    One record per value (value, reducing and aggregating states: the accumulator), per map
+    entry (``user_key`` is the map key; None otherwise) and per list element (the records of
+    one list come in list order). ``ttl_timestamp`` is the element's last-access time in ms
+    since the epoch under TTL, None without TTL.
+    """
+
+    key_group: int
+    key_bytes: bytes
+    namespace_bytes: bytes
+    user_key: Any
+    value: Any
+    ttl_timestamp: int | None = None
 
 
 @dataclass(slots=True)
@@ -211,6 +264,33 @@ class KeyedStateBackend(ABC):
     def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
         """Every live entry of a state (restored states too, even if never registered), ordered
         by key group. Raises :class:`StateNotFoundError` for an unknown name."""
+
+    @abstractmethod
+    def iter_records(self, state_name: str) -> Iterator[StateRecord]:
+        """Every live element of a state as :class:`StateRecord` (TTL timestamps included),
+        ordered by key group; expired elements are left out. Restored states count even if
+        never registered. Raises :class:`StateNotFoundError` for an unknown name."""
+
+    @abstractmethod
+    def load_records(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
+                     user_key_serializer: TypeSerializer | None,
+                     records: Iterable[StateRecord]) -> int:
+        """Bulk-load ``records`` of state ``meta.name`` (restore from a canonical savepoint);
+        returns how many were loaded.
+
+        Contract: afterwards the state is known as a restored state is (listed by
+        :meth:`state_meta_infos`, read by :meth:`iter_entries`, checked by :meth:`get_state`),
+        even when ``records`` is empty. ``value_serializer`` and ``user_key_serializer`` must
+        have ``meta``'s type strings. A state of that name that already exists (registered or
+        loaded) must match ``meta`` in kind, types and TTL on/off, else
+        :class:`StateTypeMismatchError` before anything is written. Every value and map key is
+        checked against its serializer (:class:`SerializationError` naming the state); a
+        record outside this backend's key-group range raises :class:`KeyGroupRangeError`.
+        Under TTL a record without ``ttl_timestamp`` gets the current time. A later record of
+        the same key, namespace (and map key) replaces an earlier one, except that list
+        records append in the order given. Records already written when an error is raised
+        stay: load into a fresh backend and close it on failure.
+        """
 
     @property
     @abstractmethod

@@ -12,14 +12,16 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from keyedstate.backends.base.backend import (
     KeyedStateBackend,
     SnapshotResult,
     StateBackend,
     StateEntry,
+    StateRecord,
     check_compatible,
+    check_load_compatible,
     check_restore_handles,
 )
 from keyedstate.backends.heap.restore import HeapRestoreOperation
@@ -41,6 +43,7 @@ from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLo
 from keyedstate.errors import BackendError, ConfigurationError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
+from keyedstate.serde import TypeSerializer
 from keyedstate.state.api import State
 from keyedstate.state.descriptors import StateDescriptor, StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
@@ -172,6 +175,96 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     yield StateEntry(kg, key_bytes, ns, None, stored)
                 elif not expired(stored[1], now):
                     yield StateEntry(kg, key_bytes, ns, None, stored[0])
+
+    def iter_records(self, state_name: str) -> Iterator[StateRecord]:
+        """Live elements ordered by key group (then key and namespace bytes); list elements in
+        list order."""
+        self._check_open()
+        table = self.tables.get(state_name)
+        if table is None:
+            raise StateNotFoundError(
+                f"state {state_name!r} is neither registered nor restored in subtask "
+                f"{self.subtask_index} (known: {sorted(self.tables)}); check the state name"
+            )
+        return self._records(table)
+
+    def _records(self, table: StateTable) -> Iterator[StateRecord]:
+        # As _entries: each key group is copied before yielding.
+        ttl = table.ttl_ms is not None
+        now = self.time_provider.now_ms() if ttl else 0
+        expired = table.is_expired
+        kind = table.kind
+        for kg in sorted(table.maps):
+            group = table.maps.get(kg)
+            for (key_bytes, ns), stored in sorted(group.items(), key=_first) if group else ():
+                if kind is StateKind.MAP:
+                    for user_key, v in list(stored.items()):
+                        if not ttl:
+                            yield StateRecord(kg, key_bytes, ns, user_key, v)
+                        elif not expired(v[1], now):
+                            yield StateRecord(kg, key_bytes, ns, user_key, v[0], v[1])
+                elif kind is StateKind.LIST:
+                    for element in list(stored):
+                        if not ttl:
+                            yield StateRecord(kg, key_bytes, ns, None, element)
+                        elif not expired(element[1], now):
+                            yield StateRecord(kg, key_bytes, ns, None, element[0], element[1])
+                elif not ttl:
+                    yield StateRecord(kg, key_bytes, ns, None, stored)
+                elif not expired(stored[1], now):
+                    yield StateRecord(kg, key_bytes, ns, None, stored[0], stored[1])
+
+    def load_records(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
+                     user_key_serializer: TypeSerializer | None,
+                     records: Iterable[StateRecord]) -> int:
+        """See :meth:`KeyedStateBackend.load_records`. Values are checked and copied as a
+        write through the state API would; changes are journaled (an incremental snapshot
+        after the load holds them)."""
+        self._check_open()
+        table = self.tables.get(meta.name)
+        check_load_compatible(None if table is None else table.meta, meta, value_serializer,
+                              user_key_serializer)
+        if table is None:
+            table = StateTable(meta, value_serializer, user_key_serializer)
+            if self._journal.tracking:
+                table.marks = {}
+            self.tables[meta.name] = table
+        ttl = table.ttl_ms is not None
+        now = self.time_provider.now_ms()
+        kind = table.kind
+        key_groups = self.key_group_range
+        count = 0
+        for record in records:
+            kg = record.key_group
+            if kg not in key_groups:
+                key_groups.check_key_group(kg)
+            value = table.check_value(record.value)
+            if ttl:
+                value = (value, now if record.ttl_timestamp is None else record.ttl_timestamp)
+            key = (record.key_bytes, record.namespace_bytes)
+            if kind is StateKind.VALUE or kind is StateKind.REDUCING \
+                    or kind is StateKind.AGGREGATING:
+                table.put(kg, key, value)
+            else:
+                group = table.maps.get(kg)
+                if group is None:
+                    group = table.maps[kg] = {}
+                stored = group.get(key)
+                if kind is StateKind.LIST:
+                    if stored is None:
+                        group[key] = [value]
+                        table.mark_appended(kg, key, 0)
+                    else:
+                        table.mark_appended(kg, key, len(stored))
+                        stored.append(value)
+                else:
+                    table.check_user_key(record.user_key)
+                    if stored is None:
+                        stored = group[key] = {}
+                    stored[record.user_key] = value
+                    table.mark_user_key(kg, key, record.user_key)
+            count += 1
+        return count
 
     @property
     def timer_service(self) -> HeapInternalTimerService:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import rocksdict
 
@@ -21,7 +22,9 @@ from keyedstate.backends.base.backend import (
     SnapshotResult,
     StateBackend,
     StateEntry,
+    StateRecord,
     check_compatible,
+    check_load_compatible,
     check_restore_handles,
     meta_info_of,
 )
@@ -40,6 +43,8 @@ from keyedstate.backends.rocksdb.states import (
     STATE_CLASSES,
     TS_BYTES,
     RocksDBState,
+    namespace_part,
+    pack_timestamp,
     split_state_key,
     unpack_timestamp,
     varint,
@@ -47,7 +52,12 @@ from keyedstate.backends.rocksdb.states import (
 from keyedstate.backends.rocksdb.timers import RocksDBTimerService
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
 from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
-from keyedstate.errors import BackendError, ConfigurationError, StateNotFoundError
+from keyedstate.errors import (
+    BackendError,
+    ConfigurationError,
+    SerializationError,
+    StateNotFoundError,
+)
 from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serialize_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
@@ -57,6 +67,9 @@ from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
 from keyedstate.state.ttl import TtlTimeProvider
 
 BACKEND_NAME = "rocksdb"
+#: Entries per write batch of :meth:`RocksDBKeyedStateBackend.load_records`.
+LOAD_BATCH = 10_000
+_pack_seq = struct.Struct(">Q").pack
 
 
 class RocksDBStateBackend(StateBackend):
@@ -255,6 +268,77 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
             now_ms=self.time_provider.now_ms(), key_group_prefix_bytes=self.key_group_prefix_bytes)
 
+    def iter_records(self, state_name: str) -> Iterator[StateRecord]:
+        info = self._state_snapshots().get(state_name)
+        if info is None:
+            raise StateNotFoundError(
+                f"state {state_name!r} is neither registered nor in the restored snapshot of "
+                f"subtask {self.subtask_index}; known states: "
+                f"{sorted(self._state_snapshots())}"
+            )
+        self._check_open()
+        return iter_state_records(
+            self._cfs[state_name], name=state_name, kind=info.meta.kind,
+            value_serializer=info.value_serializer,
+            user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
+            now_ms=self.time_provider.now_ms(), key_group_prefix_bytes=self.key_group_prefix_bytes)
+
+    def load_records(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
+                     user_key_serializer: TypeSerializer | None,
+                     records: Iterable[StateRecord]) -> int:
+        """See :meth:`KeyedStateBackend.load_records`: written in write batches of
+        :data:`LOAD_BATCH` entries (WAL off, as every write)."""
+        self._check_open()
+        existing = self._state_snapshots().get(meta.name)
+        check_load_compatible(None if existing is None else existing.meta, meta,
+                              value_serializer, user_key_serializer)
+        what = f"loading records of state {meta.name!r}"
+        with native(what):
+            _, handle = self._column_family(meta.name)
+        if existing is None:
+            self._restored[meta.name] = StateMetaInfoSnapshot(meta, value_serializer,
+                                                              user_key_serializer)
+        else:  # write with the serializers the state already uses (same type strings)
+            value_serializer = existing.value_serializer
+            user_key_serializer = existing.user_key_serializer
+        ser = value_serializer.serialize
+        user_ser = None if user_key_serializer is None else user_key_serializer.serialize
+        ttl = meta.ttl_ms is not None
+        now = self.time_provider.now_ms()
+        kind = meta.kind
+        kg_range = self.key_group_range
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.set_default_column_family(handle)
+        count = pending = 0
+        for record in records:
+            kg = record.key_group
+            if kg not in kg_range:
+                kg_range.check_key_group(kg)
+            key = (self._kg_bytes[kg - kg_range.start] + varint(len(record.key_bytes))
+                   + record.key_bytes + namespace_part(record.namespace_bytes))
+            if kind == StateKind.LIST:
+                key += _pack_seq(self.next_list_seq())
+            elif kind == StateKind.MAP:
+                assert user_ser is not None
+                key += _checked(user_ser, record.user_key, meta.name, "map key")
+            data = _checked(ser, record.value, meta.name, "value")
+            if ttl:
+                data = pack_timestamp(now if record.ttl_timestamp is None
+                                      else record.ttl_timestamp) + data
+            batch.put(key, data)
+            count += 1
+            pending += 1
+            if pending == LOAD_BATCH:
+                with native(what):
+                    self.db.write(batch, self.write_options)
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                batch.set_default_column_family(handle)
+                pending = 0
+        if pending:
+            with native(what):
+                self.db.write(batch, self.write_options)
+        return count
+
     @property
     def timer_service(self) -> RocksDBTimerService:
         return self._timers
@@ -356,6 +440,37 @@ def purge_expired(db: rocksdict.Rdict, cf: rocksdict.Rdict, handle: rocksdict.Co
         except Exception as exc:
             raise rocksdb_error(exc, what) from exc
     return removed
+
+
+def iter_state_records(cf: rocksdict.Rdict, *, name: str, kind: str,
+                       value_serializer: TypeSerializer,
+                       user_key_serializer: TypeSerializer | None, ttl_ms: int | None,
+                       now_ms: int, key_group_prefix_bytes: int) -> Iterator[StateRecord]:
+    """Every live element of one state's column family with its TTL timestamp, in key order
+    (so by key group, and list elements in list order)."""
+    deser = value_serializer.deserialize
+    user_deser = None if user_key_serializer is None else user_key_serializer.deserialize
+    for raw_key, raw in scan(cf, None, None, f"reading every record of state {name!r}"):
+        ts = None
+        if ttl_ms is not None:
+            ts = unpack_timestamp(raw)
+            if ts + ttl_ms <= now_ms:
+                continue
+            raw = raw[TS_BYTES:]
+        key_group, key, namespace, rest = split_state_key(raw_key, key_group_prefix_bytes)
+        user_key = None
+        if kind == StateKind.MAP:
+            assert user_deser is not None
+            user_key = user_deser(rest)
+        yield StateRecord(key_group, key, namespace, user_key, deser(raw), ts)
+
+
+def _checked(serialize: Callable[[Any], bytes], value: Any, state: str, what: str) -> bytes:
+    try:
+        return serialize(value)
+    except SerializationError as exc:
+        raise SerializationError(f"state {state!r}: {exc}; load a {what} of the state's "
+                                 f"declared type") from exc
 
 
 def iter_state_entries(cf: rocksdict.Rdict, *, name: str, kind: str,

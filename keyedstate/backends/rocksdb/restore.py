@@ -24,7 +24,7 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, cast
 
 import rocksdict
 
@@ -45,6 +45,7 @@ from keyedstate.backends.rocksdb.snapshot import (
 from keyedstate.checkpoint.metadata import KeyedStateHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
+    BackendError,
     ConfigurationError,
     CorruptCheckpointError,
     MaxParallelismMismatchError,
@@ -261,23 +262,28 @@ class RocksDBIncrementalRestoreOperation:
         """The keys of ``cf`` in ``[lower, upper)`` as sorted SST files of at most about
         ``target_file_size_base`` bytes each."""
         files: list[str] = []
-        writer: rocksdict.SstFileWriter | None = None
-        count = 0
+        target = self.options.target_file_size_base
         what = f"writing SST files of column family {name!r} for ingestion"
+        key = None
         with native(what):
-            for key, value in scan(cf, lower, upper, what):
-                if writer is None:
-                    files.append(os.path.join(self.work_dir, f"ingest-{uuid.uuid4().hex}.sst"))
-                    writer = rocksdict.SstFileWriter(self.options.to_options())
-                    writer.open(files[-1])
+            items = range_items(cf, lower, upper)
+            # The outer loop takes the first key of each file, the inner one fills the file
+            # until it reaches the target size; both draw from the same iterator.
+            for key, value in items:
+                files.append(os.path.join(self.work_dir, f"ingest-{uuid.uuid4().hex}.sst"))
+                writer = rocksdict.SstFileWriter(self.options.to_options())
+                writer.open(files[-1])
                 writer[key] = value
-                count += 1
-                if count % _SST_CHECK_EVERY == 0 and \
-                        writer.file_size() >= self.options.target_file_size_base:
-                    writer.finish()
-                    writer = None
-            if writer is not None:
+                count = 0
+                for key, value in items:
+                    writer[key] = value
+                    count += 1
+                    if count == _SST_CHECK_EVERY:
+                        if writer.file_size() >= target:
+                            break
+                        count = 0
                 writer.finish()
+        check_range_end(cf, key, lower, upper, what)
         return files
 
     def _restore_by_copy(self) -> RestoreResult:
@@ -305,18 +311,22 @@ class RocksDBIncrementalRestoreOperation:
     def _copy_column_family(self, source: rocksdict.Rdict, db: rocksdict.Rdict, name: str,
                             lower: bytes, upper: bytes) -> None:
         what = f"copying column family {name!r} key by key"
+        key = None
         with native(what):
             if name not in column_family_names(self.db_dir, self.options):
                 db.create_column_family(name, self.options.to_options())
             handle = db.get_column_family_handle(name)
-            batch = _new_batch(handle)
-            for key, value in scan(source, lower, upper, what):
+            write_options = self.options.write_options()
+            batch, count = _new_batch(handle), 0
+            for key, value in range_items(source, lower, upper):
                 batch.put(key, value)
-                if len(batch) >= _COPY_BATCH:
-                    db.write(batch, self.options.write_options())
-                    batch = _new_batch(handle)
-            if len(batch):
-                db.write(batch, self.options.write_options())
+                count += 1
+                if count == _COPY_BATCH:
+                    db.write(batch, write_options)
+                    batch, count = _new_batch(handle), 0
+            if count:
+                db.write(batch, write_options)
+        check_range_end(source, key, lower, upper, what)
 
     # -- meta ----------------------------------------------------------------------------------
 
@@ -338,6 +348,36 @@ def _new_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
     batch = rocksdict.WriteBatch(raw_mode=True)
     batch.set_default_column_family(handle)
     return batch
+
+
+def range_items(cf: rocksdict.Rdict, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, value)`` of ``cf`` with ``lower <= key < upper``, in key order, for a bulk
+    read: the bound is in the read options (no per-key check in Python) and the blocks read
+    bypass the block cache (the process shares it with live DBs). Like ``Rdict.items()`` it
+    ends silently on an error: call :func:`check_range_end` after the loop."""
+    read_options = rocksdict.ReadOptions()
+    read_options.set_iterate_upper_bound(upper)
+    read_options.fill_cache(False)  # type: ignore[call-arg]  # the stub lacks the flag
+    # rocksdict's stub types keys as any key type; in raw mode they are bytes.
+    return cast(Iterator[tuple[bytes, bytes]], cf.items(from_key=lower, read_opt=read_options))
+
+
+def check_range_end(cf: rocksdict.Rdict, last: bytes | None, lower: bytes, upper: bytes,
+                    what: str) -> None:
+    """Raise :class:`BackendError` unless a :func:`range_items` loop that stopped at ``last``
+    (None: it yielded nothing) read the whole range: seek just past ``last`` and check that
+    the range is exhausted with a good status (a corrupt block fails the seek again)."""
+    with native(what):
+        read_options = rocksdict.ReadOptions()
+        read_options.set_iterate_upper_bound(upper)
+        it = cf.iter(read_options)
+        it.seek(lower if last is None else last + b"\x00")
+        valid = it.valid()
+        it.status()
+        del it
+    if valid:
+        raise BackendError(f"RocksDB ended a scan early while {what}; the downloaded files are "
+                           f"damaged or the local disk failed, check it and restore again")
 
 
 def iter_column_family_keys(db: rocksdict.Rdict, name: str) -> Iterator[bytes]:

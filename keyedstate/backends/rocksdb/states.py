@@ -59,6 +59,12 @@ TS_BYTES = 8
 def unpack_timestamp(raw: bytes) -> int:
     """The last-access timestamp (ms) a TTL value starts with."""
     return int(_unpack_ts(raw)[0])
+
+
+def pack_timestamp(timestamp_ms: int) -> bytes:
+    """The 8-byte prefix of a TTL value (its last-access timestamp, ms)."""
+    return _pack_ts(timestamp_ms)
+
 SEQ_BYTES = 8
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""Plots for docs/benchmarks.md, drawn from the saved JSON results (never from a new run).
+
+    .venv/bin/python -m benchmarks.plot [--results docs/bench-results] [--out docs/img]
+
+Reads ``checkpoint.json``, ``backend-rescale.json`` and ``access.json`` (whichever exist) and
+writes one PNG per benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+
+MiB = 2**20
+INCREMENTAL, FULL, GOAL = "#1f77b4", "#b0b0b0", "#d62728"
+
+
+def _load(results_dir: str, name: str) -> dict[str, Any] | None:
+    path = os.path.join(results_dir, f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+def _subtitle(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    return f"{m['date']}, {m['cpus']} CPUs, {m['memory_gib']} GiB, Python {m['python']}"
+
+
+def _label_bars(ax: Axes, bars: Any, fmt: str) -> None:
+    for bar in bars:
+        ax.annotate(fmt.format(bar.get_height()), (bar.get_x() + bar.get_width() / 2,
+                                                   bar.get_height()),
+                    ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+
+
+def plot_checkpoint(data: dict[str, Any], out: str) -> str:
+    results = data["results"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    # Left: mean bytes written per checkpoint, incremental vs full.
+    labels = [f"{r['backend']}\n{r['changed_fraction']:.0%} changed" for r in results]
+    xs = range(len(results))
+    width = 0.38
+    full = left.bar([x - width / 2 for x in xs], [r["mean_full_bytes"] / MiB for r in results],
+                    width, label="full", color=FULL)
+    inc = left.bar([x + width / 2 for x in xs],
+                   [r["mean_incremental_bytes"] / MiB for r in results], width,
+                   label="incremental", color=INCREMENTAL)
+    _label_bars(left, full, "{:.1f}")
+    _label_bars(left, inc, "{:.1f}")
+    left.set_xticks(list(xs), labels)
+    left.set_ylabel("MiB written per checkpoint (mean of the sequence)")
+    keys = results[0]["keys"]
+    left.set_title(f"Bytes per checkpoint, {keys:,} keys, {results[0]['rounds']} checkpoints")
+    left.legend()
+    # Right: incremental / full bytes, checkpoint by checkpoint.
+    for r in results:
+        ratios = [100 * x for x in r["per_round_incremental_over_full_bytes"]]
+        style = "-" if r["backend"] == "rocksdb" else "--"
+        marker = "o" if r["changed_fraction"] <= 0.01 else "s"
+        right.plot(range(1, len(ratios) + 1), ratios, style, marker=marker,
+                   label=f"{r['backend']}, {r['changed_fraction']:.0%} changed")
+    right.axhline(5, color=GOAL, linestyle=":", label="goal at 1% changed: 5%")
+    right.set_yscale("log")
+    right.set_xlabel("checkpoint after the full base")
+    right.set_ylabel("incremental bytes / full bytes (%)")
+    right.set_title("Each incremental checkpoint against a full one")
+    right.set_xticks(range(1, results[0]["rounds"] + 1))
+    right.legend(fontsize=8)
+    fig.suptitle(f"Checkpoint: incremental vs full ({_subtitle(data)})", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(out, "checkpoint.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_rescale(data: dict[str, Any], out: str) -> str:
+    results = data["results"]
+    series = [
+        ("rocksdb_clip_ingest", "RocksDB clip + ingest", INCREMENTAL),
+        ("rocksdb_key_by_key_copy", "RocksDB key-by-key copy", "#ff7f0e"),
+        ("rocksdb_same_parallelism", "RocksDB, no rescale (p -> p)", "#2ca02c"),
+        ("heap_rescaled", "heap, rescaled", "#9467bd"),
+        ("heap_same_parallelism", "heap, no rescale (p -> p)", "#c5b0d5"),
+    ]
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.16
+    for i, (key, label, color) in enumerate(series):
+        xs = [g + (i - 2) * width for g in range(len(results))]
+        bars = ax.bar(xs, [r[key]["total_s"] for r in results], width, label=label, color=color)
+        _label_bars(ax, bars, "{:.2f}")
+    ax.set_xticks(range(len(results)),
+                  [f"{r['from']} -> {r['to']} subtasks\ncopy / ingest = "
+                   f"{r['copy_over_ingest']:.1f}x" for r in results])
+    ax.set_ylabel("restore time, s (sum over target subtasks, median)")
+    keys = results[0]["keys"]
+    ax.set_title(f"Restore with rescaling, {keys:,} keys ({_subtitle(data)})", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "backend-rescale.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_access(data: dict[str, Any], out: str) -> str:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    labels = ["raw rocksdict", "keyedstate\nRocksDB", "keyedstate\nheap"]
+    values = [data["raw_rocksdict_us_per_op"], data["keyedstate_rocksdb_us_per_op"],
+              data["keyedstate_heap_us_per_op"]]
+    bars = ax.bar(labels, values, color=[FULL, INCREMENTAL, "#9467bd"])
+    _label_bars(ax, bars, "{:.2f}")
+    ax.axhline(2 * data["raw_rocksdict_us_per_op"], color=GOAL, linestyle=":",
+               label="goal: 2x raw rocksdict")
+    ax.set_ylabel("µs per get + update (median)")
+    ax.set_title(f"State access, {data['keys']:,} keys x {data['rounds']} rounds\n"
+                 f"({_subtitle(data)})", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "access.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+PLOTS = {"checkpoint": plot_checkpoint, "backend-rescale": plot_rescale, "access": plot_access}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="docs/bench-results",
+                        help="folder of the saved JSON results")
+    parser.add_argument("--out", default="docs/img", help="folder for the PNG files")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    for name, plot in PLOTS.items():
+        data = _load(args.results, name)
+        if data is None:
+            print(f"{name}: no {name}.json in {args.results}, skipped")
+            continue
+        print(f"{name}: {plot(data, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
