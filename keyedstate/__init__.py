@@ -8,7 +8,9 @@ from keyedstate.backends import load_backend
 from keyedstate.backends.heap import HeapStateBackend
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.canonical import restore_canonical, write_canonical_savepoint
 from keyedstate.checkpoint.metadata import CheckpointMetadata, KeyedStateHandle
+from keyedstate.checkpoint.savepoint import create_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import JobConfig, LateEvents, RestoreMode
 from keyedstate.errors import KeyedStateError
@@ -37,6 +39,7 @@ __all__ = [
     "LateEvents", "ListState", "ListStateDescriptor", "LocalKeyedOperator", "MapState",
     "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",
     "RocksDBOptions", "RocksDBStateBackend", "StateTtlConfig", "TtlUpdateType", "ValueState",
-    "ValueStateDescriptor", "compute_default_max_parallelism", "load_backend",
-    "operator_index_for_key_group",
+    "ValueStateDescriptor", "compute_default_max_parallelism", "create_native_savepoint",
+    "load_backend", "operator_index_for_key_group", "restore_canonical",
+    "write_canonical_savepoint",
 ]
