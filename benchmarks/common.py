@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -32,7 +33,21 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         # other work on a shared machine shows here (1, 5, 15 minutes; taken at the end)
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "commit": _commit(),
     }
+
+
+def _commit() -> str | None:
+    """The source tree's git commit (``+dirty`` with uncommitted changes), None outside git."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head}+dirty" if dirty.strip() else head
 
 
 class Timer:

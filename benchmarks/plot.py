@@ -19,9 +19,11 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 MiB = 2**20
 INCREMENTAL, FULL, GOAL = "#1f77b4", "#b0b0b0", "#d62728"
+BACKEND_COLORS = {"heap": "#9467bd", "rocksdb": "#1f77b4"}
 
 
 def _load(results_dir: str, name: str) -> dict[str, Any] | None:
@@ -48,7 +50,7 @@ def _label_bars(ax: Axes, bars: Any, fmt: str) -> None:
 
 def plot_checkpoint(data: dict[str, Any], out: str) -> str:
     results = data["results"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4))
     # Left: mean bytes written per checkpoint, incremental vs full.
     labels = [f"{r['backend']}\n{r['changed_fraction']:.0%} changed" for r in results]
     xs = range(len(results))
@@ -68,17 +70,19 @@ def plot_checkpoint(data: dict[str, Any], out: str) -> str:
     # Right: incremental / full bytes, checkpoint by checkpoint.
     for r in results:
         ratios = [100 * x for x in r["per_round_incremental_over_full_bytes"]]
-        style = "-" if r["backend"] == "rocksdb" else "--"
-        marker = "o" if r["changed_fraction"] <= 0.01 else "s"
-        right.plot(range(1, len(ratios) + 1), ratios, style, marker=marker,
+        one_percent = r["changed_fraction"] <= 0.01
+        right.plot(range(1, len(ratios) + 1), ratios, "-" if one_percent else "--",
+                   marker="o" if one_percent else "s", color=BACKEND_COLORS[r["backend"]],
                    label=f"{r['backend']}, {r['changed_fraction']:.0%} changed")
     right.axhline(5, color=GOAL, linestyle=":", label="goal at 1% changed: 5%")
     right.set_yscale("log")
+    right.set_ylim(0.5, 200)
+    right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
     right.set_xlabel("checkpoint after the full base")
-    right.set_ylabel("incremental bytes / full bytes (%)")
+    right.set_ylabel("incremental bytes / full bytes")
     right.set_title("Each incremental checkpoint against a full one")
     right.set_xticks(range(1, results[0]["rounds"] + 1))
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.suptitle(f"Checkpoint: incremental vs full ({_subtitle(data)})", fontsize=10)
     fig.tight_layout()
     path = os.path.join(out, "checkpoint.png")
@@ -104,7 +108,7 @@ def plot_rescale(data: dict[str, Any], out: str) -> str:
         _label_bars(ax, bars, "{:.2f}")
     ax.set_xticks(range(len(results)),
                   [f"{r['from']} -> {r['to']} subtasks\ncopy / ingest = "
-                   f"{r['copy_over_ingest']:.1f}x" for r in results])
+                   f"{r['copy_over_ingest']:.1f}x (goal: at least 3x)" for r in results])
     ax.set_ylabel("restore time, s (sum over target subtasks, median)")
     keys = results[0]["keys"]
     ax.set_title(f"Restore with rescaling, {keys:,} keys ({_subtitle(data)})", fontsize=10)
@@ -121,10 +125,14 @@ def plot_access(data: dict[str, Any], out: str) -> str:
     labels = ["raw rocksdict", "keyedstate\nRocksDB", "keyedstate\nheap"]
     values = [data["raw_rocksdict_us_per_op"], data["keyedstate_rocksdb_us_per_op"],
               data["keyedstate_heap_us_per_op"]]
-    bars = ax.bar(labels, values, color=[FULL, INCREMENTAL, "#9467bd"])
-    _label_bars(ax, bars, "{:.2f}")
-    ax.axhline(2 * data["raw_rocksdict_us_per_op"], color=GOAL, linestyle=":",
-               label="goal: 2x raw rocksdict")
+    bars = ax.bar(labels, values, color=[FULL, INCREMENTAL, BACKEND_COLORS["heap"]])
+    raw = data["raw_rocksdict_us_per_op"]
+    for bar, value in zip(bars, values):
+        ax.annotate(f"{value:.2f} µs ({value / raw:.2f}x raw)",
+                    (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom",
+                    fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.axhline(2 * raw, color=GOAL, linestyle=":", label="goal: 2x raw rocksdict")
+    ax.set_ylim(0, 1.2 * max(*values, 2 * raw))
     ax.set_ylabel("µs per get + update (median)")
     ax.set_title(f"State access, {data['keys']:,} keys x {data['rounds']} rounds\n"
                  f"({_subtitle(data)})", fontsize=10)

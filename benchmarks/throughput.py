@@ -324,6 +324,8 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
         if result["state_store"] != state_store:
             raise AssertionError(f"{system} ran with the {result['state_store']} state store, "
                                  f"not {state_store}: the provider switch did not take")
+    for batch, trigger_s in zip(extra.get("keyedstate", []), seconds):
+        batch["trigger_s"] = trigger_s  # the driver's part is driver_s; the rest is Spark's
     result.update(extra)
     return result
 
@@ -400,19 +402,7 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
         finally:
             if own_session:
                 spark.stop()
-    rate = {r["system"]: r["events_per_s"] for r in results}
-    goals: dict[str, Any] = {}
-    for ours in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
-        if ours not in rate:
-            continue
-        if APPLY_IN_PANDAS_WITH_STATE in rate:
-            ratio = rate[ours] / rate[APPLY_IN_PANDAS_WITH_STATE]
-            goals[f"{ours} >= 10x {APPLY_IN_PANDAS_WITH_STATE}"] = {
-                "ratio": ratio, "target": 10.0, "met": ratio >= 10.0}
-        if BUILTIN_AGG in rate:
-            ratio = rate[ours] / rate[BUILTIN_AGG]
-            goals[f"{ours} >= 0.5x {BUILTIN_AGG}"] = {
-                "ratio": ratio, "target": 0.5, "met": ratio >= 0.5}
+    goals = compute_goals(results)
     return {
         "benchmark": "throughput",
         "machine": {**machine(), "master": master, "spark": spark_version(),
@@ -430,6 +420,26 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
     }
 
 
+def compute_goals(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each keyedstate system against each goal's reference. ``ratio`` compares the median
+    batches; ``conservative_ratio`` compares keyedstate's slowest batch after the first with
+    the reference's fastest batch, so that load from other processes on the shared machine
+    cannot make a goal look met when it is not. A goal is met when both ratios reach it."""
+    by_system = {r["system"]: r for r in results}
+    goals: dict[str, dict[str, Any]] = {}
+    for ours in (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP):
+        for ref, target in ((APPLY_IN_PANDAS_WITH_STATE, 10.0), (BUILTIN_AGG, 0.5)):
+            if ours not in by_system or ref not in by_system:
+                continue
+            mine, theirs = by_system[ours], by_system[ref]
+            ratio = mine["events_per_s"] / theirs["events_per_s"]
+            conservative = min(theirs["seconds_per_batch"]) / max(mine["seconds_per_batch"][1:])
+            goals[f"{ours} >= {target:g}x {ref}"] = {
+                "ratio": ratio, "conservative_ratio": conservative, "target": target,
+                "met": ratio >= target and conservative >= target}
+    return goals
+
+
 def spark_version() -> str:
     import pyspark
 
@@ -442,7 +452,8 @@ def spark_version() -> str:
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """A bar per system: events/s after the first batch (log scale), value on each bar."""
+    """A bar per system: events/s of the median batch after the first (log scale), with the
+    two goals as dashed lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -453,17 +464,24 @@ def plot(result: dict[str, Any], path: str) -> None:
     rates = [r["events_per_s"] for r in rows]
     colors = ["#1f77b4" if n.startswith("keyedstate") else
               "#7f7f7f" if n == BUILTIN_AGG else "#d62728" for n in names]
-    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.5, 3.8), dpi=120)
     bars = ax.barh(names, rates, color=colors)
     ax.set_xscale("log")
-    ax.set_xlim(min(rates) / 2, max(rates) * 4)
+    ax.set_xlim(min(rates) / 2, max(rates) * 5)
     for bar, r in zip(bars, rows):
-        secs = r["seconds_per_batch"][1:]
+        median_s = statistics.median(r["seconds_per_batch"][1:])
         ax.text(bar.get_width() * 1.08, bar.get_y() + bar.get_height() / 2,
-                f"{r['events_per_s']:,.0f}/s  ({sum(secs) / len(secs):.1f} s/batch)",
-                va="center", fontsize=8)
+                f"{r['events_per_s']:,.0f}/s  ({median_s:.1f} s/batch)", va="center",
+                fontsize=8, zorder=3, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    rate = dict(zip(names, rates))
+    for ref, factor, style in ((APPLY_IN_PANDAS_WITH_STATE, 10.0, "--"),
+                               (BUILTIN_AGG, 0.5, ":")):
+        if ref in rate:
+            ax.axvline(rate[ref] * factor, color="black", linestyle=style, linewidth=1,
+                       label=f"goal: {factor:g}x {ref}")
+    ax.legend(loc="lower right", fontsize=7)
     w = result["workload"]
-    ax.set_xlabel("events per second, batches after the first (log scale)")
+    ax.set_xlabel("events per second, median batch after the first (log scale)")
     ax.set_title(f"Keyed count, {w['events_per_batch']:,} events over {w['keys']:,} keys per "
                  f"batch, {result['machine']['master']}", fontsize=10)
     fig.tight_layout()

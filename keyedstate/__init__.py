@@ -7,11 +7,12 @@ The engine-independent core is importable without pyspark; the Spark API lives i
 from keyedstate.backends import load_backend
 from keyedstate.backends.heap import HeapStateBackend
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
-from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from keyedstate.checkpoint.canonical import restore_canonical, write_canonical_savepoint
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from keyedstate.checkpoint.metadata import CheckpointMetadata, KeyedStateHandle
 from keyedstate.checkpoint.savepoint import create_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import TransferOptions
 from keyedstate.config import JobConfig, LateEvents, RestoreMode
 from keyedstate.errors import KeyedStateError
 from keyedstate.keygroups import (
@@ -38,7 +39,8 @@ __all__ = [
     "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedStateError", "KeyedStateHandle",
     "LateEvents", "ListState", "ListStateDescriptor", "LocalKeyedOperator", "MapState",
     "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",
-    "RocksDBOptions", "RocksDBStateBackend", "StateTtlConfig", "TtlUpdateType", "ValueState",
+    "RocksDBOptions", "RocksDBStateBackend", "StateTtlConfig", "TransferOptions",
+    "TtlUpdateType", "ValueState",
     "ValueStateDescriptor", "compute_default_max_parallelism", "create_native_savepoint",
     "load_backend", "operator_index_for_key_group", "restore_canonical",
     "write_canonical_savepoint",

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "backend-rescale": "benchmarks.backend_rescale",
     "access": "benchmarks.access",
     "throughput": "benchmarks.throughput",
+    "remote": "benchmarks.remote",
 }
 
 
@@ -390,16 +391,13 @@ def gc(directory: str, apply: bool, as_json: bool, storage_options: str | None) 
               + ("" if apply or not report.files else "; run with --apply to delete them"))
 
 
-def _register_optional_commands() -> None:
-    """``keyedstate state ...`` (the state processor API, ``keyedstate/cli_state.py``)
-    registers itself when present."""
-    try:
-        cli_state = importlib.import_module("keyedstate.cli_state")
-    except ModuleNotFoundError as exc:
-        if exc.name != "keyedstate.cli_state":
-            raise
-        return
-    cli_state.register(main)
+def _register_commands() -> None:
+    """Commands that live in their own modules: ``state`` (the state processor API),
+    ``storage`` and ``checkpoints transfer`` (object storage), ``chaos`` (the soak)."""
+    from keyedstate import cli_chaos, cli_remote, cli_state
+
+    for module in (cli_state, cli_remote, cli_chaos):
+        module.register(main)
 
 
-_register_optional_commands()
+_register_commands()

@@ -10,10 +10,13 @@ import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from keyedstate.errors import ConfigurationError
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
+
+if TYPE_CHECKING:
+    from keyedstate.checkpoint.transfer import TransferOptions
 
 
 class RestoreMode(StrEnum):
@@ -70,6 +73,24 @@ class JobConfig:
                                             metadata=_key("keyedstate.checkpointing.storage-options"))
     backend_options: dict[str, Any] = field(default_factory=dict,
                                             metadata=_key("keyedstate.backend.options"))
+    # -- object storage (docs/object-storage.md) -----------------------------------------------
+    transfer_threads: int = field(
+        default=4, metadata=_key("state.backend.rocksdb.checkpoint.transfer.thread.num"))
+    transfer_attempts: int = field(
+        default=5, metadata=_key("keyedstate.checkpointing.transfer.attempts"))
+    #: bytes; -1: 20 KiB on object stores, off on a local disk
+    memory_threshold: int = field(default=-1, metadata=_key("state.storage.fs.memory-threshold"))
+    #: None: on for object stores, off on a local disk
+    file_merging: bool | None = field(
+        default=None, metadata=_key("execution.checkpointing.file-merging.enabled"))
+    file_merging_max_file_size: int = field(
+        default=32 << 20, metadata=_key("execution.checkpointing.file-merging.max-file-size"))
+    file_cache_size: int = field(
+        default=1 << 30, metadata=_key("state.backend.forst.cache.size-based-limit"))
+    file_cache_dir: str | None = field(default=None, metadata=_key("state.backend.forst.cache.dir"))
+    #: consecutive failed checkpoints (transient storage errors) a batch is retried after
+    tolerable_failed_checkpoints: int = field(
+        default=3, metadata=_key("execution.checkpointing.tolerable-failed-checkpoints"))
 
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
@@ -84,6 +105,23 @@ class JobConfig:
             raise ConfigurationError(
                 f"execution.checkpointing.num-retained must be >= 1, got {self.num_retained}"
             )
+        if self.tolerable_failed_checkpoints < 0:
+            raise ConfigurationError(
+                f"execution.checkpointing.tolerable-failed-checkpoints must be >= 0, got "
+                f"{self.tolerable_failed_checkpoints}"
+            )
+        self.transfer_options()  # checks the transfer settings
+
+    def transfer_options(self) -> TransferOptions:
+        """The object-storage settings as :class:`TransferOptions`."""
+        from keyedstate.checkpoint.transfer import AUTO, TransferOptions
+
+        merge = AUTO if self.file_merging is None else (
+            TransferOptions.DEFAULT_MERGE_FILE_SIZE if self.file_merging else 0)
+        return TransferOptions(threads=self.transfer_threads, attempts=self.transfer_attempts,
+                               inline_threshold=self.memory_threshold, merge_file_size=merge,
+                               merge_max_size=self.file_merging_max_file_size,
+                               cache_bytes=self.file_cache_size, cache_dir=self.file_cache_dir)
 
     @property
     def effective_max_parallelism(self) -> int:

@@ -99,3 +99,16 @@ class JobDrainedError(CheckpointError, RuntimeError):
 class SnapshotClaimedError(CheckpointError, RuntimeError):
     """A snapshot is owned by a job that restored it in CLAIM mode; no other job may start from
     it (the owner deletes it once subsumed)."""
+
+
+class TransientStorageError(CheckpointError, ConnectionError):
+    """A storage call kept failing with transient errors (timeouts, 5xx, throttling) after every
+    retry; retrying the batch or the restore later may succeed."""
+
+
+class StorageAccessError(CheckpointError, PermissionError):
+    """The checkpoint storage refused the job's credentials or permissions."""
+
+
+class StorageLocationError(CheckpointError, FileNotFoundError):
+    """The checkpoint storage location does not exist (e.g. a missing bucket)."""

@@ -22,6 +22,7 @@ from keyedstate.checkpoint.restore_modes import (
 )
 from keyedstate.checkpoint.savepoint import write_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import TransferOptions
 from keyedstate.config import RestoreMode, parse_restore_mode
 from keyedstate.errors import NoCheckpointError
 from keyedstate.keygroups import (
@@ -43,10 +44,16 @@ class LocalKeyedOperator:
     (any fsspec URL) when there is one, at the given parallelism (rescaling if it changed).
     Otherwise, with ``restore_path``, it starts from that checkpoint or savepoint in
     ``restore_mode`` (:class:`~keyedstate.config.RestoreMode`, see
-    :mod:`keyedstate.checkpoint.restore_modes`): every file of the snapshot is verified first,
-    then NO_CLAIM and LEGACY restore from it where it lies and make the first checkpoint full,
-    and CLAIM imports it as this job's first checkpoint. A job's own checkpoints always win
-    over ``restore_path``. Without ``max_parallelism``, the state's is adopted.
+    :mod:`keyedstate.checkpoint.restore_modes`): every file of the snapshot is checked first
+    (existence and size; checksums too on a local disk), then NO_CLAIM and LEGACY restore from
+    it where it lies and their first checkpoint duplicates the restored files into this job's
+    root (by the store itself: no upload), and CLAIM imports it as this job's first
+    checkpoint. A job's own checkpoints always win over ``restore_path``. Without
+    ``max_parallelism``, the state's is adopted. ``transfer`` tunes retries, parallel
+    transfers, inlining, merging and the file cache (docs/object-storage.md). The storage is
+    checked first: refused credentials or a missing bucket raise
+    :class:`~keyedstate.errors.StorageAccessError` or
+    :class:`~keyedstate.errors.StorageLocationError` before anything else happens.
     """
 
     def __init__(self, checkpoint_dir: str, *, key_types: Sequence[str],
@@ -56,11 +63,14 @@ class LocalKeyedOperator:
                  local_dir: str | None = None,
                  storage_options: Mapping[str, Any] | None = None,
                  restore_path: str | None = None,
-                 restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM) -> None:
+                 restore_mode: RestoreMode | str = RestoreMode.NO_CLAIM,
+                 transfer: TransferOptions | None = None) -> None:
         self.backend = load_backend(backend) if isinstance(backend, str) else backend
         self.parallelism = parallelism
         self.key_serializer = KeySerializer(list(key_types))
-        self.storage = CheckpointStorage(checkpoint_dir, storage_options)
+        self.storage = CheckpointStorage(checkpoint_dir, storage_options, transfer)
+        # Step 0. Credentials and location, before anything is read or written.
+        self.storage.check_access()
         self.time_provider = time_provider
         self.local_dir = local_dir or tempfile.mkdtemp(prefix="keyedstate-local-")
         self.num_retained = num_retained
@@ -80,7 +90,9 @@ class LocalKeyedOperator:
             if self.restore_mode is RestoreMode.CLAIM:
                 claim_snapshot(snapshot, self.storage, {"restored_from": str(restore_path)})
             else:
-                self.restored, self._force_full = snapshot, True
+                # The backends restore with share_restored_files=False: their first snapshot
+                # references none of the snapshot's files (it duplicates them).
+                self.restored = snapshot
         # Step 2. The key groups: configured, else those of the state, else Flink's default.
         self.max_parallelism = (max_parallelism or max_parallelism_of_job(self.storage)
                                 or compute_default_max_parallelism(parallelism))

@@ -352,13 +352,15 @@ class CheckpointCoordinator:
         checkpoint_id = pending.checkpoint_id
         private_prefix = checkpoint_dir_name(checkpoint_id) + "/"
         for index, handle in sorted(pending._acknowledged.items()):
-            for stream in handle.shared.values():
+            for stream in handle.registered_files():
                 if checkpoint_id_of_shared_file(stream.path) == checkpoint_id:
                     continue  # new in this checkpoint
                 problem = self.registry.check_reference(stream, unconfirmed=self._pending)
                 if problem is not None:
                     return f"subtask {index} references {problem}"
             for stream in handle.private.values():
+                if stream.data is not None or stream.path.startswith(SHARED_DIR + "/"):
+                    continue  # inline, or a segment of a merged object (checked above)
                 if not stream.path.startswith(private_prefix):
                     return (f"subtask {index} lists {stream.path} as a private file, but private "
                             f"files of checkpoint {checkpoint_id} live under {private_prefix} "

@@ -58,6 +58,7 @@ from keyedstate.checkpoint.metadata import (
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import unique_files
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -126,20 +127,60 @@ def list_checkpoints(directory: str, storage_options: Mapping[str, Any] | None =
 
 
 def _file_json(storage: CheckpointStorage, stream: StreamHandle) -> dict[str, Any]:
-    return {"path": storage.url_of(stream.path), "size": stream.size, "checksum": stream.checksum}
+    """One file reference: ``path`` (None for a file inline in ``_metadata``), ``size`` and
+    ``checksum`` of the file itself; for a segment of a merged object also ``offset`` and
+    ``object_size``."""
+    if stream.data is not None:
+        return {"path": None, "size": stream.size, "checksum": stream.checksum, "inline": True}
+    out: dict[str, Any] = {"path": storage.url_of(stream.path), "size": stream.length,
+                           "checksum": stream.digest}
+    if stream.segment is not None:
+        out.update(offset=stream.segment.offset, object_size=stream.size)
+    return out
+
+
+#: The transfer figures ``show`` reports, in order (see :class:`TransferStats`).
+TRANSFER_FIELDS = ("uploaded_bytes", "uploaded_objects", "downloaded_bytes",
+                   "downloaded_objects", "duplicated_bytes", "duplicated_objects",
+                   "inlined_bytes", "inlined_files", "merged_files", "cache_hit_bytes",
+                   "cache_hit_files", "retries")
+
+
+def transfer_summary(metadata: CheckpointMetadata) -> dict[str, Any]:
+    """What producing ``metadata`` moved, from the counts recorded in it: ``snapshot`` (what
+    the snapshot itself uploaded, duplicated server-side, inlined: the subtasks' handles plus
+    the driver's share, e.g. a savepoint's duplication) and ``restore`` (what the restores
+    before it downloaded or took from executors' file caches; a CLAIM's duplication), each a
+    dict of :data:`TRANSFER_FIELDS`, plus ``objects`` / ``inline_files`` / ``merged_objects``:
+    how the snapshot's files are stored."""
+    snapshot = TransferStats.from_properties(metadata.properties)
+    restore = TransferStats.from_properties(metadata.properties, RESTORE_PREFIX)
+    for handle in metadata.handles:
+        snapshot.merge(TransferStats.from_properties(handle.properties))
+        restore.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
+    streams = [s for h in metadata.handles for s in h.streams()]
+    return {
+        "snapshot": {k: getattr(snapshot, k) for k in TRANSFER_FIELDS},
+        "restore": {k: getattr(restore, k) for k in TRANSFER_FIELDS},
+        "objects": len(unique_files(metadata)),
+        "inline_files": sum(1 for s in streams if s.data is not None),
+        "merged_objects": len({s.path for s in streams if s.segment is not None}),
+    }
 
 
 def show(path: str, storage_options: Mapping[str, Any] | None = None, *,
          state_sizes: bool = True) -> dict[str, Any]:
-    """:func:`describe` of the snapshot at ``path`` plus its ``properties``, one object per
-    subtask handle under ``subtasks`` (key groups, bytes, states, every file with size and
-    checksum) and ``states``: each state's meta info and ``bytes`` (computed, see the module
+    """:func:`describe` of the snapshot at ``path`` plus its ``properties``, ``transfer``
+    (:func:`transfer_summary`: bytes uploaded, downloaded and duplicated server-side), one
+    object per subtask handle under ``subtasks`` (key groups, bytes, states, every file with
+    size and checksum, its transfer counts) and ``states``: each state's meta info and ``bytes`` (computed, see the module
     docstring; None with ``state_sizes=False`` or for a canonical savepoint), with
     ``state_sizes`` saying how they were obtained."""
     snapshot = resolve_snapshot(path, storage_options)
     storage, metadata = snapshot.storage, snapshot.metadata
     out = describe(snapshot)
     out["properties"] = dict(metadata.properties)
+    out["transfer"] = transfer_summary(metadata)
     out["subtasks"] = [{
         "index": h.subtask_index,
         "key_group_start": h.key_group_start,
@@ -151,6 +192,10 @@ def show(path: str, storage_options: Mapping[str, Any] | None = None, *,
         "shared": {n: _file_json(storage, s) for n, s in sorted(h.shared.items())},
         "private": {n: _file_json(storage, s) for n, s in sorted(h.private.items())},
         "properties": dict(h.properties),
+        "transfer": {
+            "snapshot": TransferStats.from_properties(h.properties).as_dict(),
+            "restore": TransferStats.from_properties(h.properties, RESTORE_PREFIX).as_dict(),
+        },
     } for h in metadata.handles]
     sizes: dict[str, int] | None = None
     if not state_sizes:
@@ -208,7 +253,7 @@ def _heap_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[st
             owned += section.length
         sizes[OTHER_FILES] += len(data) - owned
     for stream in handle.private.values():
-        sizes[OTHER_FILES] += stream.size
+        sizes[OTHER_FILES] += stream.length
     return sizes
 
 
@@ -226,7 +271,7 @@ def _rocksdb_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict
             if name == META_FILE:
                 continue
             local = os.path.join(work, os.path.basename(name))
-            if storage.is_local:
+            if storage.is_local and stream.data is None and stream.segment is None:
                 os.symlink(os.path.abspath(storage.path(stream.path)), local)
             else:
                 storage.download(stream, local)

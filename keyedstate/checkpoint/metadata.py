@@ -10,10 +10,14 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
 
 Every file reference (:class:`StreamHandle`) is a path *relative to the root* with a size and
 an XXH64 checksum, so a reader verifies each file and refuses a path that leaves the root.
+Format version 2 adds two kinds of reference (``docs/object-storage.md``): *inline* (the bytes
+are in ``_metadata`` itself, no object) and *segment* (a byte range of a merged object holding
+several small files of one snapshot).
 
-``_metadata`` is JSON: ``{"format_version": 1, "checksum": <xxh64 of body>, "body": {...}}``.
+``_metadata`` is JSON: ``{"format_version": 2, "checksum": <xxh64 of body>, "body": {...}}``.
 A reader rejects an unknown ``format_version`` and a body whose checksum does not match (a
-truncated or altered file), each with a typed error naming the file.
+truncated or altered file), each with a typed error naming the file. Version 1 (no inline or
+segment references) is read as before; every writer writes version 2.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from keyedstate.errors import (
 )
 from keyedstate.keygroups import KeyGroupRange
 
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = frozenset({1})
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2})
 
 METADATA_FILE = "_metadata"
 CHECKPOINT_DIR_PREFIX = "chk-"
@@ -81,15 +85,73 @@ class SnapshotFormat(StrEnum):
     CANONICAL = "canonical"
 
 
-class StreamHandle(msgspec.Struct, frozen=True):
-    """One file in a snapshot root: its relative path, size in bytes and XXH64 (hex)."""
+class Segment(msgspec.Struct, frozen=True, array_like=True):
+    """A byte range of a merged object: the content of one small file (format version 2)."""
+
+    offset: int
+    length: int
+    checksum: str
+
+
+class StreamHandle(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One file of a snapshot.
+
+    ``path``, ``size`` and ``checksum`` (XXH64, hex) identify the *object* in the snapshot root
+    that holds it (what the registry, gc and savepoints count and copy). Version 2 adds:
+
+    - ``segment``: the file is this byte range of the object (a merged object of small files);
+      its own length and checksum are the segment's;
+    - ``data``: the file is inline, its bytes stored in ``_metadata`` (``path`` is empty, no
+      object exists; ``size`` and ``checksum`` are the bytes').
+    """
 
     path: str
     size: int
     checksum: str
+    segment: Segment | None = None
+    data: bytes | None = None
 
     def __post_init__(self) -> None:
+        if self.data is not None:
+            if self.path or self.segment is not None or self.size != len(self.data):
+                raise CorruptCheckpointError(
+                    f"an inline file reference has a path, a segment or a wrong size "
+                    f"({self.path!r}, {self.size} bytes for {len(self.data)}); the _metadata "
+                    f"file was altered"
+                )
+            return
         check_relative_path(self.path)
+        if self.segment is not None and not (
+                0 <= self.segment.offset and 0 <= self.segment.length
+                and self.segment.offset + self.segment.length <= self.size):
+            raise CorruptCheckpointError(
+                f"segment {self.segment.offset}+{self.segment.length} lies outside "
+                f"{self.path} ({self.size} bytes); the _metadata file was altered"
+            )
+
+    @property
+    def is_inline(self) -> bool:
+        return self.data is not None
+
+    @property
+    def length(self) -> int:
+        """Bytes of the file itself (the segment's for a segment, else the object's)."""
+        return self.segment.length if self.segment is not None else self.size
+
+    @property
+    def digest(self) -> str:
+        """XXH64 of the file itself (the segment's for a segment, else the object's)."""
+        return self.segment.checksum if self.segment is not None else self.checksum
+
+    def object_handle(self) -> StreamHandle:
+        """The whole object holding this file (itself unless a segment)."""
+        return self if self.segment is None else StreamHandle(self.path, self.size,
+                                                              self.checksum)
+
+
+def inline_handle(data: bytes) -> StreamHandle:
+    """A reference holding ``data`` itself (stored in ``_metadata``)."""
+    return StreamHandle("", len(data), content_checksum(data), data=bytes(data))
 
 
 class StateMetaInfo(msgspec.Struct, frozen=True):
@@ -107,8 +169,11 @@ class KeyedStateHandle(msgspec.Struct, frozen=True):
 
     ``shared`` files may be referenced by later checkpoints too (the shared-state registry owns
     them); ``private`` files belong to this snapshot alone. Both map a backend-local name (an SST
-    file name, a heap chain link) to the file. ``incremental_size`` counts the bytes this
-    snapshot wrote; ``full_size`` all bytes it references.
+    file name, a heap chain link) to the file. ``incremental_size`` counts the bytes of the
+    files this snapshot wrote (uploaded, duplicated or inlined); ``full_size`` the bytes of all
+    files it references (file lengths: a merged object counts its segments, not its size).
+    ``properties`` carry backend facts and the transfer counts (``transfer.*`` for the
+    snapshot, ``restore.*`` for the restore before it, :mod:`keyedstate.checkpoint.transfer`).
     """
 
     backend: str
@@ -127,8 +192,22 @@ class KeyedStateHandle(msgspec.Struct, frozen=True):
     def key_group_range(self) -> KeyGroupRange:
         return KeyGroupRange(self.key_group_start, self.key_group_end)
 
-    def files(self) -> list[StreamHandle]:
+    def streams(self) -> list[StreamHandle]:
+        """Every file reference, inline ones included."""
         return [*self.shared.values(), *self.private.values()]
+
+    def files(self) -> list[StreamHandle]:
+        """The stored objects this handle references (inline files have none; a merged
+        object appears once per segment, always with the same size and checksum)."""
+        return [s.object_handle() for s in self.streams() if s.data is None]
+
+    def registered_files(self) -> list[StreamHandle]:
+        """Objects the shared-state registry tracks: every stored shared file, and merged
+        objects in ``shared/`` that only private segments use (private files otherwise live
+        in ``chk-<N>/`` and go with it)."""
+        return [*(s.object_handle() for s in self.shared.values() if s.data is None),
+                *(s.object_handle() for s in self.private.values()
+                  if s.data is None and s.path.startswith(SHARED_DIR + "/"))]
 
 
 class CheckpointMetadata(msgspec.Struct, frozen=True):

@@ -78,9 +78,11 @@ class SharedStateRegistry:
         return entry
 
     def register_all(self, metadata: CheckpointMetadata, *, owned: bool = True) -> None:
-        """Register every shared file of a completed checkpoint (or of a restored snapshot)."""
+        """Register every shared object of a completed checkpoint (or of a restored
+        snapshot): its shared files and the merged objects holding its small files (inline
+        files have no object; :meth:`KeyedStateHandle.registered_files`)."""
         for handle in metadata.handles:
-            for stream in handle.shared.values():
+            for stream in handle.registered_files():
                 self.register_reference(stream, metadata.checkpoint_id, owned=owned)
 
     def register_all_after_restored(self, metadata: CheckpointMetadata, *, claim: bool) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from keyedstate.checkpoint.metadata import CHECKPOINT_DIR_PREFIX, METADATA_FILE, CheckpointMetadata
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import TransferOptions
 from keyedstate.errors import NoCheckpointError
 
 _CHK = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}\d+$")
@@ -22,18 +23,19 @@ class ResolvedSnapshot:
     metadata: CheckpointMetadata
 
 
-def resolve_snapshot(path: str, storage_options: Mapping[str, Any] | None = None
-                     ) -> ResolvedSnapshot:
-    """The snapshot at ``path`` (for a job's checkpoint directory: its latest checkpoint)."""
+def resolve_snapshot(path: str, storage_options: Mapping[str, Any] | None = None,
+                     transfer: TransferOptions | None = None) -> ResolvedSnapshot:
+    """The snapshot at ``path`` (for a job's checkpoint directory: its latest checkpoint);
+    ``transfer`` tunes how its files are read (a restoring job passes its own)."""
     url = str(path).rstrip("/")
     if url.endswith("/" + METADATA_FILE):
         url = url[: -len(METADATA_FILE) - 1]
     head, _, name = url.rpartition("/")
     if _CHK.match(name) and head:
-        root = CheckpointStorage(head, storage_options)
+        root = CheckpointStorage(head, storage_options, transfer)
         relative = f"{name}/{METADATA_FILE}"
         return ResolvedSnapshot(root, relative, root.read_metadata(relative))
-    root = CheckpointStorage(url, storage_options)
+    root = CheckpointStorage(url, storage_options, transfer)
     if root.exists(METADATA_FILE):
         return ResolvedSnapshot(root, METADATA_FILE, root.read_metadata(METADATA_FILE))
     ids = root.checkpoint_ids()

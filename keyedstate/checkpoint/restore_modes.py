@@ -55,6 +55,11 @@ from keyedstate.checkpoint.savepoint import (
     verify_snapshot_files,
 )
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import (
+    RESTORE_PREFIX,
+    TransferStats,
+    strip_transfer_properties,
+)
 from keyedstate.config import RestoreMode, parse_restore_mode
 from keyedstate.errors import (
     ConfigurationError,
@@ -139,13 +144,15 @@ def open_restore_snapshot(job: CheckpointStorage, restore_path: str, mode: Resto
         (:class:`ConfigurationError`; a canonical savepoint changes backends).
     Step 3. No other job may have claimed it (:class:`SnapshotClaimedError`), in any mode: its
         owner deletes it once subsumed. CLAIM needs a native snapshot.
-    Step 4. Every file matches its recorded size and checksum
-        (:class:`MissingCheckpointFileError`, :class:`CorruptCheckpointError`).
+    Step 4. Every file exists with its recorded size, and on a local disk its recorded
+        checksum (:class:`MissingCheckpointFileError`, :class:`CorruptCheckpointError`); on an
+        object store checksums are verified where the files are downloaded, before any state
+        is used (:func:`~keyedstate.checkpoint.savepoint.verify_snapshot_files`).
     Step 5. LEGACY warns (:class:`DeprecationWarning`).
     """
     mode = parse_restore_mode(mode)
     # Step 1. Resolve.
-    snapshot = resolve_snapshot(restore_path, storage_options)
+    snapshot = resolve_snapshot(restore_path, storage_options, job.transfer)
     metadata = snapshot.metadata
     where = snapshot.storage.url_of(snapshot.metadata_path)
     # Step 2. Key groups can't change in place.
@@ -264,10 +271,13 @@ def claim_snapshot(snapshot: ResolvedSnapshot, job: CheckpointStorage,
 
     handles, mapping = relocate_handles(metadata, new_path)
     sizes = {f.path: f.size for f in unique_files(metadata)}
-    duplicate_all(snapshot.storage, job, mapping, sizes, progress)
-    # Step 3. Commit as the job's checkpoint.
-    merged = {k: v for k, v in metadata.properties.items() if k not in JOB_LOCAL_PROPERTIES}
+    stats = TransferStats()
+    duplicate_all(snapshot.storage, job, mapping, sizes, progress, stats)
+    # Step 3. Commit as the job's checkpoint, with what the duplication cost.
+    merged = {k: v for k, v in strip_transfer_properties(metadata.properties).items()
+              if k not in JOB_LOCAL_PROPERTIES}
     merged.update(properties)
+    merged.update(stats.to_properties(RESTORE_PREFIX))
     merged[PROP_CLAIMED_FROM] = snapshot.storage.url_of(snapshot.metadata_path)
     merged[PROP_RESTORE_MODE] = str(RestoreMode.CLAIM)
     imported = msgspec.structs.replace(

@@ -21,11 +21,8 @@ completed checkpoint, which is exactly its committed state: the job does not sto
 
 from __future__ import annotations
 
-import os
 import posixpath
-import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 import msgspec
@@ -40,7 +37,12 @@ from keyedstate.checkpoint.metadata import (
     StreamHandle,
 )
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
-from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.storage import CheckpointStorage, duplicate_object
+from keyedstate.checkpoint.transfer import (
+    TransferStats,
+    parallel_map,
+    strip_transfer_properties,
+)
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -91,115 +93,103 @@ def _checksum_of(storage: CheckpointStorage, handle: StreamHandle) -> tuple[int,
                 h.update(chunk)
                 size += len(chunk)
     except FileNotFoundError as exc:
-        raise MissingCheckpointFileError(
-            f"{storage.url_of(handle.path)} is missing; the snapshot is incomplete (a file was "
-            f"deleted or the directory copied partly). Restore from another checkpoint or "
-            f"savepoint, or copy the missing file back"
-        ) from exc
+        raise _missing(storage, handle) from exc
     return size, h.hexdigest()
 
 
-def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None = None) -> None:
-    """Check every file of ``snapshot`` against its recorded size and XXH64, reading each once.
+def _missing(storage: CheckpointStorage, handle: StreamHandle) -> MissingCheckpointFileError:
+    return MissingCheckpointFileError(
+        f"{storage.url_of(handle.path)} is missing; the snapshot is incomplete (a file was "
+        f"deleted or the directory copied partly). Restore from another checkpoint or "
+        f"savepoint, or copy the missing file back"
+    )
+
+
+def _altered(storage: CheckpointStorage, handle: StreamHandle, size: int,
+             checksum: str | None) -> CorruptCheckpointError:
+    found = f"{size} bytes" + ("" if checksum is None else f" with checksum {checksum}")
+    return CorruptCheckpointError(
+        f"{storage.url_of(handle.path)} is altered: {found}, the snapshot recorded "
+        f"{handle.size} bytes with checksum {handle.checksum}. Restore from another "
+        f"checkpoint or savepoint"
+    )
+
+
+def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None = None, *,
+                          checksums: bool | None = None) -> None:
+    """Check every object of ``snapshot`` before anything is touched: it exists and has its
+    recorded size and, with ``checksums``, its recorded XXH64.
+
+    ``checksums`` None (the default) reads and hashes every file only on a local disk; on an
+    object store it checks existence and size from listings (one request per folder, in
+    parallel), so no byte of the state passes through this process. The checksum of every
+    file is then verified where its bytes are read anyway: when a backend downloads it to
+    restore, before any state is used (``docs/object-storage.md``).
 
     Raises :class:`MissingCheckpointFileError` or :class:`CorruptCheckpointError` naming the
-    first bad file. Reads only: call it before any state or file is touched, so a restore from
-    a damaged savepoint fails before it starts. Files of a remote snapshot are read in
-    parallel.
+    first bad file; reads only.
     """
     storage = snapshot.storage
     files = unique_files(snapshot.metadata)
     total = sum(f.size for f in files)
+    if checksums is None:
+        checksums = storage.is_local
+    if not checksums:
+        sizes = storage.sizes([f.path for f in files])
+        done = 0
+        for handle in files:
+            found = sizes[handle.path]
+            if found is None:
+                raise _missing(storage, handle)
+            if found != handle.size:
+                raise _altered(storage, handle, found, None)
+            done += handle.size
+            if progress:
+                progress(done, total)
+        return
     done = 0
 
     def check(handle: StreamHandle) -> StreamHandle:
         size, checksum = _checksum_of(storage, handle)
         if (size, checksum) != (handle.size, handle.checksum):
-            raise CorruptCheckpointError(
-                f"{storage.url_of(handle.path)} is altered: {size} bytes with checksum "
-                f"{checksum}, the snapshot recorded {handle.size} bytes with checksum "
-                f"{handle.checksum}. Restore from another checkpoint or savepoint"
-            )
+            raise _altered(storage, handle, size, checksum)
         return handle
 
-    if storage.is_local:
-        results = map(check, files)
-        for handle in results:
-            done += handle.size
-            if progress:
-                progress(done, total)
-        return
-    with ThreadPoolExecutor(_REMOTE_WORKERS) as pool:
-        for handle in pool.map(check, files):
-            done += handle.size
-            if progress:
-                progress(done, total)
+    threads = 1 if storage.is_local else storage.transfer.threads
+    for handle in parallel_map(check, files, threads):
+        done += handle.size
+        if progress:
+            progress(done, total)
 
 
 # -- duplication ---------------------------------------------------------------------------------
 
-def _same_filesystem(a: CheckpointStorage, b: CheckpointStorage) -> bool:
-    return a.fs is b.fs or (type(a.fs) is type(b.fs)
-                            and a.storage_options == b.storage_options)
-
-
 def duplicate_file(source: CheckpointStorage, source_path: str, target: CheckpointStorage,
                    target_path: str, size: int) -> str:
     """Duplicate one file (relative paths in each root) without re-encoding it; returns how:
-    ``"link"`` (hard link, one local disk), ``"copy"`` (local copy when linking is not
-    possible: another device, or a filesystem without links), ``"server-copy"`` (the object
-    store copies, e.g. S3 ``CopyObject``; no byte passes through this process) or
-    ``"stream"`` (between different filesystems). An existing target file is replaced (a
-    retried, interrupted duplication). The target's size is checked; its checksum is the
-    source's, checked on restore."""
-    src = source.path(source_path)
-    dst = target.path(target_path)
-    target.fs.makedirs(posixpath.dirname(dst), exist_ok=True)
-    try:
-        if source.is_local and target.is_local:
-            if os.path.lexists(dst):
-                os.remove(dst)
-            try:
-                os.link(src, dst)
-                how = "link"
-            except OSError as exc:
-                if not os.path.exists(src):
-                    raise FileNotFoundError(src) from exc
-                shutil.copyfile(src, dst)
-                how = "copy"
-        elif _same_filesystem(source, target):
-            target.fs.copy(src, dst)
-            how = "server-copy"
-        else:
-            with source.fs.open(src, "rb") as r, target.fs.open(dst, "wb") as w:
-                shutil.copyfileobj(r, w, _CHUNK)
-            how = "stream"
-    except FileNotFoundError as exc:
-        raise MissingCheckpointFileError(
-            f"{source.url_of(source_path)} is missing; the snapshot is incomplete. Use another "
-            f"checkpoint or savepoint"
-        ) from exc
-    written = int(target.fs.size(dst))
-    if written != size:
-        raise CorruptCheckpointError(
-            f"duplicating {source.url_of(source_path)} to {target.url_of(target_path)} gave "
-            f"{written} bytes, the snapshot recorded {size}; the source is altered or the copy "
-            f"failed. Retry, or use another checkpoint"
-        )
-    return how
+    ``"link"`` (hard link, one local disk), ``"copy"`` / ``"reflink"`` (local copy when linking
+    is not possible: another device, or a filesystem without links), ``"server-copy"`` (the
+    object store copies, e.g. S3 ``CopyObject``; no byte passes through this process) or
+    ``"stream"`` (between different filesystems). See
+    :func:`keyedstate.checkpoint.storage.duplicate_object`."""
+    return duplicate_object(source, source_path, target, target_path, size)
 
 
 def relocate_handles(metadata: CheckpointMetadata,
                      new_path: Callable[[KeyedStateHandle, str, StreamHandle], str]
                      ) -> tuple[list[KeyedStateHandle], dict[str, str]]:
-    """The handles of ``metadata`` with every file path replaced by
-    ``new_path(handle, kind, file)`` (``kind`` is ``"shared"`` or ``"private"``) and
-    ``incremental_size`` set to ``full_size``, and the mapping old path -> new path. A path referenced twice keeps its first new path; two
-    different files never get the same new path (a numeric suffix separates them)."""
+    """The handles of ``metadata`` with every object path replaced by
+    ``new_path(handle, kind, file)`` (``kind`` is ``"shared"`` or ``"private"``),
+    ``incremental_size`` set to ``full_size`` and the transfer counts dropped, and the mapping
+    old path -> new path. A path referenced twice (a merged object's segments too) keeps its
+    first new path; two different objects never get the same new path (a numeric suffix
+    separates them). Inline files stay as they are."""
     mapping: dict[str, str] = {}
     taken: set[str] = set()
 
     def place(handle: KeyedStateHandle, kind: str, stream: StreamHandle) -> StreamHandle:
+        if stream.data is not None:
+            return stream
         if stream.path not in mapping:
             wanted = candidate = new_path(handle, kind, stream)
             n = 1
@@ -207,14 +197,15 @@ def relocate_handles(metadata: CheckpointMetadata,
                 candidate, n = f"{wanted}-{n}", n + 1
             mapping[stream.path] = candidate
             taken.add(candidate)
-        return StreamHandle(mapping[stream.path], stream.size, stream.checksum)
+        return msgspec.structs.replace(stream, path=mapping[stream.path])
 
     # Every file is new in its new root: what the snapshot "wrote" there is all of it.
     handles = [
         msgspec.structs.replace(
             h, shared={n: place(h, "shared", s) for n, s in h.shared.items()},
             private={n: place(h, "private", s) for n, s in h.private.items()},
-            incremental_size=h.full_size)
+            incremental_size=h.full_size,
+            properties=strip_transfer_properties(h.properties))
         for h in metadata.handles
     ]
     return handles, mapping
@@ -222,23 +213,26 @@ def relocate_handles(metadata: CheckpointMetadata,
 
 def duplicate_all(source: CheckpointStorage, target: CheckpointStorage,
                   mapping: Mapping[str, str], sizes: Mapping[str, int],
-                  progress: Progress | None = None) -> dict[str, int]:
+                  progress: Progress | None = None,
+                  stats: TransferStats | None = None) -> dict[str, int]:
     """Duplicate every ``source path -> target path`` of ``mapping``; returns how many files
-    went each way (``{"link": 12, ...}``). Remote copies run in parallel."""
+    went each way (``{"link": 12, ...}``) and counts the bytes in ``stats``. Remote copies run
+    in parallel (``target.transfer.threads``)."""
     total = sum(sizes[p] for p in mapping)
     done = 0
     counts: dict[str, int] = {}
 
     def one(item: tuple[str, str]) -> tuple[str, str]:
-        return item[0], duplicate_file(source, item[0], target, item[1], sizes[item[0]])
+        return item[0], duplicate_object(source, item[0], target, item[1], sizes[item[0]],
+                                         stats=stats)
 
-    workers = 1 if source.is_local and target.is_local else _REMOTE_WORKERS
-    with ThreadPoolExecutor(workers) as pool:
-        for path, how in pool.map(one, sorted(mapping.items())):
-            counts[how] = counts.get(how, 0) + 1
-            done += sizes[path]
-            if progress:
-                progress(done, total)
+    local = source.is_local and target.is_local
+    workers = 1 if local else max(target.transfer.threads, _REMOTE_WORKERS)
+    for path, how in parallel_map(one, sorted(mapping.items()), workers):
+        counts[how] = counts.get(how, 0) + 1
+        done += sizes[path]
+        if progress:
+            progress(done, total)
     return counts
 
 
@@ -294,11 +288,14 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
     # Step 2. Plan the layout.
     handles, mapping = relocate_handles(metadata, _savepoint_path)
     sizes = {f.path: f.size for f in unique_files(metadata)}
-    # Step 3. Duplicate.
-    duplicate_all(source.storage, storage, mapping, sizes, progress)
-    # Step 4. Commit.
-    properties = {k: v for k, v in metadata.properties.items() if k not in JOB_LOCAL_PROPERTIES}
+    # Step 3. Duplicate (the store copies; bytes through this process are counted).
+    stats = TransferStats()
+    duplicate_all(source.storage, storage, mapping, sizes, progress, stats)
+    # Step 4. Commit, with what it cost.
+    properties = {k: v for k, v in strip_transfer_properties(metadata.properties).items()
+                  if k not in JOB_LOCAL_PROPERTIES}
     properties[PROP_SAVEPOINT_OF] = source.storage.url_of(source.metadata_path)
+    properties.update(stats.to_properties())
     savepoint = msgspec.structs.replace(
         metadata, timestamp_ms=time.time_ns() // 1_000_000, handles=handles,
         kind=SnapshotKind.SAVEPOINT, format=SnapshotFormat.NATIVE, properties=properties)

@@ -49,6 +49,7 @@ from keyedstate.checkpoint.restore_modes import (
 )
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
 from keyedstate.errors import (
     BatchFailedError,
@@ -56,6 +57,7 @@ from keyedstate.errors import (
     ConfigurationError,
     JobDrainedError,
     NoCheckpointError,
+    TransientStorageError,
 )
 from keyedstate.keygroups import check_parallelism
 from keyedstate.spark.function import KeyedProcessFunction
@@ -98,6 +100,20 @@ class BatchStats:
     reused_subtasks: int = 0
     restored_subtasks: int = 0
     skipped_replay: bool = False
+    #: bytes the executors sent to checkpoint storage for this checkpoint
+    uploaded_bytes: int = 0
+    #: bytes the store duplicated itself for this checkpoint (no byte through the executors)
+    duplicated_bytes: int = 0
+    #: bytes stored inside ``_metadata`` (small files)
+    inlined_bytes: int = 0
+    #: objects this checkpoint created in the store
+    objects_written: int = 0
+    #: bytes restores downloaded before the batch, and took from the executors' file caches
+    restore_downloaded_bytes: int = 0
+    restore_cache_hit_bytes: int = 0
+    #: runs of the batch (> 1: its checkpoint failed on transient storage errors and it was
+    #: retried, ``execution.checkpointing.tolerable-failed-checkpoints``)
+    attempts: int = 1
 
 
 class KeyedStream:
@@ -190,7 +206,8 @@ class KeyedJobDriver:
         self.config = config
         #: where Spark keeps the source offsets: batch ids are comparable only within it
         self.spark_checkpoint_location = spark_checkpoint_location or ""
-        self.storage = CheckpointStorage(config.checkpoint_dir, config.storage_options)
+        self.storage = CheckpointStorage(config.checkpoint_dir, config.storage_options,
+                                         config.transfer_options())
         self.backend = load_backend(config.backend, **config.backend_options)
         self.max_parallelism = config.effective_max_parallelism
         df = job.stream.df
@@ -227,9 +244,15 @@ class KeyedJobDriver:
         Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
         Step 3. The job's own checkpoints: recover from the latest (lineage checked).
         Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
-            checkpoint is full, so it references none of the snapshot's files.
+            checkpoint references none of the snapshot's files: the executors have the store
+            duplicate them into this job's root (no upload), then build on the copies.
+
+        Before all: the checkpoint storage must accept the job's credentials and exist
+        (:meth:`~keyedstate.checkpoint.storage.CheckpointStorage.check_access`), so a wrong key
+        or a missing bucket fails the start, not the first batch.
         """
         cfg = self.config
+        self.storage.check_access()
         self.base: RestoreSource | None = None
         self.share_restored_files = True
         self.force_full = False
@@ -283,9 +306,9 @@ class KeyedJobDriver:
             self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
             if self._same_offsets(snap):
                 self.last_batch_id = int(snap.metadata.properties.get("batch_id", -1))
-            # NO_CLAIM: the first checkpoint references none of the snapshot's files.
+            # NO_CLAIM: the first checkpoint references none of the snapshot's files (the
+            # backends duplicate them into this job's root instead).
             self.share_restored_files = False
-            self.force_full = True
 
     def _same_offsets(self, snap: ResolvedSnapshot) -> bool:
         """Batch ids continue only when Spark resumes from the same source offsets: then a
@@ -329,7 +352,56 @@ class KeyedJobDriver:
             return
         if self.drained:
             raise JobDrainedError("the job was stopped with drain; it takes no more batches")
-        self._run(df, batch_id, started)
+        self._check_continuity(batch_id)
+        self._run_with_retries(df, batch_id, started)
+
+    def _check_continuity(self, batch_id: int) -> None:
+        """Step 1b. Refuse a batch that follows batches no checkpoint covers. Spark records a
+        batch as done only after this function returned, that is after its checkpoint
+        committed, so ids after the restored checkpoint's batch arrive in order; a gap means
+        that newer checkpoints were deleted or are unreadable and recovery fell back to an
+        older one (or, with none left, to the snapshot the job started from or to empty
+        state). Processing the batch would silently leave the gap's input out of the state.
+        A job whose state does not continue Spark's batch ids (a new job, or one restored
+        from a snapshot taken with other source offsets) has no sink-commit markers yet."""
+        if batch_id <= self.last_batch_id + 1:
+            return
+        if self.last_batch_id < 0 and not self.storage.list_files(COMMITS_DIR):
+            return
+        latest = self.coordinator.latest_completed
+        state = (f"that of batch {self.last_batch_id}" if self.last_batch_id >= 0
+                 else "empty or the restored snapshot's")
+        where = f" (checkpoint {latest.checkpoint_id})" if latest is not None else ""
+        notes = "; ".join(self.coordinator.recovery_notes)
+        raise CheckpointProtocolError(
+            f"batch {batch_id} can't be processed: the job's state is {state}{where}, but "
+            f"Spark recorded batches up to {batch_id - 1} as done, so their input would be "
+            f"missing from the state. Checkpoints of {self.config.checkpoint_dir} committed "
+            f"after it were deleted or are unreadable"
+            + (f" ({notes})" if notes else "")
+            + ". Nothing was changed. Put the missing checkpoint back, or restore the job from "
+            "a savepoint into a new checkpoint directory with a Spark checkpoint location "
+            "that replays from the savepoint's batch"
+        )
+
+    def _run_with_retries(self, df: Any, batch_id: int, started: float) -> None:
+        """Run the batch; when its checkpoint fails on transient storage errors (throttling,
+        timeouts, 5xx that outlasted the per-call retries), it was aborted (nothing it wrote
+        is referenced): run the batch again from the last committed checkpoint, up to
+        ``execution.checkpointing.tolerable-failed-checkpoints`` times."""
+        tolerable = self.config.tolerable_failed_checkpoints
+        for attempt in range(1, tolerable + 2):
+            try:
+                self._run(df, batch_id, started, attempt=attempt)
+                return
+            except Exception as exc:
+                if attempt > tolerable or not _is_transient_failure(exc):
+                    raise
+                delay = self.storage.transfer.backoff(attempt)
+                log.warning("batch %s: checkpoint failed on transient storage errors (%s); "
+                            "running the batch again in %.1f s (attempt %d of %d)", batch_id,
+                            _batch_failure(exc) or exc, delay, attempt + 1, tolerable + 1)
+                time.sleep(delay)
 
     def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False) -> BatchPlan:
         cfg = self.config
@@ -359,7 +431,8 @@ class KeyedJobDriver:
                   .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
                   .repartitionById(p, SUBTASK_COLUMN))
 
-    def _run(self, df: Any, batch_id: int, started: float, *, drain: bool = False) -> None:
+    def _run(self, df: Any, batch_id: int, started: float, *, drain: bool = False,
+             attempt: int = 1) -> None:
         # Step 2. Trigger, route, run every subtask.
         pending = self.coordinator.trigger({"batch_id": str(batch_id)})
         plan = self._plan(batch_id, pending.checkpoint_id, drain=drain)
@@ -408,7 +481,9 @@ class KeyedJobDriver:
         self.force_full = False
         # Step 4. Sinks.
         self._commit_sinks(df.sparkSession, completed)
-        self._record(self._stats(batch_id, completed, results, started))
+        stats = self._stats(batch_id, completed, results, started)
+        stats.attempts = attempt
+        self._record(stats)
 
     def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:
         props = completed.metadata.properties
@@ -418,7 +493,8 @@ class KeyedJobDriver:
             return
         staged = json.loads(props.get("staged", "{}"))
         schemas = {MAIN_OUTPUT: self.job.output_schema, **self.job.side_outputs}
-        if LATE_EVENTS_TAG in staged:
+        if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
+            # A late-events sink also commits batches without late rows (no files).
             schemas[LATE_EVENTS_TAG] = self._late_schema()
         for output, sinks in self.job.sinks.items():
             out = StagedOutput(self.storage, staged.get(output, []), schemas[output])
@@ -430,6 +506,10 @@ class KeyedJobDriver:
     def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
                started: float) -> BatchStats:
         per = [json.loads(r["stats"]) for r in results]
+        transfer, restored = TransferStats(), TransferStats()
+        for handle in completed.metadata.handles:
+            transfer.merge(TransferStats.from_properties(handle.properties))
+            restored.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
         return BatchStats(
             batch_id=batch_id, checkpoint_id=completed.checkpoint_id,
             rows_in=sum(s["rows_in"] for s in per), rows_out=sum(s["rows_out"] for s in per),
@@ -444,6 +524,12 @@ class KeyedJobDriver:
             restore_s=max(s["restore_s"] for s in per),
             reused_subtasks=sum(1 for s in per if s["reused_local_state"]),
             restored_subtasks=sum(1 for s in per if not s["reused_local_state"]),
+            uploaded_bytes=transfer.uploaded_bytes,
+            duplicated_bytes=transfer.duplicated_bytes,
+            inlined_bytes=transfer.inlined_bytes,
+            objects_written=transfer.uploaded_objects + transfer.duplicated_objects,
+            restore_downloaded_bytes=restored.downloaded_bytes,
+            restore_cache_hit_bytes=restored.cache_hit_bytes,
         )
 
     def _record(self, stats: BatchStats) -> None:
@@ -484,6 +570,15 @@ class KeyedJobDriver:
         empty = spark.createDataFrame([], self.job.stream.df.schema)
         with self._lock:
             self._run(empty, self.last_batch_id + 1, time.perf_counter(), drain=True)
+
+
+def _is_transient_failure(exc: BaseException) -> bool:
+    """Whether a failed batch failed on storage errors a later run may not meet: a
+    :class:`TransientStorageError` raised here or in a Spark task (seen in its message)."""
+    if isinstance(exc, TransientStorageError):
+        return True
+    cause = _batch_failure(exc)
+    return cause is not None and cause.startswith(TransientStorageError.__name__)
 
 
 def _batch_failure(exc: BaseException) -> str | None:

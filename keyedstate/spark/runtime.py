@@ -182,9 +182,14 @@ def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | Non
         return None
     relative = f"staging/batch-{plan.batch_id}/{name}/part-{index:05d}-{uuid.uuid4().hex}.parquet"
     storage = plan.storage
-    storage.fs.makedirs(storage.path(relative).rsplit("/", 1)[0], exist_ok=True)
-    with storage.fs.open(storage.path(relative), "wb") as f:
-        pq.write_table(table, f)
+    path = storage.path(relative)
+
+    def write() -> None:
+        storage.ensure_parent(path)
+        with storage.fs.open(path, "wb") as f:
+            pq.write_table(table, f)
+
+    storage.call(f"staging output {storage.url_of(relative)}", write)
     return relative
 
 

@@ -386,8 +386,12 @@ def test_restore_shares_the_chain_only_when_allowed(tmp_path):
     fill(job, [shared], range(5), seed=2)
     assert [n for n, _ in chain_of(job.snapshot(shared, 2))] == ["000000000001-full",
                                                                  "000000000002-diff"]
+    # NO_CLAIM: the first snapshot extends a copy of the chain, duplicated by the store
+    # (issue 5: no re-upload), and references none of the restored files.
     no_claim = job.create(handles=[handle], share=False)
-    assert list(job.snapshot(no_claim, 3).shared) == ["000000000003-full"]
+    after = job.snapshot(no_claim, 3)
+    assert list(after.shared) == ["000000000000-0000-full", "000000000003-diff"]
+    assert not {f.path for f in handle.files()} & {f.path for f in after.files()}
 
 
 def test_unregistered_restored_state_is_decoded_with_its_type(tmp_path):

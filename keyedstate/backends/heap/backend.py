@@ -39,7 +39,12 @@ from keyedstate.backends.heap.snapshot import (
 from keyedstate.backends.heap.states import StateTable, create_state
 from keyedstate.backends.heap.timers import HeapInternalTimerService, TimerQueue
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
+from keyedstate.checkpoint.storage import (
+    CheckpointStorage,
+    CheckpointStorageLocation,
+    same_store,
+)
+from keyedstate.checkpoint.transfer import TransferStats
 from keyedstate.errors import BackendError, ConfigurationError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
@@ -52,10 +57,14 @@ from keyedstate.state.ttl import TtlTimeProvider
 
 @dataclass(frozen=True)
 class SnapshotChain:
-    """A written snapshot's files, full base first; what the next incremental one extends."""
+    """A written snapshot's files, full base first; what the next incremental one extends.
+    ``storage``: where they lie (None: where this backend's snapshots go); ``owned`` False: a
+    restored snapshot the job does not own, whose files the next snapshot duplicates."""
 
     checkpoint_id: int
     files: list[tuple[str, StreamHandle]]
+    storage: CheckpointStorage | None = None
+    owned: bool = True
 
     @property
     def diffs(self) -> int:
@@ -94,15 +103,19 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # materialize() may report back from another thread while notifications arrive.
         self._pending_lock = threading.Lock()
         self._closed = False
+        #: what the restore of this backend moved, reported by its first snapshot
+        self.restore_stats: TransferStats | None = None
 
     # -- restore -------------------------------------------------------------------------------
 
     def restore(self, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage,
                 share_restored_files: bool) -> None:
         """Load ``handles`` (already checked by :func:`check_restore_handles`)."""
-        base = HeapRestoreOperation(self, handles, storage).restore(share_restored_files)
+        operation = HeapRestoreOperation(self, handles, storage)
+        base = operation.restore(share_restored_files)
+        self.restore_stats = operation.stats
         if base is not None and self.incremental:
-            self._base = SnapshotChain(base.checkpoint_id, base.chain)
+            self._base = SnapshotChain(base.checkpoint_id, base.chain, base.storage, base.owned)
             self._journal.start(self._journaled())
 
     # -- states --------------------------------------------------------------------------------
@@ -285,6 +298,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         start = time.perf_counter()
         self._check_open()
         base = self._base
+        # The base chain is referenced in place when it is the job's own and in this root,
+        # duplicated by the store when it is not (NO_CLAIM) or in another root of the store;
+        # a chain in another store can't be extended (a full snapshot starts a new one).
+        duplicate_from = None
+        if base is not None and base.storage is not None and not (
+                base.owned and base.storage.url == location.storage.url):
+            if same_store(base.storage, location.storage):
+                duplicate_from = base.storage
+            else:
+                base = None
         incremental = (self.incremental and not full and base is not None
                        and base.diffs < self.max_chain_length
                        and checkpoint_id > base.checkpoint_id)
@@ -313,7 +336,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             captures=captures,
             timers=timers,
             base_chain=list(base.files) if incremental and base is not None else [],
+            duplicate_from=duplicate_from if incremental else None,
+            restore_stats=self.restore_stats,
         )
+        self.restore_stats = None
         self._start_segment(checkpoint_id)
         return HeapSnapshotResult(job, location, time.perf_counter() - start,
                                   self._on_written, self._on_discarded)
@@ -344,10 +370,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def _prune(self) -> None:
         self._journal.prune(self._potential_bases())
 
-    def _on_written(self, checkpoint_id: int, files: list[tuple[str, StreamHandle]]) -> None:
+    def _on_written(self, checkpoint_id: int, files: list[tuple[str, StreamHandle]],
+                    storage: CheckpointStorage) -> None:
         with self._pending_lock:
             if checkpoint_id in self._pending:
-                self._pending[checkpoint_id] = SnapshotChain(checkpoint_id, files)
+                self._pending[checkpoint_id] = SnapshotChain(checkpoint_id, files, storage)
 
     def _on_discarded(self, checkpoint_id: int) -> None:
         self.notify_checkpoint_aborted(checkpoint_id)

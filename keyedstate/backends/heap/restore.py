@@ -34,6 +34,7 @@ from keyedstate.backends.heap.snapshot import (
 from keyedstate.backends.heap.states import StateTable
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import TransferStats, parallel_map
 from keyedstate.errors import (
     CorruptCheckpointError,
     KeyGroupRangeError,
@@ -141,10 +142,14 @@ def _payload_decoder(table: StateTable) -> Decode:
 
 @dataclass
 class RestoredBase:
-    """A restored chain the next incremental snapshot may build on (shared restore)."""
+    """A restored chain the next incremental snapshot may build on: in place when ``owned``
+    (a shared restore of the job's own snapshot), duplicated by the store into the job's root
+    otherwise (NO_CLAIM). ``storage`` holds its files."""
 
     checkpoint_id: int
     chain: list[tuple[str, StreamHandle]]
+    storage: CheckpointStorage | None = None
+    owned: bool = True
 
 
 class HeapRestoreOperation:
@@ -155,6 +160,8 @@ class HeapRestoreOperation:
         self.backend = backend
         self.handles = sorted(handles, key=lambda h: h.key_group_start)
         self.storage = storage
+        #: what the restore downloaded or took from the file cache
+        self.stats = TransferStats()
 
     def restore(self, share_restored_files: bool) -> RestoredBase | None:
         """Restore; returns the chain the next snapshot may extend, or None (full next)."""
@@ -174,17 +181,22 @@ class HeapRestoreOperation:
             self._restore_handle(handle, handle.key_group_range.intersection(mine))
         for queue in self.backend.timer_queues.values():
             queue.rebuild()
-        # Step 3. Only an exact, shared restore of one chain may be the next snapshot's base.
-        if (share_restored_files and len(self.handles) == 1
-                and self.handles[0].key_group_range == mine):
-            return RestoredBase(self.handles[0].checkpoint_id, chain_of(self.handles[0]))
+        # Step 3. Only an exact restore of one chain may be the next snapshot's base: in place
+        # when shared, duplicated otherwise (id 0: any new snapshot of the job replaces it).
+        if len(self.handles) == 1 and self.handles[0].key_group_range == mine:
+            handle = self.handles[0]
+            return RestoredBase(handle.checkpoint_id if share_restored_files else 0,
+                                chain_of(handle), self.storage, share_restored_files)
         return None
 
     def _restore_handle(self, handle: KeyedStateHandle, key_groups: KeyGroupRange) -> None:
         chain = chain_of(handle)
-        for position, (_, file) in enumerate(chain):
-            data = self.storage.read_verified(file)
-            source = self.storage.url_of(file.path)
+        # Every file of the chain at once (in parallel, through the file cache), then in order.
+        contents = parallel_map(
+            lambda file: self.storage.read_verified(file, cached=True, stats=self.stats),
+            [file for _, file in chain], self.storage.transfer.threads)
+        for position, ((_, file), data) in enumerate(zip(chain, contents)):
+            source = self.storage.describe(file)
             footer = read_footer(data, source)
             expected = FULL if position == 0 else DIFF
             if footer.kind != expected:

@@ -30,7 +30,8 @@ import pyarrow as pa
 from keyedstate.backends.base.backend import SnapshotResult
 from keyedstate.backends.heap.states import REPLACED, EntryKey, KeyGroupMarks, Mark, StateTable
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
-from keyedstate.checkpoint.storage import CheckpointStorageLocation
+from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation, StateFile
+from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import CheckpointAbortedError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import ArrowTypeSerializer, TypeSerializer
@@ -90,6 +91,12 @@ def type_schema(serializer: TypeSerializer | None) -> bytes | None:
 def chain_file_name(checkpoint_id: int, kind: str) -> str:
     """Sortable, unique per chain (ids in a chain strictly increase)."""
     return f"{checkpoint_id:012d}-{kind}"
+
+
+def restored_chain_name(position: int) -> str:
+    """The name of link ``position`` of a chain duplicated from a snapshot the job does not own
+    (NO_CLAIM): id 0 sorts before every id of the job, the position keeps the order."""
+    return f"{0:012d}-{position:04d}-{FULL if position == 0 else DIFF}"
 
 
 # -- journal -------------------------------------------------------------------------------------
@@ -363,6 +370,11 @@ class SnapshotJob:
     captures: list[StateCapture]
     timers: dict[TimeDomain, dict[int, list[tuple[int, bytes, bytes]]]]
     base_chain: list[tuple[str, StreamHandle]]
+    #: the store to duplicate ``base_chain`` from (a snapshot the job does not own, or another
+    #: root); None: reference it in place
+    duplicate_from: CheckpointStorage | None = None
+    #: what the restore before this snapshot moved (reported once, in this handle)
+    restore_stats: TransferStats | None = None
 
     def encode(self) -> bytes:
         buf = bytearray(MAGIC)
@@ -396,7 +408,20 @@ class SnapshotJob:
                                                                   list[tuple[str, StreamHandle]]]:
         data = self.encode()
         name = chain_file_name(self.checkpoint_id, self.kind)
-        chain = [*self.base_chain, (name, location.write_shared(data, name))]
+        base = list(self.base_chain)
+        written = len(data)
+        if self.duplicate_from is not None and base:
+            # Copies get names of their own: the restored chain's names come from another
+            # job's checkpoint ids and could clash with this job's next ones.
+            copies = location.duplicate_files(self.duplicate_from, base)
+            base = [(restored_chain_name(i), h) for i, h in enumerate(copies)]
+            written += sum(h.length for h in copies)
+        (stored,) = location.put_files([StateFile(name, True, data=data, immutable=True)])
+        chain = [*base, (name, stored)]
+        properties = {CHAIN_PROPERTY: ",".join(n for n, _ in chain),
+                      FORMAT_PROPERTY: str(FORMAT_VERSION), **location.stats.to_properties()}
+        if self.restore_stats is not None:
+            properties.update(self.restore_stats.to_properties(RESTORE_PREFIX))
         handle = KeyedStateHandle(
             backend="heap",
             subtask_index=self.subtask_index,
@@ -406,10 +431,9 @@ class SnapshotJob:
             states=[i.meta for i in self.infos],
             shared=dict(chain),
             private={},
-            full_size=sum(h.size for _, h in chain),
-            incremental_size=len(data),
-            properties={CHAIN_PROPERTY: ",".join(n for n, _ in chain),
-                        FORMAT_PROPERTY: str(FORMAT_VERSION)},
+            full_size=sum(h.length for _, h in chain),
+            incremental_size=written,
+            properties=properties,
         )
         return handle, chain
 
@@ -421,7 +445,8 @@ class HeapSnapshotResult(SnapshotResult):
 
     def __init__(self, job: SnapshotJob, location: CheckpointStorageLocation,
                  sync_duration_s: float,
-                 on_written: Callable[[int, list[tuple[str, StreamHandle]]], None],
+                 on_written: Callable[[int, list[tuple[str, StreamHandle]],
+                                       CheckpointStorage], None],
                  on_discarded: Callable[[int], None]) -> None:
         super().__init__(job.checkpoint_id, sync_duration_s)
         self._job: SnapshotJob | None = job
@@ -442,7 +467,8 @@ class HeapSnapshotResult(SnapshotResult):
         start = time.perf_counter()
         handle, chain = job.write(self._location)
         self.stats.extra["write_s"] = time.perf_counter() - start
-        self._on_written(job.checkpoint_id, chain)
+        self.stats.extra.update(self._location.stats.as_dict())
+        self._on_written(job.checkpoint_id, chain, self._location.storage)
         return handle
 
     def discard(self) -> None:

@@ -87,6 +87,11 @@ class RocksDBStateBackend(StateBackend):
         if rescale_strategy not in RESCALE_STRATEGIES:
             raise ConfigurationError(f"rescale_strategy {rescale_strategy!r} is unknown; choose "
                                      f"one of {list(RESCALE_STRATEGIES)}")
+        if isinstance(options, dict):  # from a configuration file: field -> value
+            try:
+                options = RocksDBOptions(**options)
+            except TypeError as exc:
+                raise ConfigurationError(f"RocksDB options {options!r}: {exc}") from exc
         if options is not None and not isinstance(options, RocksDBOptions):
             raise ConfigurationError(f"options must be RocksDBOptions, got {options!r}")
         self.options = options or RocksDBOptions()
@@ -152,6 +157,8 @@ class RocksDBStateBackend(StateBackend):
             raise
         if result.base is not None and self.incremental:
             backend.snapshot_strategy.set_restored_base(result.base)
+        if handles:
+            backend.snapshot_strategy.restore_stats = result.stats
         return backend
 
 

@@ -26,6 +26,7 @@ MiB = 1 << 20
 KiB = 1 << 10
 
 _COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
+_COMPACTION_STYLES = ("level", "universal")
 
 #: RocksDB's own column family; it always exists and keyedstate never writes to it.
 DEFAULT_COLUMN_FAMILY = "default"
@@ -66,6 +67,17 @@ class RocksDBOptions:
     #: Flink disables the WAL: a snapshot flushes memtables, and a failed task restores from
     #: the last checkpoint, never from the local files.
     disable_wal: bool = True
+    #: ``"level"`` (RocksDB's and Flink's default) or ``"universal"`` (tiered: far fewer
+    #: rewrites of old data, so incremental checkpoints upload far less after compactions;
+    #: Flink's ``state.backend.rocksdb.compaction.style``; docs/object-storage.md).
+    compaction_style: str = "level"
+    #: L0 files (level) or sorted runs (universal) that trigger a compaction.
+    level0_file_num_compaction_trigger: int = 4
+    #: universal compaction: merge runs whose sizes differ by at most this percent.
+    universal_size_ratio: int = 1
+    #: universal compaction: rewrite everything once the newer runs hold this percent of the
+    #: oldest run's size.
+    universal_max_size_amplification_percent: int = 200
 
     def __post_init__(self) -> None:
         for name in ("block_cache_size", "write_buffer_size", "block_size",
@@ -82,6 +94,18 @@ class RocksDBOptions:
             )
         if self.max_background_jobs < 1:
             raise ConfigurationError("RocksDBOptions.max_background_jobs must be >= 1")
+        if self.compaction_style not in _COMPACTION_STYLES:
+            raise ConfigurationError(
+                f"RocksDBOptions.compaction_style {self.compaction_style!r} is unknown; choose "
+                f"one of {list(_COMPACTION_STYLES)}"
+            )
+        if self.level0_file_num_compaction_trigger < 1 or self.universal_size_ratio < 0 \
+                or self.universal_max_size_amplification_percent < 1:
+            raise ConfigurationError(
+                "RocksDBOptions.level0_file_num_compaction_trigger and "
+                "universal_max_size_amplification_percent must be >= 1, universal_size_ratio "
+                ">= 0"
+            )
         if self.compression not in _COMPRESSIONS:
             raise ConfigurationError(
                 f"RocksDBOptions.compression {self.compression!r} is unknown; choose one of "
@@ -114,6 +138,19 @@ class RocksDBOptions:
         opts.set_compression_type(getattr(rocksdict.DBCompressionType, self.compression)())
         # Keep RocksDB's info LOG small: it is a private file of every snapshot otherwise.
         opts.set_keep_log_file_num(1)
+        trigger = self.level0_file_num_compaction_trigger
+        if self.compaction_style == "universal":
+            opts.set_compaction_style(rocksdict.DBCompactionStyle.universal())
+            universal = rocksdict.UniversalCompactOptions()
+            universal.size_ratio = self.universal_size_ratio
+            universal.max_size_amplification_percent = \
+                self.universal_max_size_amplification_percent
+            opts.set_universal_compaction_options(universal)
+        if self.compaction_style == "universal" or trigger != 4:
+            # RocksDB's stall thresholds (20, 36) must stay above the trigger.
+            opts.set_level_zero_file_num_compaction_trigger(trigger)
+            opts.set_level_zero_slowdown_writes_trigger(max(20, trigger * 5 // 2))
+            opts.set_level_zero_stop_writes_trigger(max(36, trigger * 9 // 2))
         return opts
 
     def write_options(self) -> rocksdict.WriteOptions:

@@ -15,7 +15,11 @@
 
 Every downloaded file is verified (size and checksum) by
 :meth:`~keyedstate.checkpoint.storage.CheckpointStorage.download`: a corrupt file raises
-:class:`CorruptCheckpointError` before RocksDB reads it.
+:class:`CorruptCheckpointError` before RocksDB reads it. The files of a handle download in
+parallel and through the process's file cache (an executor that wrote or read them before
+finds them on its local disk). The SST files of the restored DB (the one handle, or the initial
+handle of a rescale) are the next snapshot's base: referenced in place when they are the job's
+own (``share_restored_files``), duplicated by the store otherwise (NO_CLAIM).
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ from keyedstate.backends.rocksdb.options import (
 )
 from keyedstate.backends.rocksdb.snapshot import (
     META_FILE,
+    SST_SUFFIX,
     MetaFile,
     SharedBase,
     StateMetaInfoSnapshot,
     read_meta_file,
 )
-from keyedstate.checkpoint.metadata import KeyedStateHandle
+from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import TransferStats
 from keyedstate.errors import (
     BackendError,
     ConfigurationError,
@@ -65,8 +71,10 @@ class RestoreResult:
     db: rocksdict.Rdict
     states: dict[str, StateMetaInfoSnapshot] = field(default_factory=dict)
     list_sequence: int = 0
-    #: the restored files the next snapshot may re-reference (None: upload everything).
+    #: the restored files the next snapshot may reuse (None: upload everything).
     base: SharedBase | None = None
+    #: what the restore downloaded, took from the file cache, ...
+    stats: TransferStats = field(default_factory=TransferStats)
 
 
 def choose_the_best_state_handle_for_initial(
@@ -145,6 +153,7 @@ class RocksDBIncrementalRestoreOperation:
         self.rescale_strategy = rescale_strategy
         self.share_restored_files = share_restored_files
         self._metas: list[MetaFile] = []
+        self.stats = TransferStats()
 
     def restore(self) -> RestoreResult:
         if not self.handles:
@@ -156,7 +165,18 @@ class RocksDBIncrementalRestoreOperation:
         else:
             result = self._restore_with_rescaling()
         self._merge_metas(result)
+        result.stats = self.stats
         return result
+
+    def _base_of(self, handle: KeyedStateHandle) -> SharedBase:
+        """The SSTs of ``handle``, now files of the restored DB, as the next snapshot's base:
+        the job's own (referenced in place) with ``share_restored_files``, else a snapshot it
+        does not own (duplicated by the next snapshot; id 0 so that any new snapshot of the
+        job, whose ids start anywhere, replaces it as the base)."""
+        assert self.storage is not None
+        ssts = {name: s for name, s in handle.shared.items() if name != META_FILE}
+        return SharedBase(handle.checkpoint_id if self.share_restored_files else 0,
+                          self.storage.url, ssts, self.storage, self.share_restored_files)
 
     # -- downloads -----------------------------------------------------------------------------
 
@@ -165,12 +185,16 @@ class RocksDBIncrementalRestoreOperation:
         assert self.storage is not None
         os.makedirs(db_dir, exist_ok=True)
         meta_path = None
+        items: list[tuple[StreamHandle, str, bool]] = []
         for name, stream in [*handle.shared.items(), *handle.private.items()]:
             if name == META_FILE:
                 meta_path = os.path.join(self.work_dir, f"{uuid.uuid4().hex}-{META_FILE}")
-                self.storage.download(stream, meta_path)
+                items.append((stream, meta_path, False))
             else:
-                self.storage.download(stream, os.path.join(db_dir, os.path.basename(name)))
+                # SST files are immutable: the cache may hand them out as hard links.
+                items.append((stream, os.path.join(db_dir, os.path.basename(name)),
+                              name.endswith(SST_SUFFIX)))
+        self.storage.download_all(items, stats=self.stats)
         if meta_path is None:
             raise CorruptCheckpointError(
                 f"the RocksDB snapshot of subtask {handle.subtask_index} (checkpoint "
@@ -206,10 +230,7 @@ class RocksDBIncrementalRestoreOperation:
     def _restore_without_rescaling(self, handle: KeyedStateHandle) -> RestoreResult:
         self._download(handle, self.db_dir)
         result = RestoreResult(open_db(self.db_dir, self.options))
-        if self.share_restored_files:
-            assert self.storage is not None
-            ssts = {name: s for name, s in handle.shared.items()}
-            result.base = SharedBase(handle.checkpoint_id, self.storage.url, ssts)
+        result.base = self._base_of(handle)
         return result
 
     def _restore_with_rescaling(self) -> RestoreResult:
@@ -232,7 +253,9 @@ class RocksDBIncrementalRestoreOperation:
             with native("closing the DB of a failed restore"):
                 db.close()
             raise
-        return RestoreResult(db)
+        # The initial DB's own files stay (clipped by range tombstones, not rewritten): the
+        # next snapshot reuses them instead of uploading them again.
+        return RestoreResult(db, base=None if initial is None else self._base_of(initial))
 
     def _ingest_handle(self, db: rocksdict.Rdict, handle: KeyedStateHandle) -> None:
         path, source = self._temporary_db(handle)

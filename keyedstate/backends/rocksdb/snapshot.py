@@ -12,10 +12,17 @@ before it, a ``full`` snapshot deletes expired TTL entries so a restore can't re
 Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`, processing goes on):
 
 1. every SST file the base already has (same name, same size) is re-referenced by its existing
-   :class:`StreamHandle`; every other SST file is uploaded as a shared file;
-2. every other file (MANIFEST, CURRENT, OPTIONS, the meta file ...) is uploaded as a private
+   :class:`StreamHandle` when the base is the job's own and lies in this storage root; when it
+   is a restored snapshot the job does not own (NO_CLAIM) or lies in another root of the same
+   store, it is duplicated by the store (server-side copy, no byte through this process) as a
+   new shared file instead; every other SST file is stored as a shared file;
+   RocksDB's OPTIONS file is treated as an SST (immutable, numbered, the same in every
+   snapshot until the options change): stored once, then re-referenced;
+2. every other file (MANIFEST, CURRENT, the meta file ...) is stored as a private
    file of this checkpoint, except an empty WAL (``*.log``): with the WAL off and every column
-   family flushed it holds nothing, and RocksDB opens without it;
+   family flushed it holds nothing, and RocksDB opens without it. Storing goes through
+   :meth:`~keyedstate.checkpoint.storage.CheckpointStorageLocation.put_files`: small files are
+   inlined into ``_metadata`` or merged into one object, the rest uploaded in parallel;
 3. the local snapshot directory is deleted; the shared files become a base candidate that only
    :meth:`~RocksDBIncrementalSnapshotStrategy.notify_checkpoint_complete` turns into the base.
 
@@ -39,7 +46,14 @@ import rocksdict
 from keyedstate.backends.base.backend import SnapshotResult
 from keyedstate.backends.rocksdb.options import native
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
-from keyedstate.checkpoint.storage import CheckpointStorageLocation
+from keyedstate.checkpoint.storage import (
+    CheckpointStorage,
+    CheckpointStorageLocation,
+    StateFile,
+    file_checksum,
+    same_store,
+)
+from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import (
     BackendError,
     CorruptCheckpointError,
@@ -52,6 +66,7 @@ from keyedstate.serde import TypeSerializer
 META_FILE = "KEYEDSTATE-META"
 META_FORMAT_VERSION = 1
 SST_SUFFIX = ".sst"
+OPTIONS_PREFIX = "OPTIONS-"
 WAL_SUFFIX = ".log"
 
 #: ``KeyedStateHandle.properties`` keys.
@@ -125,11 +140,16 @@ def read_meta_file(path: str, source: str) -> MetaFile:
 
 @dataclass(frozen=True, slots=True)
 class SharedBase:
-    """The SST files of one snapshot, as uploaded to one storage root."""
+    """The SST files of one snapshot, as stored in one storage root. ``owned`` False: a
+    restored snapshot the job does not own (NO_CLAIM); its files are duplicated into the job's
+    root by the next snapshot, never referenced. ``storage`` is where the files lie (needed
+    to duplicate them)."""
 
     checkpoint_id: int
     storage_url: str
     sst_files: Mapping[str, StreamHandle]
+    storage: CheckpointStorage | None = None
+    owned: bool = True
 
 
 class RocksDBIncrementalSnapshotStrategy:
@@ -151,6 +171,8 @@ class RocksDBIncrementalSnapshotStrategy:
         self._confirmed: SharedBase | None = None
         self._pending: dict[int, SharedBase] = {}
         self._aborted: set[int] = set()
+        #: what the restore of this instance moved, reported by its first snapshot
+        self.restore_stats: TransferStats | None = None
 
     @property
     def confirmed_base(self) -> SharedBase | None:
@@ -185,6 +207,9 @@ class RocksDBIncrementalSnapshotStrategy:
             PROP_LIST_SEQUENCE: str(meta.list_sequence),
             PROP_BASE_CHECKPOINT: "" if base is None else str(base.checkpoint_id),
         }
+        restore_stats, self.restore_stats = self.restore_stats, None
+        if restore_stats is not None:
+            properties.update(restore_stats.to_properties(RESTORE_PREFIX))
         return RocksDBSnapshotResult(
             strategy=self, checkpoint_id=checkpoint_id, local_dir=local_dir,
             location=location, base=base, states=state_infos, properties=properties,
@@ -236,13 +261,23 @@ class RocksDBSnapshotResult(SnapshotResult):
                                f"discarded; take a new snapshot")
         self._done = True
         location = self._location
-        storage_url = location.storage.url
-        # A base uploaded to another storage root can't be referenced from this one.
-        base = self._base.sst_files if (
-            self._base is not None and self._base.storage_url == storage_url) else {}
-        shared: dict[str, StreamHandle] = {}
-        private: dict[str, StreamHandle] = {}
-        uploaded = 0
+        storage = location.storage
+        # Which SSTs of the base may be reused, and how: referenced in place (the job's own
+        # files in this root), duplicated by the store (a restored snapshot the job does not
+        # own, or another root of the same store), or not at all (another store: upload).
+        reuse: Mapping[str, StreamHandle] = {}
+        duplicate_from: CheckpointStorage | None = None
+        base = self._base
+        if base is not None:
+            if base.owned and base.storage_url == storage.url:
+                reuse = base.sst_files
+            elif base.storage is not None and same_store(base.storage, storage):
+                reuse, duplicate_from = base.sst_files, base.storage
+        by_content = {(h.digest, h.length): h for n, h in reuse.items()
+                      if n.startswith(OPTIONS_PREFIX)}
+        referenced: dict[str, StreamHandle] = {}
+        to_duplicate: list[tuple[str, StreamHandle]] = []
+        to_store: list[StateFile] = []
         try:
             try:
                 names = sorted(os.listdir(self.local_dir))
@@ -257,24 +292,45 @@ class RocksDBSnapshotResult(SnapshotResult):
                     # The WAL is off and every column family was flushed: an empty log holds
                     # nothing and RocksDB opens without it.
                     continue
-                if name.endswith(SST_SUFFIX):
-                    # Step 1. Re-reference SST files of the confirmed base, upload new ones.
-                    known = base.get(name)
-                    if known is not None and known.size == os.path.getsize(path):
-                        shared[name] = known
+                if name.endswith(SST_SUFFIX) or name.startswith(OPTIONS_PREFIX):
+                    # Step 1. Reuse SST files of the base, store new ones. An OPTIONS file is
+                    # immutable too (a new number when the options change) and the same in
+                    # every snapshot of one DB: shared like an SST, stored once.
+                    known = reuse.get(name)
+                    if known is not None and known.length != os.path.getsize(path):
+                        known = None
+                    if known is None and name.startswith(OPTIONS_PREFIX):
+                        # Reopening a DB writes its OPTIONS again under a new number: the
+                        # same bytes, found by content (the file is a few KB).
+                        known = by_content.get((file_checksum(path), os.path.getsize(path)))
+                    if known is not None:
+                        if duplicate_from is None:
+                            referenced[name] = known
+                        else:
+                            to_duplicate.append((name, known))
                     else:
-                        shared[name] = location.upload_shared(path, name)
-                        uploaded += shared[name].size
+                        to_store.append(StateFile(name, True, local_path=path, immutable=True))
                 else:
                     # Step 2. Everything else is private to this checkpoint.
-                    private[name] = location.upload_private(path, name)
-                    uploaded += private[name].size
+                    to_store.append(StateFile(name, False, local_path=path))
+            stored = location.put_files(to_store)
+            duplicated = (location.duplicate_files(duplicate_from, to_duplicate)
+                          if duplicate_from is not None and to_duplicate else [])
         finally:
             # Step 3. The hard links go; the DB keeps its own.
             shutil.rmtree(self.local_dir, ignore_errors=True)
+        shared = dict(referenced)
+        private: dict[str, StreamHandle] = {}
+        for (name, _), handle in zip(to_duplicate, duplicated):
+            shared[name] = handle
+        for f, handle in zip(to_store, stored):
+            (shared if f.shared else private)[f.name] = handle
+        written = sum(h.length for h in [*stored, *duplicated])
         self._strategy._materialized(
-            self.checkpoint_id, SharedBase(self.checkpoint_id, storage_url, shared))
+            self.checkpoint_id, SharedBase(self.checkpoint_id, storage.url, dict(shared),
+                                           storage))
         kg = self._strategy.key_group_range
+        self.stats.extra.update(location.stats.as_dict())
         return KeyedStateHandle(
             backend=self._strategy.backend_name,
             subtask_index=self._strategy.subtask_index,
@@ -282,11 +338,11 @@ class RocksDBSnapshotResult(SnapshotResult):
             key_group_end=kg.end,
             checkpoint_id=self.checkpoint_id,
             states=self._states,
-            shared=shared,
+            shared=dict(sorted(shared.items())),
             private=private,
-            full_size=sum(h.size for h in shared.values()) + sum(h.size for h in private.values()),
-            incremental_size=uploaded,
-            properties=self._properties,
+            full_size=sum(h.length for h in [*shared.values(), *private.values()]),
+            incremental_size=written,
+            properties={**self._properties, **location.stats.to_properties()},
         )
 
     def discard(self) -> None:

@@ -1,0 +1,32 @@
+"""The chaos soak (``keyedstate chaos``): a keyed job with every state kind, TTL and both timer
+kinds runs for hundreds of micro-batches on ``local-cluster`` while Python workers, executor
+JVMs and the driver are killed, checkpoints are aborted and the job is stopped with savepoints
+and restarted in every restore mode at random parallelism; an independent oracle then checks
+that every output row appears exactly once with the right value and that the final state read
+through the state processor API is the oracle's. See ``docs/reliability.md``.
+
+- :mod:`~keyedstate.chaos.plan`: the seeded schedule;
+- :mod:`~keyedstate.chaos.workload`: input, the keyed function, executor-side faults;
+- :mod:`~keyedstate.chaos.driver`: the Spark application (killed and restarted);
+- :mod:`~keyedstate.chaos.runner`: the controller and the verdict;
+- :mod:`~keyedstate.chaos.oracle`: the expected outputs and state (pandas);
+- :mod:`~keyedstate.chaos.drills`: corruption drills;
+- :mod:`~keyedstate.chaos.resources`: memory, processes and disk from ``/proc``.
+
+Nothing here imports pyspark: the Spark parts go through :mod:`keyedstate.spark`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: executors import keyedstate.chaos.workload and need none of the controller.
+    if name in __all__:
+        from keyedstate.chaos import runner
+
+        return getattr(runner, name)
+    raise AttributeError(name)

@@ -1,0 +1,402 @@
+"""The soak's Spark application (``python -m keyedstate.chaos.driver RUN_DIR``): the driver
+the controller (:mod:`keyedstate.chaos.runner`) starts, kills and starts again.
+
+It runs the plan's jobs from the one ``progress.json`` names, one streaming query per job
+(``availableNow`` over the input files of the job's batches, one file per batch), and:
+
+1. installs the driver-side crash points (:func:`install_driver_hooks`): SIGKILL of itself
+   after each step of the checkpoint commit (``CheckpointCoordinator._complete_steps`` yields
+   after each), around the sink commit and before the staging clean-up; a failing
+   ``_metadata`` write (an aborted checkpoint). Nothing in keyedstate is changed: the hooks
+   wrap its classes in this process only;
+2. restarts the query in this process after an injected abort, at a new parallelism;
+3. at a job boundary: stops with a savepoint, runs a corruption drill on a copy of the job's
+   checkpoint directory, checks the directory (:func:`check_job_dir`: gc, then no orphan and
+   no missing file), and moves on to the next job, which restores the savepoint in its mode;
+4. after the last job: reads the final state with the state processor API
+   (:class:`~keyedstate.spark.processor.SavepointReader`) into ``final/``.
+
+Everything it does is appended to ``events.jsonl`` (one JSON object per line).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from keyedstate.chaos import drills
+from keyedstate.chaos.plan import MAX_PARALLELISM, Job, Plan
+from keyedstate.chaos.workload import (
+    DRIVER_PID_FILE,
+    INJECTED,
+    INPUT_DDL,
+    OUTPUT_DDL,
+    PLAN_FILE,
+    WATERMARK_DELAY_MS,
+    ChaosFunction,
+    claim_marker,
+    marker_path,
+    publish_input,
+)
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator
+from keyedstate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
+from keyedstate.spark.sinks import ParquetSink, StagedOutput
+
+PROGRESS_FILE = "progress.json"
+EVENTS_FILE = "events.jsonl"
+FINAL_DIR = "final"
+
+
+def log_event(run_dir: str, event: str, **info: Any) -> None:
+    line = json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **info},
+                      default=str)
+    with open(os.path.join(run_dir, EVENTS_FILE), "a") as f:
+        f.write(line + "\n")
+        f.flush()
+
+
+def read_progress(run_dir: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(run_dir, PROGRESS_FILE)) as f:
+            return dict(json.load(f))
+    except FileNotFoundError:
+        return {"job": 0, "restarts": 0, "parallelism": None}
+
+
+def write_progress(run_dir: str, progress: dict[str, Any]) -> None:
+    path = os.path.join(run_dir, PROGRESS_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(progress, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- driver-side faults --------------------------------------------------------------------------
+
+class DriverFaults:
+    """The plan's driver-side faults, each fired once (marker first)."""
+
+    def __init__(self, run_dir: str, plan: Plan) -> None:
+        self.run_dir = run_dir
+        self.by_point: dict[tuple[int, str], dict[str, Any]] = {
+            (f["batch"], f["point"]): f for f in plan.driver_faults}
+        #: off while a drill runs batches of its own (the hooks are process-wide)
+        self.paused = False
+
+    def due(self, batch: int, point: str) -> dict[str, Any] | None:
+        fault = self.by_point.get((batch, point))
+        if self.paused or fault is None or os.path.exists(marker_path(self.run_dir,
+                                                                      fault["id"])):
+            return None
+        return fault
+
+    def crash(self, batch: int, point: str) -> None:
+        fault = self.due(batch, point)
+        if fault is not None and claim_marker(self.run_dir, fault["id"], kind="kill_driver",
+                                              at=point, batch=batch):
+            _die()
+
+
+def install_driver_hooks(faults: DriverFaults) -> None:
+    """Wrap keyedstate's commit path in this process (see the module docstring)."""
+    def complete(self: CheckpointCoordinator, pending: Any, properties: Any = None) -> Any:
+        batch = int(pending.properties.get("batch_id", "-1"))
+        for step in self._complete_steps(pending, properties):
+            faults.crash(batch, f"commit-step-{step}")
+        return pending.completed
+
+    CheckpointCoordinator.complete = complete  # type: ignore[method-assign]
+    write_metadata = CheckpointStorage.write_metadata
+
+    def failing_write_metadata(self: CheckpointStorage, metadata: CheckpointMetadata,
+                               relative: str | None = None) -> str:
+        if relative is None and "tokens" in metadata.properties:  # a batch's checkpoint
+            batch = int(metadata.properties.get("batch_id", "-1"))
+            fault = faults.due(batch, "metadata-write")
+            if fault is not None and claim_marker(faults.run_dir, fault["id"], kind="abort",
+                                                  at="metadata-write", batch=batch):
+                raise OSError(f"{INJECTED} _metadata write failure of checkpoint "
+                              f"{metadata.checkpoint_id} (fault {fault['id']})")
+        return write_metadata(self, metadata, relative)
+
+    CheckpointStorage.write_metadata = failing_write_metadata  # type: ignore[method-assign]
+    delete_dir = CheckpointStorage.delete_dir
+
+    def crashing_delete_dir(self: CheckpointStorage, relative: str) -> None:
+        if relative.startswith("staging/batch-"):
+            faults.crash(int(relative.rsplit("-", 1)[1]), "staging-cleanup")
+        delete_dir(self, relative)
+
+    CheckpointStorage.delete_dir = crashing_delete_dir  # type: ignore[method-assign]
+
+
+class ChaosSink(ParquetSink):
+    """A :class:`ParquetSink` with crash points around its commit and a ledger of every
+    commit (``ledger/``): a batch committed twice must be committed with the same rows."""
+
+    def __init__(self, path: str, output: str, run_dir: str, faults: DriverFaults | None,
+                 last: bool) -> None:
+        super().__init__(path)
+        self.output = output
+        self.run_dir = run_dir
+        self.faults = faults
+        self.last = last
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        faults = self.faults
+        if faults is not None and self.output == "main":
+            faults.crash(batch_id, "sink-before")
+            if faults.due(batch_id, "sink-mid") and staged.paths:
+                self._commit_first_file(batch_id, staged)
+                faults.crash(batch_id, "sink-mid")
+        super().commit(spark, batch_id, staged)
+        self._ledger(batch_id, staged)
+        if faults is not None and self.last:
+            faults.crash(batch_id, "sink-after")
+
+    def _commit_first_file(self, batch_id: int, staged: StagedOutput) -> None:
+        """What a commit interrupted half-way leaves: the batch's old files gone, one new."""
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.path)
+        fs.makedirs(root, exist_ok=True)
+        prefix = f"batch-{batch_id:010d}-part-"
+        for existing in fs.ls(root, detail=False):
+            if existing.rstrip("/").rsplit("/", 1)[-1].startswith(prefix):
+                fs.rm_file(existing)
+        fs.pipe_file(f"{root}/{prefix}00000.parquet", staged.storage.read(sorted(staged.paths)[0]))
+
+    def _ledger(self, batch_id: int, staged: StagedOutput) -> None:
+        import hashlib
+
+        rows = []
+        for path in staged.paths:
+            table = pq.read_table(staged.storage.fs.open(staged.storage.path(path), "rb"))
+            rows += [json.dumps(r, sort_keys=True, default=str) for r in table.to_pylist()]
+        digest = hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+        directory = os.path.join(self.run_dir, "ledger")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, f"{self.output}-b{batch_id}-{uuid.uuid4().hex}.json"),
+                  "w") as f:
+            json.dump({"batch_id": batch_id, "output": self.output, "rows": len(rows),
+                       "sha256": digest, "time": time.time()}, f)
+
+
+# -- one job -------------------------------------------------------------------------------------
+
+def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int) -> JobConfig:
+    previous = plan.savepoint_dir(job.index - 1) if job.index > 0 else None
+    return JobConfig(
+        checkpoint_dir=plan.job_dir(job.index), backend=plan.backend, parallelism=parallelism,
+        max_parallelism=MAX_PARALLELISM, num_retained=job.num_retained,
+        restore_path=previous, restore_mode=RestoreMode(job.restore_mode or "NO_CLAIM"),
+        watermark_column="ts", watermark_delay=dt.timedelta(milliseconds=WATERMARK_DELAY_MS),
+        late_events=LateEvents.SIDE_OUTPUT,
+        local_dir=os.path.join(run_dir, "local"), storage_options=plan.storage_options)
+
+
+def build_job(df: Any, run_dir: str | None, out_dir: str, faults: DriverFaults | None) -> Any:
+    from keyedstate.spark.job import key_by
+
+    job = key_by(df, "key").process(ChaosFunction(run_dir), OUTPUT_DDL)
+    job.sink(ChaosSink(os.path.join(out_dir, "main"), "main", run_dir or out_dir, faults, False))
+    job.sink(ChaosSink(os.path.join(out_dir, "late"), "late", run_dir or out_dir, faults, True),
+             output=LATE_EVENTS_TAG)
+    return job
+
+
+def _injected_fault(exc: BaseException) -> str | None:
+    text = str(exc)
+    at = text.find(INJECTED)
+    if at < 0:
+        return None
+    start = text.find("(fault ", at)
+    return text[start + 7: text.find(")", start)] if start >= 0 else None
+
+
+def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, Any],
+            faults: DriverFaults) -> Any:
+    """Run ``job`` until every input file of its batches is processed; restart the query
+    after each injected abort. Returns the finished :class:`KeyedQuery`."""
+    input_dir = os.path.join(run_dir, "input")
+    publish_input(os.path.join(run_dir, "generated"), input_dir, job.end_batch)
+    while True:
+        parallelism = progress["parallelism"] or job.parallelism
+        cfg = job_config(plan, run_dir, job, parallelism)
+        events = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
+                  .parquet(input_dir))
+        started = time.time()
+        query = build_job(events, run_dir, os.path.join(run_dir, "out"), faults).start(
+            cfg, trigger={"availableNow": True},
+            spark_checkpoint_location=os.path.join(run_dir, "spark-offsets"))
+        log_event(run_dir, "query-start", job=job.index, parallelism=parallelism,
+                  restore_mode=job.restore_mode, start_s=time.time() - started,
+                  recovery_notes=query.driver.coordinator.recovery_notes)
+        query.add_listener(lambda s: log_event(
+            run_dir, "batch", job=job.index, batch_id=s.batch_id,
+            checkpoint_id=s.checkpoint_id, skipped=s.skipped_replay, rows_in=s.rows_in,
+            rows_out=s.rows_out, duration_s=s.duration_s, restored=s.restored_subtasks,
+            reused=s.reused_subtasks, restore_s=s.restore_s, full_bytes=s.full_bytes,
+            incremental_bytes=s.incremental_bytes))
+        try:
+            query.await_termination()
+            return query
+        except Exception as exc:
+            fault = _injected_fault(exc)
+            if fault is None:
+                raise
+            query.query.stop()
+            claim_marker(run_dir, fault + "-handled")
+            progress["restarts"] += 1
+            progress["parallelism"] = plan.restart_parallelism[
+                progress["restarts"] % len(plan.restart_parallelism)]
+            write_progress(run_dir, progress)
+            log_event(run_dir, "abort", fault=fault, job=job.index,
+                      error=str(exc).splitlines()[0][:300])
+
+
+def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[str, Any]:
+    """gc (as an operator's cron would), then what is left: every file must be referenced by
+    a committed checkpoint or belong to the layout (``_metadata``, the latest sink-commit
+    markers); every referenced file must exist with its size and checksum."""
+    from keyedstate.checkpoint.inspection import delete_garbage, find_garbage
+    from keyedstate.checkpoint.resolve import ResolvedSnapshot
+    from keyedstate.checkpoint.savepoint import verify_snapshot_files
+
+    storage = CheckpointStorage(directory, plan.storage_options)
+    report = find_garbage(directory, plan.storage_options)
+    collected = delete_garbage(report) if apply_gc and report.files else 0
+    referenced: set[str] = set()
+    missing: list[str] = []
+    ids = storage.checkpoint_ids()
+    for checkpoint_id in ids:
+        path = storage.metadata_path(checkpoint_id)
+        metadata = storage.read_metadata(path)
+        referenced.add(path)
+        referenced.update(f.path for f in metadata.files())
+        try:
+            verify_snapshot_files(ResolvedSnapshot(storage, path, metadata))
+        except Exception as exc:  # noqa: BLE001 - reported, the run fails on it
+            missing.append(f"{type(exc).__name__}: {exc}")
+    files = [p for p in storage.list_files() if not p.startswith("spark/")]
+    layout = [p for p in files if p.startswith("commits/") or p.endswith("/_claimed")]
+    orphans = [p for p in files if p not in referenced and p not in layout]
+    return {"directory": directory, "checkpoints": ids, "files": len(files),
+            "referenced": len(referenced), "gc_collected": collected,
+            "gc_bytes": report.bytes, "orphans": orphans[:20], "orphan_count": len(orphans),
+            "commit_markers": len(layout), "missing": missing,
+            "bytes": sum(int(storage.fs.size(storage.path(p))) for p in files)}
+
+
+def read_final_state(spark: Any, plan: Plan, run_dir: str, job: Job) -> None:
+    """Every state and the timers of the last job's latest checkpoint, through the state
+    processor API, as Parquet under ``final/``."""
+    from keyedstate.spark.processor import SavepointReader
+
+    out = os.path.join(run_dir, FINAL_DIR)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    reader = SavepointReader.read(spark, plan.job_dir(job.index),
+                                  storage_options=plan.storage_options)
+    frames = {name: reader.state(name) for name in reader.state_names}
+    frames["timers"] = reader.timers()
+    for name, df in frames.items():
+        df.toPandas().to_parquet(os.path.join(out, f"{name}.parquet"))
+    log_event(run_dir, "final-state", checkpoint=reader.snapshot.metadata.checkpoint_id,
+              batch_id=reader.snapshot.metadata.properties.get("batch_id"),
+              states=sorted(frames))
+
+
+def _housekeeping(plan: Plan, index: int) -> None:
+    """The operator's part: delete job directories and savepoints two jobs back (the
+    current job restored from the previous savepoint; nothing older is needed)."""
+    if index < 2:
+        return
+    for url in (plan.job_dir(index - 2), plan.savepoint_dir(index - 2)):
+        storage = CheckpointStorage(url, plan.storage_options)
+        try:
+            storage.fs.rm(storage.root, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    run_dir = os.path.abspath(args[0])
+    with open(os.path.join(run_dir, DRIVER_PID_FILE), "w") as f:
+        f.write(str(os.getpid()))
+    with open(os.path.join(run_dir, PLAN_FILE)) as f:
+        plan = Plan.from_json(json.load(f))
+    progress = read_progress(run_dir)
+    if "--parallelism" in args:
+        progress["parallelism"] = int(args[args.index("--parallelism") + 1])
+        write_progress(run_dir, progress)
+    faults = DriverFaults(run_dir, plan)
+    install_driver_hooks(faults)
+    from keyedstate.spark.session import local_session
+
+    started = time.time()
+    spark = local_session(plan.master, "keyedstate-chaos", {
+        "spark.task.maxFailures": "4",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.local.dir": os.path.join(run_dir, "spark-local"),
+        "spark.deploy.maxExecutorRetries": "-1",
+    })
+    log_event(run_dir, "driver-start", app_id=spark.sparkContext.applicationId,
+              start_s=time.time() - started, job=progress["job"],
+              parallelism=progress["parallelism"])
+    while progress["job"] < len(plan.jobs):
+        job = plan.jobs[progress["job"]]
+        _housekeeping(plan, job.index)
+        log_event(run_dir, "job-start", job=job.index, restore_mode=job.restore_mode)
+        query = run_job(spark, plan, run_dir, job, progress, faults)
+        last = job.index == len(plan.jobs) - 1
+        if last:
+            query.stop()
+            read_final_state(spark, plan, run_dir, job)
+        else:
+            target = plan.savepoint_dir(job.index)
+            stopping = time.time()
+            if not CheckpointStorage(target, plan.storage_options).exists(METADATA_FILE):
+                query.stop(savepoint=target, format=job.savepoint_format)
+            else:
+                query.query.stop()
+            log_event(run_dir, "savepoint", job=job.index, target=target,
+                      format=job.savepoint_format, stop_s=time.time() - stopping,
+                      next_mode=plan.jobs[job.index + 1].restore_mode)
+            if job.drill is not None:
+                faults.paused = True
+                try:
+                    result = drills.spark_drill(spark, plan, run_dir, job, build_job)
+                finally:
+                    faults.paused = False
+                log_event(run_dir, "drill", job=job.index, **result)
+        log_event(run_dir, "job-check", job=job.index,
+                  **check_job_dir(plan, plan.job_dir(job.index)))
+        progress["job"] = job.index + 1
+        progress["parallelism"] = None
+        write_progress(run_dir, progress)
+    log_event(run_dir, "done")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""``keyedstate chaos`` registers itself on the CLI group and refuses a plan that can't fit."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from keyedstate.chaos.plan import make_plan
+from keyedstate.cli_chaos import register
+
+pytestmark = pytest.mark.chaos
+
+
+def test_register_adds_the_command():
+    group = click.Group("keyedstate")
+    register(group)
+    result = CliRunner().invoke(group, ["chaos", "--help"])
+    assert result.exit_code == 0, result.output
+    for option in ("--batches", "--seed", "--master", "--faults-per-kind", "--s3", "--json"):
+        assert option in result.output
+
+
+def test_too_many_faults_for_the_batches_are_refused():
+    with pytest.raises(ValueError, match="too few"):
+        make_plan(1, 10, 5, checkpoint_root="/x")

@@ -1,0 +1,99 @@
+"""Fixtures of the object-storage suite: one store per test, on the local S3 server (moto) or
+on a local directory (the same tests run on both), and an S3 server that checks credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+
+from keyedstate.checkpoint.cache import all_process_caches
+from keyedstate.checkpoint.transfer import KiB, MiB, TransferOptions
+
+#: Inlining and merging on for both stores (a local disk has them off by default), small
+#: enough that a test's few thousand keys produce inline, merged and plain files.
+TRANSFER = TransferOptions(inline_threshold=2 * KiB, merge_file_size=64 * KiB,
+                           merge_max_size=1 * MiB, backoff_s=0.01, max_backoff_s=0.05)
+
+
+@dataclass
+class Store:
+    """A fresh snapshot root: ``url(name)`` is a folder in it, ``options`` its fsspec options,
+    ``kind`` "local" or "s3"."""
+
+    kind: str
+    base: str
+    options: dict[str, Any]
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
+    if request.param == "local":
+        yield Store("local", str(tmp_path / "store"), {})
+    else:
+        url, options = request.getfixturevalue("s3_bucket")
+        yield Store("s3", url, options)
+    for cache in all_process_caches():  # no test sees another's cached files
+        cache.clear()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def auth_s3() -> Iterator[dict[str, Any]]:
+    """A local S3 server that checks credentials (moto's IAM auth after its first 3 calls),
+    with a bucket and a user allowed everything: yields ``endpoint``, ``bucket``, ``key``,
+    ``secret``."""
+    import boto3
+
+    port = _free_port()
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("the local S3 server with auth (moto) did not start")
+            time.sleep(0.2)
+    try:
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id="setup", aws_secret_access_key="setup")
+        iam.create_user(UserName="keyedstate")
+        key = iam.create_access_key(UserName="keyedstate")["AccessKey"]
+        iam.put_user_policy(UserName="keyedstate", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17",
+             "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        bucket = f"ks-auth-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                     aws_access_key_id=key["AccessKeyId"],
+                     aws_secret_access_key=key["SecretAccessKey"]).create_bucket(Bucket=bucket)
+        yield {"endpoint": endpoint, "bucket": bucket, "key": key["AccessKeyId"],
+               "secret": key["SecretAccessKey"]}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+__all__ = ["MiB", "Store", "TRANSFER"]
