@@ -8,7 +8,8 @@ through the state processor API is the oracle's. See ``docs/reliability.md``.
 - :mod:`~keyedstate.chaos.plan`: the seeded schedule;
 - :mod:`~keyedstate.chaos.workload`: input, the keyed function, executor-side faults;
 - :mod:`~keyedstate.chaos.driver`: the Spark application (killed and restarted);
-- :mod:`~keyedstate.chaos.runner`: the controller and the verdict;
+- :mod:`~keyedstate.chaos.runner`: the controller;
+- :mod:`~keyedstate.chaos.verdict`: the verdict (oracle, drills, directories, bounds);
 - :mod:`~keyedstate.chaos.oracle`: the expected outputs and state (pandas);
 - :mod:`~keyedstate.chaos.drills`: corruption drills;
 - :mod:`~keyedstate.chaos.resources`: memory, processes and disk from ``/proc``.

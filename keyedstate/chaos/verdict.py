@@ -1,0 +1,219 @@
+"""The soak's verdict (step 4 of :func:`keyedstate.chaos.runner.run_chaos`): the outputs and the
+final state against the oracle, the ledger of sink commits, the drills, the checkpoint
+directory checks, the faults injected and the time to recover from each, the resource bounds.
+Everything is read from the run directory (``events.jsonl``, ``markers/``, ``out/``,
+``final/``, ``ledger/``), so a kept run can be judged again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import TYPE_CHECKING, Any, Callable
+
+from keyedstate.chaos import oracle as oracle_mod
+from keyedstate.chaos.driver import EVENTS_FILE, FINAL_DIR
+from keyedstate.chaos.plan import KINDS, Plan
+from keyedstate.chaos.workload import MARKERS_DIR
+
+if TYPE_CHECKING:
+    from keyedstate.chaos.runner import ChaosReport
+
+#: Resource bounds (docs/reliability.md explains them).
+#: executor JVM: its heap (local-cluster[E,C,M]: M MiB) + Spark's default memory overhead
+#: (max(384 MiB, 10 %)), what a cluster manager would allow the container.
+JVM_OVERHEAD_MIB = 384
+#: Python worker: RocksDB's per-process budget (64 MiB block cache, memtables charged to it)
+#: + the interpreter with pyarrow, pandas and the state of at most a few subtasks.
+PYTHON_WORKER_BOUND_MIB = 64 + 448
+#: working directories one dead driver's workers may leave (keyedstate does not remove a
+#: killed or exited worker's RocksDB directories yet: docs/reliability.md, known issues); the
+#: controller counts and removes them between drivers, and fails on runaway growth
+LOCAL_DIRS_BOUND = 256
+
+
+def read_events(run_dir: str) -> list[dict[str, Any]]:
+    path = os.path.join(run_dir, EVENTS_FILE)
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by SIGKILL
+    return out
+
+
+def markers(run_dir: str) -> dict[str, dict[str, Any]]:
+    directory = os.path.join(run_dir, MARKERS_DIR)
+    out = {}
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.endswith(".json") and not name.endswith("-handled.json"):
+                try:
+                    with open(os.path.join(directory, name)) as f:
+                        out[name[:-5]] = json.load(f)
+                except (OSError, json.JSONDecodeError):
+                    pass
+    return out
+
+
+def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], None]) -> None:
+    """Step 4 of :func:`run_chaos`."""
+    if report.failures:
+        return
+    events = read_events(run_dir)
+    found = markers(run_dir)
+    generated = os.path.join(run_dir, "generated")
+    # Exactly once: outputs and final state against the oracle.
+    log("checking outputs and state against the oracle")
+    orc = oracle_mod.Oracle(generated)
+    main, late = orc.run(plan.batches)
+    main_cmp = oracle_mod.compare_main(main, os.path.join(run_dir, "out", "main"))
+    late_cmp = oracle_mod.compare_late(late, os.path.join(run_dir, "out", "late"))
+    frames = {}
+    final = os.path.join(run_dir, FINAL_DIR)
+    import pandas as pd
+
+    for name in list(oracle_mod.STATES) + ["timers"]:
+        path = os.path.join(final, f"{name}.parquet")
+        if os.path.exists(path):
+            frames[name] = pd.read_parquet(path)
+    state_cmp = oracle_mod.compare_state(oracle_mod.expected_state(orc.state),
+                                         oracle_mod.actual_state(frames, plan.batches - 1))
+    ledger = _ledger_conflicts(run_dir)
+    drills = [e for e in events if e.get("event") == "drill"]
+    silent = [d for d in drills if d.get("violation")]
+    violations = (main_cmp.violations + late_cmp.violations + state_cmp.violations
+                  + len(ledger) + len(silent))
+    report.exactly_once = {"violations": violations, "main_output": main_cmp.to_json(),
+                           "late_events": late_cmp.to_json(), "ledger_conflicts": ledger,
+                           "drill_violations": len(silent)}
+    report.state = {**state_cmp.to_json(), "read_through": "SavepointReader (state processor API)",
+                    "found": sorted(frames)}
+    if not frames:
+        report.failures.append("the final state was never read (no final/)")
+    if violations:
+        report.failures.append(f"{violations} exactly-once violations")
+    # Faults injected, recoveries.
+    _count_faults(plan, found, events, report)
+    for kind, planned in report.planned.items():
+        if report.injected.get(kind, 0) < planned:
+            report.failures.append(f"{kind}: {report.injected.get(kind, 0)} of {planned} planned "
+                                   f"faults were injected")
+    # Drills.
+    outcomes: dict[str, int] = {}
+    for d in drills:
+        outcomes[d["outcome"]] = outcomes.get(d["outcome"], 0) + 1
+    report.drills = {"count": len(drills), "outcomes": outcomes,
+                     "violations": [d for d in drills if d.get("violation")],
+                     "all": [{k: d.get(k) for k in ("job", "target", "damage", "num_retained",
+                                                     "batches", "outcome", "restored_checkpoint",
+                                                     "checkpoint_id", "error", "names_file")}
+                             for d in drills]}
+    if silent:
+        report.failures.append(f"{len(silent)} corruption drills restored wrong state silently "
+                               f"or failed without a keyedstate error")
+    # Checkpoint directories: after gc, nothing unreferenced, nothing missing.
+    checks = [e for e in events if e.get("event") == "job-check"]
+    orphans = sum(c.get("orphan_count", 0) for c in checks)
+    missing = [m for c in checks for m in c.get("missing", [])]
+    report.checkpoint_dirs = {
+        "checks": len(checks), "orphans_after_gc": orphans, "referenced_but_missing": missing,
+        "gc_collected_files": sum(c.get("gc_collected", 0) for c in checks),
+        "max_files": max((c.get("files", 0) for c in checks), default=0),
+        "max_referenced": max((c.get("referenced", 0) for c in checks), default=0),
+        "max_bytes": max((c.get("bytes", 0) for c in checks), default=0),
+        "max_files_sampled_all_dirs": report.memory.get("max", {}).get("checkpoint_files"),
+        "max_bytes_sampled_all_dirs": report.memory.get("max", {}).get("checkpoint_bytes"),
+    }
+    if orphans:
+        report.failures.append(f"{orphans} unreferenced files left in job directories after gc")
+    if missing:
+        report.failures.append(f"{len(missing)} referenced files missing or altered: {missing[:3]}")
+    # Resource bounds.
+    jvm_bound = _executor_heap_mib(plan.master) + JVM_OVERHEAD_MIB
+    rss = report.memory.get("max_rss_mib", {})
+    report.memory["bounds_mib"] = {"executor_jvm": jvm_bound,
+                                   "python_worker": PYTHON_WORKER_BOUND_MIB}
+    if rss.get("executor_jvm", 0) > jvm_bound:
+        report.failures.append(f"an executor JVM reached {rss['executor_jvm']} MiB RSS "
+                               f"(bound {jvm_bound} MiB)")
+    if rss.get("python_worker", 0) > PYTHON_WORKER_BOUND_MIB:
+        report.failures.append(f"a Python worker reached {rss['python_worker']} MiB RSS "
+                               f"(bound {PYTHON_WORKER_BOUND_MIB} MiB)")
+    if report.local_dirs.get("max_entries_between_drivers", 0) > LOCAL_DIRS_BOUND:
+        report.failures.append(
+            f"{report.local_dirs['max_entries_between_drivers']} working directories were left "
+            f"by one dead driver (bound {LOCAL_DIRS_BOUND})")
+
+
+def _executor_heap_mib(master: str) -> int:
+    if master.startswith("local-cluster["):
+        return int(master[len("local-cluster["):-1].split(",")[2])
+    return 1024
+
+
+def _ledger_conflicts(run_dir: str) -> list[str]:
+    """Batches committed twice with different rows (a consumer could have seen both)."""
+    directory = os.path.join(run_dir, "ledger")
+    seen: dict[tuple[str, int], str] = {}
+    conflicts = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name)) as f:
+                entry = json.load(f)
+            k = (entry["output"], entry["batch_id"])
+            if k in seen and seen[k] != entry["sha256"]:
+                conflicts.append(f"{k[0]} output of batch {k[1]} committed with different rows")
+            seen.setdefault(k, entry["sha256"])
+    return conflicts
+
+
+def _kind_of(fault_id: str) -> str:
+    return fault_id.split("-", 1)[0]
+
+
+def _count_faults(plan: Plan, markers: dict[str, dict[str, Any]], events: list[dict[str, Any]],
+                  report: ChaosReport) -> None:
+    injected = {k: 0 for k in KINDS}
+    by_point: dict[str, int] = {}
+    recover: dict[str, list[float]] = {k: [] for k in KINDS}
+    batch_events = sorted((e["time"], e["batch_id"]) for e in events if e.get("event") == "batch")
+    for fid, marker in markers.items():
+        kind = _kind_of(fid)
+        if kind not in injected:
+            continue
+        injected[kind] += 1
+        point = f"{kind}:{marker.get('at')}"
+        by_point[point] = by_point.get(point, 0) + 1
+        t0, batch = marker.get("time", 0.0), marker.get("batch")
+        done = next((t for t, b in batch_events if b == batch and t > t0), None)
+        if done is not None:
+            recover[kind].append(done - t0)
+    savepoints = [e for e in events if e.get("event") == "savepoint"]
+    injected["savepoint"] = len(savepoints)
+    job_starts = sorted((e["time"], e["job"]) for e in events if e.get("event") == "job-start")
+    for sp in savepoints:
+        # Stop with a savepoint, then from the next job's start to its first batch (the drill
+        # and the directory check in between are the soak's, not the restart's).
+        next_batch = plan.jobs[sp["job"]].end_batch + 1
+        started = next((t for t, j in job_starts if j == sp["job"] + 1 and t > sp["time"]),
+                       sp["time"])
+        done = next((t for t, b in batch_events if b == next_batch and t > started), None)
+        if done is not None:
+            recover["savepoint"].append(sp.get("stop_s", 0.0) + done - started)
+        mode = plan.jobs[sp["job"] + 1].restore_mode
+        point = f"savepoint:{sp.get('format')}->{mode}"
+        by_point[point] = by_point.get(point, 0) + 1
+    report.injected = injected
+    report.injected_by_point = dict(sorted(by_point.items()))
+    report.recoveries = {
+        kind: {"count": len(times), "median_s": round(statistics.median(times), 1) if times else None,
+               "max_s": round(max(times), 1) if times else None}
+        for kind, times in recover.items()}
