@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 MiB = 2**20
 INCREMENTAL, FULL, GOAL = "#1f77b4", "#b0b0b0", "#d62728"
-BACKEND_COLORS = {"heap": "#9467bd", "rocksdb": "#1f77b4"}
+BACKEND_COLORS = {"heap": "#9467bd", "rocksdb": "#1f77b4", "rocksdb-level": "#ff7f0e"}
 
 
 def _load(results_dir: str, name: str) -> dict[str, Any] | None:
@@ -32,6 +32,7 @@ def _load(results_dir: str, name: str) -> dict[str, Any] | None:
         return None
     with open(path) as f:
         data: dict[str, Any] = json.load(f)
+    data["_path"] = path
     return data
 
 
@@ -52,7 +53,7 @@ def plot_checkpoint(data: dict[str, Any], out: str) -> str:
     results = data["results"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4))
     # Left: mean bytes written per checkpoint, incremental vs full.
-    labels = [f"{r['backend']}\n{r['changed_fraction']:.0%} changed" for r in results]
+    labels = [f"{r['backend']}\n{r['changed_fraction']:.0%}" for r in results]
     xs = range(len(results))
     width = 0.38
     full = left.bar([x - width / 2 for x in xs], [r["mean_full_bytes"] / MiB for r in results],
@@ -62,10 +63,12 @@ def plot_checkpoint(data: dict[str, Any], out: str) -> str:
                    label="incremental", color=INCREMENTAL)
     _label_bars(left, full, "{:.1f}")
     _label_bars(left, inc, "{:.1f}")
-    left.set_xticks(list(xs), labels)
+    left.set_xticks(list(xs), labels, fontsize=8)
+    left.set_xlabel("backend, keys changed per checkpoint")
     left.set_ylabel("MiB written per checkpoint (mean of the sequence)")
     keys = results[0]["keys"]
-    left.set_title(f"Bytes per checkpoint, {keys:,} keys, {results[0]['rounds']} checkpoints")
+    rounds = max(r["rounds"] for r in results)
+    left.set_title(f"Bytes per checkpoint, {keys:,} keys, up to {rounds} checkpoints")
     left.legend()
     # Right: incremental / full bytes, checkpoint by checkpoint.
     for r in results:
@@ -81,7 +84,7 @@ def plot_checkpoint(data: dict[str, Any], out: str) -> str:
     right.set_xlabel("checkpoint after the full base")
     right.set_ylabel("incremental bytes / full bytes")
     right.set_title("Each incremental checkpoint against a full one")
-    right.set_xticks(range(1, results[0]["rounds"] + 1))
+    right.set_xticks(range(1, rounds + 1, 1 if rounds <= 10 else 5))
     right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.suptitle(f"Checkpoint: incremental vs full ({_subtitle(data)})", fontsize=10)
     fig.tight_layout()
@@ -144,7 +147,42 @@ def plot_access(data: dict[str, Any], out: str) -> str:
     return path
 
 
-PLOTS = {"checkpoint": plot_checkpoint, "backend-rescale": plot_rescale, "access": plot_access}
+def plot_checkpoint_long(data: dict[str, Any], out: str) -> str:
+    """``checkpoint-long.json`` (and ``checkpoint-long-level.json`` beside it, if saved): each
+    checkpoint's bytes against the state's full size, over the long sequence, and the running
+    mean (what the goal judges)."""
+    runs = [data]
+    level = os.path.join(os.path.dirname(data["_path"]), "checkpoint-long-level.json")
+    if os.path.exists(level):
+        with open(level) as f:
+            runs.append(json.load(f))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    for run in runs:
+        ratios = [100 * x for x in run["per_round_incremental_over_full_size"]]
+        color = BACKEND_COLORS[run["backend"]]
+        ax.plot(range(1, len(ratios) + 1), ratios, ".", color=color, alpha=0.55, markersize=4,
+                label=f"{run['backend']}: each checkpoint")
+        mean = [sum(ratios[:i + 1]) / (i + 1) for i in range(len(ratios))]
+        ax.plot(range(1, len(mean) + 1), mean, "-", color=color, linewidth=2,
+                label=f"{run['backend']}: mean so far ({mean[-1]:.1f}% after {len(mean)})")
+    ax.axhline(5, color=GOAL, linestyle=":", label="goal: 5%")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    ax.set_xlabel("checkpoint after the full base")
+    ax.set_ylabel("bytes written / full size of the state")
+    ax.set_title(f"RocksDB incremental checkpoints, {data['keys']:,} keys, "
+                 f"{data['changed_fraction']:.0%} changed per checkpoint ({_subtitle(data)})",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    path = os.path.join(out, "checkpoint-long.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+PLOTS = {"checkpoint": plot_checkpoint, "checkpoint-long": plot_checkpoint_long,
+         "backend-rescale": plot_rescale, "access": plot_access}
 
 
 def main(argv: list[str] | None = None) -> None:

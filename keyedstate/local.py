@@ -7,12 +7,15 @@ benchmarks and ``keyedstate demo --local`` use it; it imports no pyspark.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CompletedCheckpoint,
+    has_completed_checkpoints,
+)
 from keyedstate.checkpoint.metadata import SnapshotFormat
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.restore_modes import (
@@ -48,7 +51,10 @@ class LocalKeyedOperator:
     (existence and size; checksums too on a local disk), then NO_CLAIM and LEGACY restore from
     it where it lies and their first checkpoint duplicates the restored files into this job's
     root (by the store itself: no upload), and CLAIM imports it as this job's first
-    checkpoint. A job's own checkpoints always win over ``restore_path``. Without
+    checkpoint. A job's own checkpoints always win over ``restore_path``; a job whose
+    latest checkpoint lost its ``_metadata`` falls back to the newest complete one (a warning,
+    and a line in ``coordinator.recovery_notes``), and one left with none raises
+    :class:`~keyedstate.errors.MissingCheckpointFileError`: never an empty start. Without
     ``max_parallelism``, the state's is adopted. ``transfer`` tunes retries, parallel
     transfers, inlining, merging and the file cache (docs/object-storage.md). The storage is
     checked first: refused credentials or a missing bucket raise
@@ -72,7 +78,9 @@ class LocalKeyedOperator:
         # Step 0. Credentials and location, before anything is read or written.
         self.storage.check_access()
         self.time_provider = time_provider
-        self.local_dir = local_dir or tempfile.mkdtemp(prefix="keyedstate-local-")
+        # None: the backends' default below the temp dir (one directory per process there,
+        # removed with its process), not a new directory per operator that nothing removes.
+        self.local_dir = local_dir
         self.num_retained = num_retained
         self.restore_mode = parse_restore_mode(restore_mode)
         #: the snapshot restored in NO_CLAIM or LEGACY mode, until the first checkpoint
@@ -80,7 +88,7 @@ class LocalKeyedOperator:
         self._force_full = False
         # Step 1. A new job started from a snapshot: check it (reads only), then claim it or
         # keep it as the restore source.
-        if restore_path and not self.storage.checkpoint_ids():
+        if restore_path and not has_completed_checkpoints(self.storage):
             snapshot = open_restore_snapshot(self.storage, restore_path, self.restore_mode,
                                              max_parallelism=max_parallelism,
                                              backend=self.backend.name,
@@ -106,7 +114,9 @@ class LocalKeyedOperator:
             backend=self.backend.name, parallelism=self.parallelism,
             max_parallelism=self.max_parallelism, key_types=self.key_serializer.type_strings,
             num_retained=self.num_retained)
-        if self.storage.checkpoint_ids():
+        # A job that completed checkpoints recovers from them, also when every _metadata was
+        # lost: recover() then raises instead of this job starting from empty state.
+        if has_completed_checkpoints(self.storage):
             return CheckpointCoordinator.recover(self.storage, **args)
         return CheckpointCoordinator(self.storage, **args)
 

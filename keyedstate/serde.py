@@ -15,7 +15,7 @@ import decimal
 import pickle
 import re
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, TypeAlias
 
 import msgspec
 import pyarrow as pa
@@ -26,7 +26,7 @@ EPOCH_DATE = _dt.date(1970, 1, 1)
 EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 _ONE_US = _dt.timedelta(microseconds=1)
 
-TypeLike = str | pa.DataType
+TypeLike: TypeAlias = str | pa.DataType
 
 # --------------------------------------------------------------------------------------------
 # Spark DDL -> pyarrow

@@ -39,4 +39,4 @@ def test_bench_checkpoint_runs_small():
     result = CliRunner().invoke(main, ["bench", "checkpoint", "--keys", "3000", "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output[result.output.index("{"):])
-    assert {r["backend"] for r in figures["results"]} == {"heap", "rocksdb"}
+    assert {r["backend"] for r in figures["results"]} == {"heap", "rocksdb", "rocksdb-level"}

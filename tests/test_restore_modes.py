@@ -11,10 +11,10 @@ import pytest
 
 from keyedstate import LocalKeyedOperator
 from keyedstate.checkpoint.inspection import find_garbage
-from keyedstate.checkpoint.metadata import CLAIM_MARKER_FILE, METADATA_FILE
+from keyedstate.checkpoint.metadata import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.restore_modes import PROP_CLAIMED_FROM
-from keyedstate.errors import SnapshotClaimedError
+from keyedstate.errors import MissingCheckpointFileError, SnapshotClaimedError
 from tests.test_savepoints import BACKENDS, feed, files_under, read_all, run_job
 
 
@@ -157,8 +157,10 @@ def test_interrupted_claim_is_claimed_again_by_the_same_job(tmp_path, backend):
     op = open_job(job, backend, snapshot, "CLAIM")
     checkpoint_id = op.coordinator.latest_completed.checkpoint_id
     op.close()
-    # As if the job crashed before the claimed checkpoint's _metadata was committed.
+    # As if the job crashed before the claimed checkpoint's _metadata was committed (so
+    # before any checkpoint of the job completed: no completed-checkpoint marker either).
     os.remove(os.path.join(job, f"chk-{checkpoint_id}", METADATA_FILE))
+    os.remove(os.path.join(job, COMPLETED_MARKER_FILE))
     with open_job(job, backend, snapshot, "CLAIM") as again:
         assert again.coordinator.latest_completed.checkpoint_id == checkpoint_id
         assert read_all(again) == expected
@@ -216,3 +218,53 @@ def test_restore_mode_is_read_from_the_configuration_key(tmp_path):
     assert JobConfig(checkpoint_dir=str(tmp_path)).restore_mode is RestoreMode.NO_CLAIM
     with pytest.raises(ConfigurationError, match="NO_CLAIM"):
         LocalKeyedOperator(str(tmp_path / "job"), key_types=["bigint"], restore_mode="GRAB")
+
+
+# -- a lost _metadata of the job's latest checkpoint ---------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_retained", [1, 2])
+def test_lost_latest_metadata_falls_back_with_a_note_or_fails_never_starts_empty(
+        tmp_path, backend, num_retained):
+    """Only the latest checkpoint's ``_metadata`` deleted: with an older retained checkpoint,
+    the job restores it and says so (``recovery_notes``, a warning); with none left, a typed
+    error naming the checkpoint, nothing deleted. Never empty state."""
+    root = str(tmp_path / "job")
+    states = []
+    with LocalKeyedOperator(root, key_types=["bigint"], backend=backend, parallelism=2,
+                            num_retained=num_retained) as op:
+        expected: dict = {}
+        for n in range(3):
+            feed(op, n, expected)
+            latest = op.checkpoint({"batch_id": str(n)})
+            states.append(json.loads(json.dumps(expected)))
+    os.remove(os.path.join(root, latest.metadata_path))
+    if num_retained == 1:
+        before = files_under(root)
+        with pytest.raises(MissingCheckpointFileError,
+                           match=rf"lost its checkpoints.*chk-{latest.checkpoint_id}/"):
+            LocalKeyedOperator(root, key_types=["bigint"], backend=backend, parallelism=3)
+        assert files_under(root) == before
+        return
+    with LocalKeyedOperator(root, key_types=["bigint"], backend=backend, parallelism=3,
+                            num_retained=num_retained) as op:
+        restored = op.coordinator.latest_completed
+        assert restored is not None and restored.checkpoint_id == latest.checkpoint_id - 1
+        assert any(f"chk-{latest.checkpoint_id} has no _metadata" in note
+                   and f"recovered from checkpoint {restored.checkpoint_id}" in note
+                   for note in op.coordinator.recovery_notes)
+        assert {str(k): [c, s] for k, (c, s) in read_all(op).items()} == states[-2]
+
+
+@pytest.mark.parametrize("mode", ["NO_CLAIM", "CLAIM"])
+def test_lost_metadata_of_a_restored_job_does_not_restart_it_from_its_snapshot(tmp_path, mode):
+    """A job started from a savepoint whose only checkpoint lost its ``_metadata`` must not
+    silently start from the savepoint again (dropping everything since): a typed error."""
+    snapshot, expected = make_savepoint(tmp_path, "rocksdb")
+    job = str(tmp_path / "job")
+    with open_job(job, "rocksdb", snapshot, mode) as op:
+        feed(op, 10, expected)
+        latest = op.checkpoint()
+    os.remove(os.path.join(job, latest.metadata_path))
+    with pytest.raises(MissingCheckpointFileError, match="lost its checkpoints"):
+        open_job(job, "rocksdb", snapshot, mode)

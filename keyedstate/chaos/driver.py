@@ -48,7 +48,7 @@ from keyedstate.chaos.workload import (
     publish_input,
 )
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator
-from keyedstate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata
+from keyedstate.checkpoint.metadata import COMPLETED_MARKER_FILE, METADATA_FILE, CheckpointMetadata
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
@@ -295,7 +295,9 @@ def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[
             verify_snapshot_files(ResolvedSnapshot(storage, path, metadata))
         except Exception as exc:  # noqa: BLE001 - reported, the run fails on it
             missing.append(f"{type(exc).__name__}: {exc}")
-    files = [p for p in storage.list_files() if not p.startswith("spark/")]
+    # The completed-checkpoint marker belongs to the layout, like Spark's offsets.
+    files = [p for p in storage.list_files()
+             if not p.startswith("spark/") and p != COMPLETED_MARKER_FILE]
     layout = [p for p in files if p.startswith("commits/") or p.endswith("/_claimed")]
     orphans = [p for p in files if p not in referenced and p not in layout]
     return {"directory": directory, "checkpoints": ids, "files": len(files),

@@ -39,6 +39,7 @@ from keyedstate.backends.base.backend import (
     StateRecord,
     check_compatible,
 )
+from keyedstate.backends.local_dirs import worker_dir
 from keyedstate.checkpoint.canonical_layout import (
     CANONICAL_BACKEND,
     CARRIED_PROPERTIES,
@@ -195,7 +196,7 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
     for meta in states.values():  # checks the names and that every type can be rebuilt
         state_schema(meta, names, key_types)
     dirs = state_dir_names(states)
-    work = tempfile.mkdtemp(prefix="keyedstate-canonical-", dir=local_dir)
+    work = tempfile.mkdtemp(prefix="keyedstate-canonical-", dir=worker_dir(local_dir))
     written: list[str] = []
     handles: list[KeyedStateHandle] = []
     clock = time_provider or SystemTimeProvider()
@@ -288,7 +289,8 @@ class CanonicalRange:
         self.local: dict[str, list[tuple[str, str]]] = {}  # entry -> [(local path, source url)]
 
     def __enter__(self) -> CanonicalRange:
-        self._work = tempfile.mkdtemp(prefix="keyedstate-canonical-", dir=self._local_dir)
+        self._work = tempfile.mkdtemp(prefix="keyedstate-canonical-",
+                                      dir=worker_dir(self._local_dir))
         try:
             storage = self.snapshot.storage
             for handle in self.handles:
@@ -464,7 +466,7 @@ def read_range_tables(snapshot: ResolvedSnapshot, key_group_range: KeyGroupRange
     recorded = key_columns_of(metadata)
     names = list(key_columns) if key_columns is not None else recorded
     rename = dict(zip(recorded, names))
-    work = tempfile.mkdtemp(prefix="keyedstate-read-", dir=local_dir)
+    work = tempfile.mkdtemp(prefix="keyedstate-read-", dir=worker_dir(local_dir))
     try:
         if metadata.format is SnapshotFormat.CANONICAL:
             with CanonicalRange(snapshot, key_group_range, work) as files:

@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 from keyedstate.checkpoint.metadata import (
     CHECKPOINT_DIR_PREFIX,
+    COMPLETED_MARKER_FILE,
     SHARED_DIR,
     CheckpointMetadata,
     KeyedStateHandle,
@@ -49,6 +50,7 @@ from keyedstate.errors import (
     CorruptCheckpointError,
     KeyGroupRangeError,
     MaxParallelismMismatchError,
+    MissingCheckpointFileError,
     NoCheckpointError,
     UnsafePathError,
 )
@@ -57,6 +59,14 @@ from keyedstate.keygroups import KeyGroupRange, check_parallelism
 logger = logging.getLogger(__name__)
 
 _CHK_DIR_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
+
+
+def has_completed_checkpoints(storage: CheckpointStorage) -> bool:
+    """Whether the job in ``storage`` has completed a checkpoint: one is committed now, or the
+    root's :data:`~keyedstate.checkpoint.metadata.COMPLETED_MARKER_FILE` says one was (then
+    :meth:`CheckpointCoordinator.recover` either finds a complete checkpoint or raises; a
+    runtime must never start such a job from empty state or from its initial snapshot)."""
+    return bool(storage.checkpoint_ids()) or storage.exists(COMPLETED_MARKER_FILE)
 
 
 def _checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
@@ -71,8 +81,11 @@ class CheckpointCoordinator:
 
     ``num_retained`` is Flink's ``execution.checkpointing.num-retained`` (>= 1). The constructor
     starts a new job: it refuses a root holding completed checkpoints (resume those with
-    :meth:`recover`, which also accepts an empty root) and numbers its checkpoints above any
-    leftover of a crashed start, which it leaves for :meth:`recover` or ``keyedstate gc``.
+    :meth:`recover`, which also accepts an empty root) or whose completed checkpoints were lost
+    (:class:`MissingCheckpointFileError`, see :meth:`recover`), and numbers its checkpoints
+    above any leftover of a crashed start, which it leaves for :meth:`recover` or
+    ``keyedstate gc``. The first checkpoint that completes writes the root's
+    :data:`~keyedstate.checkpoint.metadata.COMPLETED_MARKER_FILE`.
     """
 
     def __init__(self, storage: CheckpointStorage, *, backend: str, parallelism: int,
@@ -85,6 +98,8 @@ class CheckpointCoordinator:
                 f" resume that job with CheckpointCoordinator.recover(...), or use an empty "
                 f"directory for a new job"
             )
+        if storage.exists(COMPLETED_MARKER_FILE):
+            raise _lost_checkpoints(storage, _checkpoint_dir_ids(storage))
         self._next_id = _highest_used_id(storage, storage.list_files(SHARED_DIR)) + 1
 
     def _configure(self, storage: CheckpointStorage, backend: str, parallelism: int,
@@ -116,6 +131,8 @@ class CheckpointCoordinator:
         self._not_owned_paths: set[str] = set()
         # chk-<N> dirs whose _metadata is corrupt: kept for inspection until subsumed.
         self._quarantined: set[int] = set()
+        # Whether the root's COMPLETED_MARKER_FILE is known to exist (written at most once).
+        self._completed_marker = False
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -266,6 +283,7 @@ class CheckpointCoordinator:
         completed = CompletedCheckpoint(checkpoint_id, metadata, metadata_path)
         pending.completed = completed
         del self._pending[checkpoint_id]
+        self._mark_completed()
         yield 3
         # Step 4. Register only now: an unconfirmed checkpoint must never keep a file alive,
         # and a crash before this point loses nothing (recover registers from _metadata).
@@ -397,6 +415,20 @@ class CheckpointCoordinator:
                              f"subsumed checkpoint {checkpoint.checkpoint_id}")
         self._delete_dir_quietly(checkpoint_dir_name(checkpoint.checkpoint_id))
 
+    def _mark_completed(self) -> None:
+        """Write the root's COMPLETED_MARKER_FILE once (after a checkpoint is complete). Best
+        effort: the checkpoint is complete either way, and a missing marker only means that a
+        later loss of every ``_metadata`` is taken for a job that never completed one."""
+        if self._completed_marker:
+            return
+        try:
+            if not self.storage.exists(COMPLETED_MARKER_FILE):
+                self.storage.write(COMPLETED_MARKER_FILE, b"")
+            self._completed_marker = True
+        except OSError as exc:
+            logger.warning("could not write %s: %s; it is written again with the next "
+                           "checkpoint", self.storage.url_of(COMPLETED_MARKER_FILE), exc)
+
     def _delete_quietly(self, paths: Iterable[str], why: str) -> None:
         for path in paths:
             try:
@@ -428,10 +460,16 @@ class CheckpointCoordinator:
         :class:`UnsupportedFormatVersionError` for a newer keyedstate's ``_metadata``,
         :class:`MaxParallelismMismatchError` or :class:`ConfigurationError` when the retained
         checkpoints were written with another max parallelism, backend or key types.
+        :class:`MissingCheckpointFileError` when the root's
+        :data:`~keyedstate.checkpoint.metadata.COMPLETED_MARKER_FILE` says the job completed
+        checkpoints but no ``_metadata`` is left (lost, e.g. deleted: never an empty start).
         Incomplete ``chk-<N>/`` (no ``_metadata``) are deleted, older checkpoints subsumed and,
         with ``cleanup_orphans``, shared files no retained checkpoint references deleted (safe:
         one coordinator runs per job). ``not_owned``: snapshots the job was restored from in
         NO_CLAIM or LEGACY mode, whose files are never deleted. An empty root gives a new job.
+        An incomplete ``chk-<N>/`` newer than the checkpoint restored is a crash before its
+        commit or a lost ``_metadata`` (storage can't tell which): the fall-back to the newest
+        complete checkpoint is logged and noted in :attr:`recovery_notes`, as for a corrupt one.
         """
         self = cls.__new__(cls)
         self._configure(storage, backend, parallelism, max_parallelism, key_types, num_retained)
@@ -465,9 +503,16 @@ class CheckpointCoordinator:
                 + "; ".join(unreadable[i] for i in sorted(unreadable, reverse=True))
                 + ". Restore from a savepoint (nothing was deleted)"
             )
+        # A job that completed checkpoints but has none left lost them (deleted _metadata):
+        # starting it from empty state would silently drop its state. Without the marker, a
+        # chk-<N>/ without _metadata is a checkpoint that never completed.
+        if not retained and storage.exists(COMPLETED_MARKER_FILE):
+            raise _lost_checkpoints(storage, incomplete)
         # Step 2. The configuration must fit the retained checkpoints.
         for checkpoint in retained:
             self._check_compatible(checkpoint)
+        if retained:
+            self._mark_completed()  # roots of jobs from before the marker get it now
         # Step 3. Rebuild the registry from the retained checkpoints, then the older readable
         # ones (so that subsuming them below releases their files as complete() would; one
         # that contradicts a retained checkpoint is left to the orphan clean-up).
@@ -484,8 +529,15 @@ class CheckpointCoordinator:
         for checkpoint in retained:
             self.store.add_checkpoint_and_subsume_oldest(checkpoint)
         lowest = retained[0].checkpoint_id if retained else None
-        # Step 4. A chk-<N>/ without _metadata never committed (or was half subsumed).
+        # Step 4. A chk-<N>/ without _metadata never committed (or was half subsumed). One
+        # newer than the checkpoint restored may also be a completed checkpoint whose
+        # _metadata was lost: storage can't tell, so the fall-back is said, never silent.
         for checkpoint_id in incomplete:
+            if retained and checkpoint_id > retained[-1].checkpoint_id:
+                self._note(f"chk-{checkpoint_id} has no _metadata: it never completed (a crash "
+                           f"before its commit) or its _metadata was lost; recovered from "
+                           f"checkpoint {retained[-1].checkpoint_id}, the newest complete one, "
+                           f"and deleted chk-{checkpoint_id}/")
             self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
         # Step 5. Subsume what is beyond num_retained; keep a corrupt checkpoint newer than the
         # lowest retained one for inspection (deleted once subsumed), never silently.
@@ -550,6 +602,22 @@ class CheckpointCoordinator:
         latest = self.store.latest
         return (f"CheckpointCoordinator({self.storage.url!r}, latest="
                 f"{latest.checkpoint_id if latest else None}, pending={sorted(self._pending)})")
+
+
+def _lost_checkpoints(storage: CheckpointStorage, incomplete: Sequence[int]
+                      ) -> MissingCheckpointFileError:
+    """The error for a root whose completed checkpoints are all gone (marker, no _metadata)."""
+    left = (", ".join(f"chk-{i}/" for i in sorted(incomplete, reverse=True))
+            + " without _metadata" if incomplete else "no chk-<N>/ at all")
+    highest = _highest_used_id(storage, storage.list_files(SHARED_DIR))
+    return MissingCheckpointFileError(
+        f"{storage.url} lost its checkpoints: the job completed checkpoints before "
+        f"({COMPLETED_MARKER_FILE} exists; ids used up to chk-{highest}), but no chk-<N>/_metadata "
+        f"is left ({left}). Starting from empty state would silently drop the job's state; "
+        f"nothing was deleted. Put the missing _metadata back, or restore the job from a "
+        f"savepoint into a new checkpoint directory (to start from empty state here on "
+        f"purpose, delete {storage.url_of(COMPLETED_MARKER_FILE)} and every chk-<N>/)"
+    )
 
 
 def _highest_used_id(storage: CheckpointStorage, shared: Iterable[str],

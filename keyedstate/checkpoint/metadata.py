@@ -7,6 +7,7 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
     <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
                                   named after the checkpoint that wrote them
     <root>/taskowned/...          files owned by tasks (working directories)
+    <root>/_completed             the job completed a checkpoint once (see recovery)
 
 Every file reference (:class:`StreamHandle`) is a path *relative to the root* with a size and
 an XXH64 checksum, so a reader verifies each file and refuses a path that leaves the root.
@@ -45,6 +46,10 @@ SHARED_DIR = "shared"
 TASK_OWNED_DIR = "taskowned"
 #: In a snapshot claimed by a job (CLAIM restore mode): names the owner, sits beside _metadata.
 CLAIM_MARKER_FILE = "_claimed"
+#: At a job's root: written once, when the job's first checkpoint completes. From then on a
+#: root without a readable ``chk-<N>/_metadata`` has lost its checkpoints (recovery refuses to
+#: start it from empty state) instead of looking like a job that never completed one.
+COMPLETED_MARKER_FILE = "_completed"
 #: Directories of a Spark job's checkpoint root besides the snapshot layout: staged outputs,
 #: sink-commit markers and (by default) Spark's own offset checkpoint.
 STAGING_DIR = "staging"

@@ -620,9 +620,12 @@ class StateFile:
 class CheckpointStorageLocation:
     """Where one subtask writes one snapshot. Shared files go to ``shared/chk-<N>-sub-<i>-...``
     under fresh unique names (a name is never reused, so a retry can't clobber a referenced
-    file); private files go to ``chk-<N>/sub-<i>/``. Remembers what it wrote (in this process),
-    so an aborted snapshot can be cleaned up, and counts it in :attr:`stats`; pickles (sent to
-    executors)."""
+    file); private files go to ``chk-<N>/sub-<i>/<uuid>-<name>``, unique for the same reason
+    (and because an id repeated after a driver crash must not let a late task of the failed
+    attempt overwrite the new attempt's file); snapshots written before, with private files at
+    ``chk-<N>/sub-<i>/<name>``, are read as recorded. Remembers what it wrote (in this
+    process), so an aborted snapshot can be cleaned up, and counts it in :attr:`stats`;
+    pickles (sent to executors)."""
 
     def __init__(self, storage: CheckpointStorage, checkpoint_id: int, subtask_index: int) -> None:
         self.storage = storage
@@ -640,7 +643,12 @@ class CheckpointStorageLocation:
                 f"{uuid.uuid4().hex}-{name}")
 
     def _private_name(self, name: str) -> str:
-        return f"{checkpoint_dir_name(self.checkpoint_id)}/sub-{self.subtask_index}/{name}"
+        # A fresh uuid per file, as for shared files: checkpoint ids can repeat across a
+        # driver crash (a checkpoint that left no trace before the crash is triggered again),
+        # and a task of the dead driver still running must never overwrite a file of the new
+        # attempt. A late file lands under its own name, unreferenced: gc lists it.
+        return (f"{checkpoint_dir_name(self.checkpoint_id)}/sub-{self.subtask_index}/"
+                f"{uuid.uuid4().hex}-{name}")
 
     def write_shared(self, data: bytes, name: str) -> StreamHandle:
         return self._track(self.storage.write(self._shared_name(name), data))

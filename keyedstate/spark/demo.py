@@ -166,16 +166,17 @@ def run_spark_demo(spark: Any, directory: str, events: int, users: int, files: i
 
     started = time.perf_counter()
     publish(generated[: files // 2])
-    base = dict(backend="rocksdb", watermark_column="ts",
-                watermark_delay=dt.timedelta(milliseconds=WATERMARK_DELAY_MS))
+    delay = dt.timedelta(milliseconds=WATERMARK_DELAY_MS)
     savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
     report.savepoint = _phase(spark, directory, JobConfig(
-        checkpoint_dir=os.path.join(directory, "checkpoints", "job-1"), parallelism=2, **base),
+        checkpoint_dir=os.path.join(directory, "checkpoints", "job-1"), parallelism=2,
+        backend="rocksdb", watermark_column="ts", watermark_delay=delay),
         record, savepoint=savepoint_dir) or ""
     publish(generated[files // 2:])
     _phase(spark, directory, JobConfig(
         checkpoint_dir=os.path.join(directory, "checkpoints", "job-2"), parallelism=3,
-        restore_path=savepoint_dir, **base), record, drain=True)
+        restore_path=savepoint_dir, backend="rocksdb", watermark_column="ts",
+        watermark_delay=delay), record, drain=True)
     report.seconds = time.perf_counter() - started
     report.batches = sum(1 for s in stats if s.checkpoint_id >= 0)
     report.stats = [s.__dict__ for s in stats]

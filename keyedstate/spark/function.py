@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import pyarrow as pa
 
-from keyedstate.state.api import State
-from keyedstate.state.descriptors import StateDescriptor
+from keyedstate.state.descriptors import S, StateDescriptor
 from keyedstate.state.timers import TimeDomain
 
 if TYPE_CHECKING:
@@ -73,8 +72,9 @@ class Context:
     def current_watermark(self) -> int:
         return self.watermark
 
-    def get_state(self, descriptor: StateDescriptor) -> State:
-        """The state for ``descriptor``, scoped to the current key (call it in ``open``)."""
+    def get_state(self, descriptor: StateDescriptor[S]) -> S:
+        """The state for ``descriptor``, scoped to the current key (call it in ``open``), of the
+        descriptor's state class (``ValueStateDescriptor`` -> ``ValueState``)."""
         return self.backend.get_state(descriptor)
 
     def output(self, tag: str, row: Row) -> None:

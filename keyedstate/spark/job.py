@@ -34,7 +34,11 @@ import pyarrow as pa
 
 from keyedstate.backends import load_backend
 from keyedstate.checkpoint.canonical import PROP_KEY_COLUMNS
-from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CompletedCheckpoint,
+    has_completed_checkpoints,
+)
 from keyedstate.checkpoint.metadata import (
     COMMITS_DIR,
     SPARK_OFFSETS_DIR,
@@ -242,7 +246,12 @@ class KeyedJobDriver:
             only (max parallelism, not claimed by another job, every file's size and
             checksum); CLAIM then imports it as this job's first checkpoint.
         Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
-        Step 3. The job's own checkpoints: recover from the latest (lineage checked).
+        Step 3. The job's own checkpoints: recover from the latest complete one (lineage
+            checked; a fall-back past a lost or corrupt ``_metadata`` is in the coordinator's
+            ``recovery_notes``). A job that completed checkpoints but has none left raises
+            :class:`~keyedstate.errors.MissingCheckpointFileError` here, as the core runtime
+            does; a gap in batch ids after a fall-back is refused per batch
+            (:meth:`_check_continuity`).
         Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
@@ -260,7 +269,7 @@ class KeyedJobDriver:
                         "spark_checkpoint_location": self.spark_checkpoint_location}
         # Step 1. Check (and claim) the snapshot before anything is touched.
         snap = None
-        if cfg.restore_path and not self.storage.checkpoint_ids():
+        if cfg.restore_path and not has_completed_checkpoints(self.storage):
             snap = open_restore_snapshot(self.storage, cfg.restore_path, cfg.restore_mode,
                                          max_parallelism=cfg.max_parallelism,
                                          backend=self.backend.name, key_types=self.key_types,
@@ -273,8 +282,9 @@ class KeyedJobDriver:
                                 or max_parallelism_of_job(self.storage)
                                 or cfg.effective_max_parallelism)
         check_parallelism(cfg.parallelism, self.max_parallelism)
-        # Step 3. Own checkpoints (a claimed snapshot is one now).
-        if self.storage.checkpoint_ids():
+        # Step 3. Own checkpoints (a claimed snapshot is one now); also when every _metadata
+        # was lost: recover() then raises rather than start from empty state or the snapshot.
+        if has_completed_checkpoints(self.storage):
             self.coordinator = CheckpointCoordinator.recover(self.storage,
                                                              **self._coordinator_args())
             latest = self.coordinator.latest_completed

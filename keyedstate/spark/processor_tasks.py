@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyedstate import errors as _errors
+from keyedstate.backends.local_dirs import worker_dir
 from keyedstate.checkpoint.canonical import (
     ROW_GROUP_ROWS,
     ParquetFileWriter,
@@ -94,7 +95,8 @@ def write_task(plan: WritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     assert context is not None  # always set inside a Spark task
     index = context.partitionId()
     rng = KeyGroupRange.of_operator(plan.max_parallelism, plan.splits, index)
-    work = tempfile.mkdtemp(prefix="keyedstate-write-")
+    # In this worker's own directory: a killed worker's is removed by the next (local_dirs).
+    work = tempfile.mkdtemp(prefix="keyedstate-write-", dir=worker_dir(None))
     try:
         writer = ParquetFileWriter(plan.storage,
                                    f"{plan.relative_dir}/{split_file_name(rng)}", plan.schema,

@@ -12,7 +12,8 @@ Steps of :func:`run_subtask`, in order (the driver's side is in :mod:`keyedstate
 3. Split late rows (event time before the watermark) off: counted, dropped or side output.
 4. Run the function key by key over the rows (grouped by key, arrival order kept).
 5. Stage the outputs as Parquet files under the checkpoint directory (not yet visible).
-6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch.
+6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch
+   (at most :data:`MAX_LIVE` per worker, least recently used closed first).
 7. Return one row: the snapshot handle, staged files, max event time, counts and timings.
 
 Nothing here is visible to readers until the driver commits the checkpoint and the sinks.
@@ -20,10 +21,12 @@ Nothing here is visible to readers until the driver commits the checkpoint and t
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -108,14 +111,56 @@ class _Live:
     backend: KeyedStateBackend
     token: str
     parallelism: int
+    #: ``time.monotonic()`` when it was last kept
+    last_used: float = 0.0
 
 
-#: Live state per (job, subtask) in this Python worker. A Spark Python worker runs one task at
-#: a time, so no lock is needed; a copy is reused only if its token is the committed one.
-_LIVE: dict[tuple[str, int], _Live] = {}
+#: Live state per (job, subtask) in this Python worker, least recently used first. A Spark
+#: Python worker runs one task at a time, so no lock is needed; a copy is reused only if its
+#: token is the committed one.
+_LIVE: OrderedDict[tuple[str, int], _Live] = OrderedDict()
+#: At most this many live copies per Python worker: beyond it the least recently used is
+#: closed (its local directory goes with it). A worker serves whichever subtasks Spark gives
+#: it, of any number of jobs over its life; only the latest few are likely to come back.
+MAX_LIVE = 8
+#: A live copy of another job unused this long is closed: that job stopped, or runs elsewhere.
+LIVE_IDLE_S = 300.0
+
+
+def _close_live(live: _Live) -> None:
+    try:
+        live.backend.close()
+    except Exception:  # noqa: BLE001 - closing a cached copy must never fail a task
+        pass
+
+
+def _keep_live(key: tuple[str, int], live: _Live) -> None:
+    """Cache ``live`` for the next batch of its subtask, within :data:`MAX_LIVE`."""
+    live.last_used = time.monotonic()
+    _LIVE[key] = live
+    _LIVE.move_to_end(key)
+    while len(_LIVE) > MAX_LIVE:
+        _close_live(_LIVE.popitem(last=False)[1])
+
+
+def _close_idle_live(job_id: str) -> None:
+    """Close the live copies of jobs other than ``job_id`` unused for :data:`LIVE_IDLE_S`."""
+    now = time.monotonic()
+    for key in [k for k, v in _LIVE.items()
+                if k[0] != job_id and now - v.last_used > LIVE_IDLE_S]:
+        _close_live(_LIVE.pop(key))
+
+
+@atexit.register
+def _close_all_live() -> None:
+    """A worker that exits normally closes its copies (a killed one can't: its directory is
+    removed by the next process, see :mod:`keyedstate.backends.local_dirs`)."""
+    while _LIVE:
+        _close_live(_LIVE.popitem()[1])
 
 
 def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, float]:
+    _close_idle_live(plan.job_id)
     live = _LIVE.pop((plan.job_id, index), None)
     src = plan.restore
     if (live is not None and src is not None and src.tokens is not None
@@ -250,7 +295,10 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     """The ``mapInArrow`` function: one subtask of one batch (see the module docstring)."""
     from pyspark import TaskContext
 
-    return process_subtask(plan, TaskContext.get().partitionId(), batches)
+    context = TaskContext.get()
+    if context is None:  # only a Spark task has one
+        raise RuntimeError("run_subtask runs inside a Spark task (mapInArrow), not on the driver")
+    return process_subtask(plan, context.partitionId(), batches)
 
 
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
@@ -323,7 +371,7 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     except BaseException:
         backend.close()
         raise
-    _LIVE[(plan.job_id, index)] = _Live(backend, token, plan.parallelism)
+    _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism))
     # Step 7. Report.
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,

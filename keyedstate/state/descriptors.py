@@ -15,10 +15,23 @@ from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from keyedstate.errors import ConfigurationError
 from keyedstate.serde import TypeLike, TypeSerializer, serializer_for
+from keyedstate.state.api import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
 
 IN = TypeVar("IN")
 ACC = TypeVar("ACC")
 OUT = TypeVar("OUT")
+IN_contra = TypeVar("IN_contra", contravariant=True)
+OUT_co = TypeVar("OUT_co", covariant=True)
+#: The state class a descriptor gives: ``get_state(ValueStateDescriptor(...))`` is typed
+#: ``ValueState``, so user code type-checks and completes without casts.
+S = TypeVar("S", bound=State)
 
 
 class StateKind(StrEnum):
@@ -63,19 +76,20 @@ class StateTtlConfig:
         return int(self.ttl / _dt.timedelta(milliseconds=1))
 
 
-class AggregateFunction(Protocol[IN, ACC, OUT]):
+class AggregateFunction(Protocol[IN_contra, ACC, OUT_co]):
     """Flink's ``AggregateFunction``: the accumulator must be a value of the declared type."""
 
     def create_accumulator(self) -> ACC: ...
 
-    def add(self, value: IN, accumulator: ACC) -> ACC: ...
+    def add(self, value: IN_contra, accumulator: ACC) -> ACC: ...
 
-    def get_result(self, accumulator: ACC) -> OUT: ...
+    def get_result(self, accumulator: ACC) -> OUT_co: ...
 
 
-class StateDescriptor:
+class StateDescriptor(Generic[S]):
     """Base of all descriptors. ``name`` is unique within a job; ``type`` is a Spark DDL string
-    or pyarrow type (typed, schema-checked, canonical-savepoint friendly) or None (pickled)."""
+    or pyarrow type (typed, schema-checked, canonical-savepoint friendly) or None (pickled).
+    ``S`` is the state class ``get_state`` returns for it."""
 
     kind: StateKind
 
@@ -99,7 +113,7 @@ class StateDescriptor:
         return f"{type(self).__name__}({self.name!r}, {self.value_serializer.type_string})"
 
 
-class ValueStateDescriptor(StateDescriptor):
+class ValueStateDescriptor(StateDescriptor[ValueState[Any]]):
     """A single value per key and namespace; ``default`` is returned when none is set."""
 
     kind = StateKind.VALUE
@@ -110,13 +124,13 @@ class ValueStateDescriptor(StateDescriptor):
         self.default = default
 
 
-class ListStateDescriptor(StateDescriptor):
+class ListStateDescriptor(StateDescriptor[ListState[Any]]):
     """A list per key and namespace; ``type`` is the element type."""
 
     kind = StateKind.LIST
 
 
-class MapStateDescriptor(StateDescriptor):
+class MapStateDescriptor(StateDescriptor[MapState[Any, Any]]):
     """A map per key and namespace; TTL applies per map entry (as Flink)."""
 
     kind = StateKind.MAP
@@ -132,7 +146,7 @@ class MapStateDescriptor(StateDescriptor):
         return self._user_key_serializer
 
 
-class ReducingStateDescriptor(StateDescriptor, Generic[IN]):
+class ReducingStateDescriptor(StateDescriptor[ReducingState[Any]], Generic[IN]):
     """Keeps ``reduce_function(acc, value)`` of everything added."""
 
     kind = StateKind.REDUCING
@@ -145,7 +159,8 @@ class ReducingStateDescriptor(StateDescriptor, Generic[IN]):
         self.reduce_function = reduce_function
 
 
-class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
+class AggregatingStateDescriptor(StateDescriptor[AggregatingState[Any]],
+                                 Generic[IN, ACC, OUT]):
     """Keeps an accumulator; ``type`` is the accumulator's type."""
 
     kind = StateKind.AGGREGATING

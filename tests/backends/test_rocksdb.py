@@ -170,7 +170,8 @@ def test_memory_options_are_applied_and_the_cache_is_shared(local_dir: str) -> N
         assert shared_resources(options)[0] is cache and manager is not None
         assert manager.get_buffer_size() == 12 * MiB
         assert a.instance_dir != b.instance_dir
-        assert os.path.dirname(a.instance_dir) == local_dir
+        # In this process's own directory below the local dir (removed once it ended).
+        assert os.path.dirname(os.path.dirname(a.instance_dir)) == local_dir
     assert not os.path.exists(a.instance_dir) and not os.path.exists(b.instance_dir)
 
 
@@ -233,6 +234,29 @@ def test_second_checkpoint_uploads_only_new_ssts(storage: CheckpointStorage,
     assert set(first.private) == set(second.private)
     assert not {h.path for h in first.private.values()} & {h.path for h in second.private.values()}
     assert all(h.path.startswith("chk-2/sub-0/") for h in second.private.values())
+
+
+def test_private_files_under_names_without_uuid_still_restore(storage: CheckpointStorage,
+                                                               local_dir: str) -> None:
+    """Checkpoints written before private names carried a uuid (``chk-N/sub-i/<name>``,
+    format version 2) restore as recorded: a reference is a path, never rebuilt from a name."""
+    import msgspec
+
+    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+        _fill(kb, range(20))
+        handle = _checkpoint(kb, storage, 1)
+        expected = _content(kb)
+    old_private = {}
+    for name, stream in handle.private.items():
+        old_path = f"chk-1/sub-0/{name}"
+        os.rename(storage.path(stream.path), storage.path(old_path))
+        old_private[name] = msgspec.structs.replace(stream, path=old_path)
+    old = msgspec.structs.replace(handle, private=old_private)
+    old = msgspec.json.decode(msgspec.json.encode(old), type=KeyedStateHandle)
+    assert old.private and all(h.path == f"chk-1/sub-0/{n}" for n, h in old.private.items())
+    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir,
+                  restore_handles=[old], storage=storage) as restored:
+        assert _content(restored) == expected
 
 
 def test_unconfirmed_and_aborted_snapshots_are_never_the_base(storage: CheckpointStorage,
@@ -301,7 +325,8 @@ def test_corrupt_sst_fails_restore_with_a_typed_error(storage: CheckpointStorage
     open(path, "wb").write(bytes(data))
     with pytest.raises(CorruptCheckpointError, match=victim.path):
         _backend(backend, kg, local_dir, restore_handles=[handle], storage=storage)
-    assert os.listdir(local_dir) == []  # the failed instance left nothing behind
+    # The failed instance left nothing behind (but this process's empty directory).
+    assert [os.listdir(os.path.join(local_dir, d)) for d in os.listdir(local_dir)] in ([], [[]])
 
 
 # -- rescaling (seed 001) --------------------------------------------------------------------
@@ -470,3 +495,86 @@ def test_closed_backend_refuses_use(local_dir: str) -> None:
         list(kb.iter_entries("count"))
     assert not os.path.exists(kb.instance_dir)
 
+
+
+# -- working directories of ended processes ----------------------------------------------------
+
+_CREATE_AND_DIE = """
+import os, sys
+from keyedstate.backends.rocksdb import RocksDBStateBackend
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.keys import KeySerializer
+kb = RocksDBStateBackend().create_keyed_backend(
+    subtask_index=3, key_group_range=KeyGroupRange(0, 127), max_parallelism=128,
+    key_serializer=KeySerializer(["bigint"]), local_dir=sys.argv[1])
+print(kb.instance_dir, flush=True)
+os.kill(os.getpid(), 9)  # killed with its backend open: close() never runs
+"""
+
+
+def _killed_process_instance_dir(local_dir: str) -> str:
+    """The instance directory a process left when it was killed with its backend open."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _CREATE_AND_DIE, local_dir],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    left = proc.stdout.strip()
+    assert os.path.isdir(left)
+    return left
+
+
+def test_instance_dirs_live_in_a_directory_of_their_process(local_dir: str) -> None:
+    from keyedstate.backends.local_dirs import process_start_time
+
+    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir, index=2) as kb:
+        parent, name = os.path.split(kb.instance_dir)
+        assert name.startswith("rocksdb-2-")
+        assert os.path.dirname(parent) == local_dir
+        assert os.path.basename(parent) == (
+            f"worker-{os.getpid()}-{process_start_time(os.getpid())}")
+    assert not os.path.exists(kb.instance_dir)
+
+
+def test_directories_of_a_killed_process_are_removed_by_the_next_one(local_dir: str) -> None:
+    """A Python worker killed with its RocksDB open (task kill, executor or driver loss)
+    leaves its instance directory; the next process that creates its own directory beside it
+    removes it (pid gone). Directories of live processes and other entries stay."""
+    left = _killed_process_instance_dir(local_dir)
+    dead_worker = os.path.dirname(left)
+    parent = os.getppid()  # alive, with its start time: its directory stays
+    from keyedstate.backends.local_dirs import process_start_time
+
+    alive = os.path.join(local_dir, f"worker-{parent}-{process_start_time(parent)}")
+    reused = os.path.join(local_dir, f"worker-{parent}-1")  # the pid now names another process
+    other = os.path.join(local_dir, "not-a-worker")
+    for path in (alive, reused, other):
+        os.makedirs(os.path.join(path, "rocksdb-0-x"))
+    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+        assert not os.path.exists(dead_worker)
+        assert not os.path.exists(reused)
+        assert os.path.isdir(alive) and os.path.isdir(other)
+        assert os.path.isdir(kb.instance_dir)
+
+
+def test_directories_of_a_killed_process_go_without_a_local_dir(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``state.backend.local-dir`` the instance directories go below the temp dir
+    (``$TMPDIR/keyedstate/worker-...``), and are removed the same way."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = os.path.join(str(tmp_path), "keyedstate")
+    import subprocess
+    import sys
+
+    script = _CREATE_AND_DIE.replace("local_dir=sys.argv[1]", "local_dir=None")
+    proc = subprocess.run([sys.executable, "-c", script, ""], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == -9, proc.stderr
+    left = proc.stdout.strip()
+    assert os.path.dirname(os.path.dirname(left)) == base
+    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), None) as kb:  # type: ignore[arg-type]
+        assert os.path.dirname(os.path.dirname(kb.instance_dir)) == base
+        assert not os.path.exists(os.path.dirname(left))

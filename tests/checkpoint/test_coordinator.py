@@ -26,6 +26,7 @@ from keyedstate.errors import (
     CorruptCheckpointError,
     KeyGroupRangeError,
     MaxParallelismMismatchError,
+    MissingCheckpointFileError,
     UnsupportedFormatVersionError,
 )
 
@@ -240,7 +241,7 @@ def test_private_file_outside_its_checkpoint_is_refused(storage: CheckpointStora
     pending = coordinator.trigger()
     stale = cp1.handles[0].private  # a backend that re-lists last checkpoint's private files
     coordinator.acknowledge(pending, make_handle(coordinator, pending, 0, {}, stale))
-    with pytest.raises(CheckpointAbortedError, match="chk-1/sub-0/meta as a private file"):
+    with pytest.raises(CheckpointAbortedError, match="chk-1/sub-0/[0-9a-f]{32}-meta as a private file"):
         coordinator.complete(pending)
     assert_restorable(coordinator)
 
@@ -289,7 +290,12 @@ def test_crash_after_each_step_of_complete(storage: CheckpointStorage, steps_don
     assert latest is not None
     assert latest.checkpoint_id == (2 if steps_done >= 3 else 1)
     assert [c.checkpoint_id for c in recovered.retained] == [latest.checkpoint_id]
-    assert recovered.recovery_notes == []
+    if steps_done >= 3:
+        assert recovered.recovery_notes == []
+    else:  # chk-2/ without _metadata: the fall-back to checkpoint 1 is said, not silent
+        assert len(recovered.recovery_notes) == 1
+        assert "chk-2 has no _metadata" in recovered.recovery_notes[0]
+        assert "recovered from checkpoint 1" in recovered.recovery_notes[0]
     assert_restorable(recovered)
     assert storage.checkpoint_ids() == [latest.checkpoint_id]
     # The recovered coordinator goes on, with a fresh id.
@@ -366,6 +372,98 @@ def test_no_readable_checkpoint_raises_and_deletes_nothing(storage: CheckpointSt
     with pytest.raises(CorruptCheckpointError, match="no checkpoint .* can be read.*chk-1"):
         CheckpointCoordinator.recover(storage, **config())
     assert storage.list_files() == before
+
+
+def test_lost_metadata_of_the_latest_checkpoint_falls_back_with_a_note(
+        storage: CheckpointStorage, caplog: pytest.LogCaptureFixture) -> None:
+    """Only the latest ``_metadata`` deleted: recovery falls back to the newest older complete
+    checkpoint and says so (a missing ``_metadata`` may be a crash before the commit or a
+    loss; storage can't tell, so the fall-back is never silent)."""
+    coordinator = CheckpointCoordinator(storage, **config(num_retained=2))
+    cp1 = checkpoint(coordinator)
+    cp2 = checkpoint(coordinator, reuse=shared_of(cp1))
+    storage.delete([cp2.metadata_path])
+    with caplog.at_level(logging.WARNING, logger="keyedstate.checkpoint.coordinator"):
+        recovered = CheckpointCoordinator.recover(storage, **config(num_retained=2))
+    assert recovered.latest_completed is not None
+    assert recovered.latest_completed.checkpoint_id == 1
+    assert len(recovered.recovery_notes) == 1
+    note = recovered.recovery_notes[0]
+    assert "chk-2 has no _metadata" in note and "recovered from checkpoint 1" in note
+    assert note in caplog.text
+    assert_restorable(recovered)
+    assert checkpoint(recovered, reuse=shared_of(cp1)).checkpoint_id == 3
+
+
+def test_lost_metadata_of_the_only_checkpoint_raises_and_deletes_nothing(
+        storage: CheckpointStorage) -> None:
+    """num_retained=1 and the latest ``_metadata`` deleted: no complete checkpoint is left,
+    but the job completed some (its marker says so). Recovery must not start it from empty
+    state: a typed error naming the checkpoint, and nothing deleted."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    checkpoint(coordinator)
+    cp2 = checkpoint(coordinator)
+    storage.delete([cp2.metadata_path])
+    before = storage.list_files()
+    with pytest.raises(MissingCheckpointFileError, match=r"lost its checkpoints.*chk-2/"):
+        CheckpointCoordinator.recover(storage, **config())
+    with pytest.raises(MissingCheckpointFileError, match="lost its checkpoints"):
+        CheckpointCoordinator(storage, **config())  # nor as a new job
+    assert storage.list_files() == before
+
+
+def test_a_crash_before_the_first_commit_still_starts_a_new_job(
+        storage: CheckpointStorage) -> None:
+    """Without a completed checkpoint ever (no marker), a ``chk-1/`` without ``_metadata`` is
+    a checkpoint that never completed: a new job, silently, as before."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    crashed = coordinator.trigger()
+    acknowledge_all(coordinator, crashed)
+    del coordinator
+    recovered = CheckpointCoordinator.recover(storage, **config())
+    assert recovered.latest_completed is None and recovered.recovery_notes == []
+    assert checkpoint(recovered).checkpoint_id == 2
+    assert storage.exists("_completed")
+
+
+def test_recover_marks_a_root_written_before_the_marker(storage: CheckpointStorage) -> None:
+    """A job directory from before the completed-checkpoint marker gets it on recovery, so a
+    later loss of its ``_metadata`` is caught too."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    cp1 = checkpoint(coordinator)
+    storage.delete(["_completed"])
+    CheckpointCoordinator.recover(storage, **config())
+    assert storage.exists("_completed")
+    storage.delete([cp1.metadata_path])
+    with pytest.raises(MissingCheckpointFileError, match="chk-1/"):
+        CheckpointCoordinator.recover(storage, **config())
+
+
+def test_a_repeated_checkpoint_id_after_a_driver_crash_is_not_clobbered(
+        storage: CheckpointStorage) -> None:
+    """The driver triggers checkpoint 2 and dies before any task wrote a file: the restarted
+    driver finds no trace of 2 and triggers 2 again. A task of the dead application, still
+    running, then finishes its snapshot through its own copy of the location: its files must
+    not overwrite the new attempt's (same subtask, same file names), and gc lists them."""
+    from keyedstate.checkpoint.inspection import find_garbage
+
+    coordinator = CheckpointCoordinator(storage, **config())
+    cp1 = checkpoint(coordinator)
+    crashed = coordinator.trigger()
+    late_task = pickle.loads(pickle.dumps(crashed.location(0)))  # pickled to an executor
+    del coordinator
+    recovered = CheckpointCoordinator.recover(storage, **config())
+    pending = recovered.trigger()
+    assert pending.checkpoint_id == crashed.checkpoint_id == 2
+    acknowledge_all(recovered, pending, reuse=shared_of(cp1))
+    cp2 = recovered.complete(pending)
+    late = [late_task.write_private(b"the failed attempt's meta", "meta"),
+            late_task.write_shared(b"the failed attempt's sst", "sst")]
+    for stream in cp2.metadata.files():  # the committed checkpoint is intact
+        storage.read_verified(stream)
+    leftovers = sorted(h.path for h in late)
+    assert recovered.unreferenced_files() == leftovers
+    assert find_garbage(storage.root).files == leftovers
 
 
 def test_newer_format_version_is_not_skipped(storage: CheckpointStorage) -> None:

@@ -171,10 +171,25 @@ def test_location_names_and_tracks_its_files(storage: CheckpointStorage) -> None
     private = location.write_private(b"p", "MANIFEST")
     assert shared.path.startswith("shared/chk-5-sub-2-") and shared.path.endswith("-000001.sst")
     assert checkpoint_id_of_shared_file(shared.path) == 5
-    assert private.path == "chk-5/sub-2/MANIFEST"
+    assert private.path.startswith("chk-5/sub-2/") and private.path.endswith("-MANIFEST")
     assert location.written == [shared.path, private.path]
     # A retry under the same name never clobbers the first file.
     assert location.write_shared(b"t", "000001.sst").path != shared.path
+    assert location.write_private(b"q", "MANIFEST").path != private.path
+
+
+def test_private_names_are_unique_per_attempt(storage: CheckpointStorage) -> None:
+    """Checkpoint ids can repeat after a driver crash: a late task of the failed attempt of
+    checkpoint 5 (its own pickled location) writes the same private file name after the new
+    attempt did. Both files survive, each under its own name, and the new attempt's handle
+    still reads back verified."""
+    failed_attempt = pickle.loads(pickle.dumps(storage.location(5, 0)))
+    new_attempt = storage.location(5, 0)
+    mine = new_attempt.write_private(b"new attempt", "MANIFEST-000004")
+    late = failed_attempt.write_private(b"failed attempt, late", "MANIFEST-000004")
+    assert late.path != mine.path
+    assert storage.read_verified(mine) == b"new attempt"
+    assert sorted(storage.list_files("chk-5")) == sorted([mine.path, late.path])
 
 
 def test_storage_and_locations_pickle(storage: CheckpointStorage) -> None:

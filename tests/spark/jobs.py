@@ -67,7 +67,8 @@ class KillWorkerOnce(RunningTotals):
         out = super().process_key(key, rows, ctx)
         marker = os.path.join(self.marker_dir, f"killed-{ctx.batch_id}-{ctx.subtask_index}")
         if ctx.batch_id == self.batch_id and not os.path.exists(marker):
-            open(marker, "w").close()
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))  # which worker died (its local directory's name)
             os.kill(os.getpid(), 9)
         return out
 

@@ -159,6 +159,91 @@ def test_killed_python_worker_mid_batch_exactly_once(spark, tmp_path):
     check_against_pandas(root)
 
 
+def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
+    """A killed worker can't close its RocksDB instances: its directory
+    (``worker-<pid>-<start time>`` below ``state.backend.local-dir``) is removed by the next
+    process that creates its own there; instance directories never lie directly in it."""
+    from keyedstate.backends.rocksdb import RocksDBStateBackend
+    from keyedstate.keygroups import KeyGroupRange
+    from keyedstate.keys import KeySerializer
+
+    root = str(tmp_path)
+    local = os.path.join(root, "local")
+    write_files(os.path.join(root, "input"), 3)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    run_job(spark, root, KillWorkerOnce(batch_id=1, marker_dir=str(markers)), parallelism=2,
+            local_dir=local)
+    killed = [int(m.read_text()) for m in markers.iterdir()]
+    assert killed, "the worker was never killed: the test proved nothing"
+    check_against_pandas(root)
+    assert all(name.startswith("worker-") for name in os.listdir(local)), os.listdir(local)
+    from keyedstate.backends.local_dirs import process_start_time
+
+    # This process creates its directory there: every directory of an ended process goes.
+    backend = RocksDBStateBackend().create_keyed_backend(
+        subtask_index=0, key_group_range=KeyGroupRange(0, 127), max_parallelism=128,
+        key_serializer=KeySerializer(["string"]), local_dir=local)
+    backend.close()
+    me = f"worker-{os.getpid()}-{process_start_time(os.getpid())}"
+    assert me in os.listdir(local)
+    for name in os.listdir(local):
+        assert int(name.split("-")[1]) not in killed, f"{name}: the killed worker's is left"
+
+
+def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
+    """A Python worker keeps at most ``MAX_LIVE`` live backends (least recently used closed,
+    its directory deleted), and closes those of other jobs idle for ``LIVE_IDLE_S``."""
+    from collections import OrderedDict
+
+    from keyedstate.backends.rocksdb import RocksDBStateBackend
+    from keyedstate.checkpoint.storage import CheckpointStorage
+    from keyedstate.config import LateEvents
+    from keyedstate.spark import runtime
+
+    monkeypatch.setattr(runtime, "MAX_LIVE", 2)
+    monkeypatch.setattr(runtime, "_LIVE", OrderedDict())
+
+    def run(job: str) -> str:
+        plan = runtime.BatchPlan(
+            job_id=job, batch_id=0, checkpoint_id=1, parallelism=1, max_parallelism=128,
+            key_columns=["user_id"], key_types=["string"], backend=RocksDBStateBackend(),
+            storage=CheckpointStorage(str(tmp_path / job)), function=RunningTotals(),
+            output_schema=pa.schema([("user_id", pa.string())]), side_output_schemas={},
+            watermark=runtime.MIN_WATERMARK, watermark_column=None,
+            late_events=LateEvents.DROP, restore=None, full_snapshot=False,
+            share_restored_files=True, local_dir=str(tmp_path / "local"))
+        list(runtime.process_subtask(plan, 0, iter([])))
+        return runtime._LIVE[(job, 0)].backend.instance_dir  # type: ignore[attr-defined]
+
+    try:
+        dirs = [run(f"job-{n}") for n in range(4)]
+        assert list(runtime._LIVE) == [("job-2", 0), ("job-3", 0)]
+        assert [os.path.exists(d) for d in dirs] == [False, False, True, True]
+        monkeypatch.setattr(runtime, "LIVE_IDLE_S", 0.0)
+        last = run("job-4")
+        assert list(runtime._LIVE) == [("job-4", 0)]
+        assert [os.path.exists(d) for d in [*dirs, last]] == [False] * 4 + [True]
+    finally:
+        runtime._close_all_live()
+    assert not os.path.exists(last)
+
+
+def test_lost_metadata_of_the_only_checkpoint_fails_the_start(spark, tmp_path):
+    """num_retained=1 and the latest ``_metadata`` deleted: the restarted job refuses to start
+    (as the core runtime does) instead of starting from empty state and waiting for the next
+    batch to notice the gap; with an older retained checkpoint it falls back and says so."""
+    from keyedstate.errors import MissingCheckpointFileError
+
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    query = run_job(spark, root, RunningTotals(), parallelism=2)
+    latest = query.stats[-1].checkpoint_id
+    os.remove(os.path.join(root, "ckpt", f"chk-{latest}", "_metadata"))
+    with pytest.raises(MissingCheckpointFileError, match=f"lost its checkpoints.*chk-{latest}/"):
+        run_job(spark, root, RunningTotals(), parallelism=2)
+
+
 class CrashBeforeSinkCommit(ParquetSink):
     """Fails once, after the checkpoint of batch 1 committed and before its output is
     visible: what a driver crash between the two commits leaves behind."""

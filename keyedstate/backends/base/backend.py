@@ -41,8 +41,7 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, check_max_parallelism
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
-from keyedstate.state.api import State
-from keyedstate.state.descriptors import StateDescriptor
+from keyedstate.state.descriptors import S, StateDescriptor
 from keyedstate.state.timers import InternalTimerService
 from keyedstate.state.ttl import SystemTimeProvider, TtlTimeProvider
 
@@ -251,8 +250,9 @@ class KeyedStateBackend(ABC):
     # -- states --------------------------------------------------------------------------------
 
     @abstractmethod
-    def get_state(self, descriptor: StateDescriptor) -> State:
-        """The state for ``descriptor`` (created on first use, then cached by name). Raises
+    def get_state(self, descriptor: StateDescriptor[S]) -> S:
+        """The state for ``descriptor`` (created on first use, then cached by name), of the
+        descriptor's state class (``ValueStateDescriptor`` -> ``ValueState``). Raises
         :class:`StateTypeMismatchError` if a state of that name exists (registered or
         restored) with another kind or type."""
 
@@ -346,7 +346,10 @@ class StateBackend(ABC):
         ``storage``) when given: every handle whose key-group range overlaps
         ``key_group_range`` is used (rescaling), others are ignored. ``share_restored_files``
         False means the first snapshot after restore must not reference restored files
-        (NO_CLAIM). ``local_dir`` is where the backend may keep working files."""
+        (NO_CLAIM). ``local_dir`` is where the backend may keep working files (None: a
+        default below the system temp dir); a backend that does keeps them in this process's
+        directory below it (:func:`keyedstate.backends.local_dirs.worker_dir`) and deletes
+        them on ``close()``."""
 
 
 def check_restore_handles(backend_name: str, key_group_range: KeyGroupRange,

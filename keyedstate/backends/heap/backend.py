@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, cast
 
 from keyedstate.backends.base.backend import (
     KeyedStateBackend,
@@ -50,7 +50,7 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
 from keyedstate.state.api import State
-from keyedstate.state.descriptors import StateDescriptor, StateKind
+from keyedstate.state.descriptors import S, StateDescriptor, StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
 from keyedstate.state.ttl import TtlTimeProvider
 
@@ -127,14 +127,14 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 f"new one (restoring from the last checkpoint)"
             )
 
-    def get_state(self, descriptor: StateDescriptor) -> State:
+    def get_state(self, descriptor: StateDescriptor[S]) -> S:
         self._check_open()
         name = descriptor.name
         state = self._states.get(name)
         if state is not None:
             if getattr(state, "descriptor", None) is not descriptor:
                 check_compatible(descriptor, self.tables[name].meta)
-            return state
+            return cast(S, state)  # the kind is checked: the state class is the descriptor's
         table = self.tables.get(name)
         if table is None:
             table = StateTable.of(descriptor)
@@ -145,7 +145,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             check_compatible(descriptor, table.meta)
             table.attach(descriptor)
         state = self._states[name] = create_state(self, table, descriptor)
-        return state
+        return cast(S, state)
 
     def state_meta_infos(self) -> list[StateMetaInfo]:
         return [self.tables[n].meta for n in sorted(self.tables)]

@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import tempfile
 import uuid
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
 import rocksdict
 
@@ -28,6 +27,7 @@ from keyedstate.backends.base.backend import (
     check_restore_handles,
     meta_info_of,
 )
+from keyedstate.backends.local_dirs import worker_dir
 from keyedstate.backends.rocksdb.options import RocksDBOptions, native, rocksdb_error, scan
 from keyedstate.backends.rocksdb.restore import (
     RESCALE_STRATEGIES,
@@ -61,8 +61,7 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serialize_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
-from keyedstate.state.api import State
-from keyedstate.state.descriptors import StateDescriptor, StateKind
+from keyedstate.state.descriptors import S, StateDescriptor, StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
 from keyedstate.state.ttl import TtlTimeProvider
 
@@ -125,13 +124,12 @@ class RocksDBStateBackend(StateBackend):
     ) -> RocksDBKeyedStateBackend:
         handles = check_restore_handles(BACKEND_NAME, key_group_range, max_parallelism,
                                         restore_handles)
-        # Every instance gets a fresh directory: one directory is never opened twice.
-        if local_dir is None:
-            instance_dir = tempfile.mkdtemp(prefix=f"keyedstate-rocksdb-{subtask_index}-")
-        else:
-            instance_dir = os.path.join(local_dir,
-                                        f"rocksdb-{subtask_index}-{uuid.uuid4().hex}")
-            os.makedirs(instance_dir)
+        # Every instance gets a fresh directory: one directory is never opened twice. It lies
+        # in this process's own directory (worker-<pid>-<start time>), so what a process that
+        # dies without close() leaves is removed by the next one that starts (local_dirs).
+        instance_dir = os.path.join(worker_dir(local_dir),
+                                    f"rocksdb-{subtask_index}-{uuid.uuid4().hex}")
+        os.makedirs(instance_dir)
         result = None
         try:
             restore = RocksDBIncrementalRestoreOperation(
@@ -232,12 +230,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # -- states --------------------------------------------------------------------------------
 
-    def get_state(self, descriptor: StateDescriptor) -> State:
+    def get_state(self, descriptor: StateDescriptor[S]) -> S:
         state = self._states.get(descriptor.name)
         if state is not None:
             if state.descriptor is not descriptor:
                 check_compatible(descriptor, meta_info_of(state.descriptor))
-            return state
+            return cast(S, state)  # the kind is checked: the state class is the descriptor's
         self._check_open()
         restored = self._restored.get(descriptor.name)
         if restored is not None:
@@ -246,7 +244,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             cf, handle = self._column_family(descriptor.name)
         state = STATE_CLASSES[descriptor.kind](self, descriptor, cf, handle)
         self._states[descriptor.name] = state
-        return state
+        return cast(S, state)
 
     def _state_snapshots(self) -> dict[str, StateMetaInfoSnapshot]:
         """Every known state: registered ones (from their descriptors) and restored ones."""

@@ -59,6 +59,12 @@ class RocksDBOptions:
     #: bloom filter bits per key for point lookups; 0 disables the filter.
     bloom_filter_bits_per_key: int = 10
     cache_index_and_filter_blocks: bool = True
+    #: partitioned index and filter blocks behind a small top-level index (Flink's
+    #: ``state.backend.rocksdb.memory.partitioned-index-filters``): the cache then holds
+    #: 4 KiB partitions instead of one filter block per SST, which for an SST of about
+    #: 800,000 keys or more outgrows a shard of the cache and is evicted on every read (a
+    #: get then took 65 µs instead of 2-3 µs; docs/benchmarks.md, access at 1 M keys).
+    partitioned_index_filters: bool = True
     max_background_jobs: int = 2
     #: -1 keeps every SST open (their index blocks are in the block cache anyway).
     max_open_files: int = -1
@@ -67,12 +73,17 @@ class RocksDBOptions:
     #: Flink disables the WAL: a snapshot flushes memtables, and a failed task restores from
     #: the last checkpoint, never from the local files.
     disable_wal: bool = True
-    #: ``"level"`` (RocksDB's and Flink's default) or ``"universal"`` (tiered: far fewer
-    #: rewrites of old data, so incremental checkpoints upload far less after compactions;
-    #: Flink's ``state.backend.rocksdb.compaction.style``; docs/object-storage.md).
-    compaction_style: str = "level"
-    #: L0 files (level) or sorted runs (universal) that trigger a compaction.
-    level0_file_num_compaction_trigger: int = 4
+    #: ``"universal"`` (tiered, keyedstate's default) or ``"level"`` (RocksDB's and Flink's
+    #: default); Flink's ``state.backend.rocksdb.compaction.style``. keyedstate checkpoints
+    #: every micro-batch, and with random keys every leveled compaction rewrites the whole
+    #: level below L0, which the next incremental checkpoint uploads again (20% of a full
+    #: checkpoint per checkpoint at 1% of keys changed); universal compaction rarely rewrites
+    #: old data (docs/rocksdb-backend.md and docs/benchmarks.md measure both).
+    compaction_style: str = "universal"
+    #: L0 files (level) or sorted runs (universal) that trigger a compaction; None: 8 for
+    #: universal (reads check up to about 8 runs, each behind a bloom filter), RocksDB's 4
+    #: for level.
+    level0_file_num_compaction_trigger: int | None = None
     #: universal compaction: merge runs whose sizes differ by at most this percent.
     universal_size_ratio: int = 1
     #: universal compaction: rewrite everything once the newer runs hold this percent of the
@@ -99,7 +110,8 @@ class RocksDBOptions:
                 f"RocksDBOptions.compaction_style {self.compaction_style!r} is unknown; choose "
                 f"one of {list(_COMPACTION_STYLES)}"
             )
-        if self.level0_file_num_compaction_trigger < 1 or self.universal_size_ratio < 0 \
+        trigger = self.level0_file_num_compaction_trigger
+        if (trigger is not None and trigger < 1) or self.universal_size_ratio < 0 \
                 or self.universal_max_size_amplification_percent < 1:
             raise ConfigurationError(
                 "RocksDBOptions.level0_file_num_compaction_trigger and "
@@ -111,6 +123,13 @@ class RocksDBOptions:
                 f"RocksDBOptions.compression {self.compression!r} is unknown; choose one of "
                 f"{list(_COMPRESSIONS)}"
             )
+
+    @property
+    def compaction_trigger(self) -> int:
+        """The effective ``level0_file_num_compaction_trigger``."""
+        if self.level0_file_num_compaction_trigger is not None:
+            return self.level0_file_num_compaction_trigger
+        return 8 if self.compaction_style == "universal" else 4
 
     def to_options(self) -> rocksdict.Options:
         """``rocksdict.Options`` in raw mode (bytes keys and values, no pickling) for the DB and
@@ -125,6 +144,11 @@ class RocksDBOptions:
         if self.bloom_filter_bits_per_key:
             table.set_bloom_filter(self.bloom_filter_bits_per_key, False)
         table.set_cache_index_and_filter_blocks(self.cache_index_and_filter_blocks)
+        if self.partitioned_index_filters:
+            table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
+            table.set_partition_filters(True)
+            # The top level is small and read on every lookup: keep it in the cache.
+            table.set_pin_top_level_index_and_filter(True)
         # Keep L0 index/filter blocks pinned: they are read on every lookup.
         table.set_pin_l0_filter_and_index_blocks_in_cache(self.cache_index_and_filter_blocks)
         opts.set_block_based_table_factory(table)
@@ -138,7 +162,7 @@ class RocksDBOptions:
         opts.set_compression_type(getattr(rocksdict.DBCompressionType, self.compression)())
         # Keep RocksDB's info LOG small: it is a private file of every snapshot otherwise.
         opts.set_keep_log_file_num(1)
-        trigger = self.level0_file_num_compaction_trigger
+        trigger = self.compaction_trigger
         if self.compaction_style == "universal":
             opts.set_compaction_style(rocksdict.DBCompactionStyle.universal())
             universal = rocksdict.UniversalCompactOptions()
