@@ -1224,6 +1224,36 @@ class StateBackendContract:
         assert [t.timestamp for t in ts.timers(EVENT)] == [20]
         assert [t.timestamp for t in ts.timers(PROC)] == [6]
 
+    def test_timers_registered_below_fired_ones_still_fire(self, harness):
+        # RocksDB reads a key group's head from its last fired timer (not through the
+        # tombstones of the fired ones); a timer registered below that point must lower it.
+        b = harness.create()
+        ts = b.timer_service
+        b.set_current_key(1)
+        for t in range(100, 200):
+            ts.register_event_time_timer(t)
+        assert [t.timestamp for t in ts.pop_due(EVENT, 149)] == list(range(100, 150))
+        ts.register_event_time_timer(120)  # below every fired timer
+        ts.register_event_time_timer(149)  # the last fired one, again
+        ts.register_event_time_timer(5, "w")  # long past, another namespace
+        assert ts.next_timestamp(EVENT) == 5
+        assert [t.timestamp for t in ts.timers(EVENT)][:4] == [5, 120, 149, 150]
+        assert [t.timestamp for t in ts.pop_due(EVENT, 160)] == [5, 120, 149,
+                                                                  *range(150, 161)]
+        ts.delete_event_time_timer(161)  # the head, deleted: the next one is the head
+        assert ts.next_timestamp(EVENT) == 162
+        fired = []
+        for timer in ts.pop_due(EVENT, 170):
+            fired.append(timer.timestamp)
+            if timer.timestamp == 165:  # while popping, below the timer just fired
+                b.set_current_key(1)
+                ts.register_event_time_timer(163)
+        assert fired == [162, 163, 164, 165, 163, *range(166, 171)]
+        assert [t.timestamp for t in ts.pop_due(EVENT, 1000)] == list(range(171, 200))
+        assert ts.next_timestamp(EVENT) is None
+        ts.register_event_time_timer(7)
+        assert [t.timestamp for t in ts.pop_due(EVENT, 7)] == [7]
+
     def test_processing_and_event_time_are_separate(self, harness):
         b = harness.create()
         ts = b.timer_service

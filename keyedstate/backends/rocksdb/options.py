@@ -275,7 +275,15 @@ def scan(cf: rocksdict.Rdict, lower: bytes | None, upper: bytes | None,
     raises :class:`BackendError` instead of silently ending the scan.
     """
     try:
-        it = cf.iter()
+        if upper is None:
+            it = cf.iter()
+        else:
+            # The bound in the read options lets RocksDB stop at it: without it, a seek into a
+            # range holding only deleted entries (fired timers, removed map entries) walks every
+            # tombstone up to the next live key, wherever that is.
+            read_options = rocksdict.ReadOptions()
+            read_options.set_iterate_upper_bound(upper)
+            it = cf.iter(read_options)
         if lower is None:
             it.seek_to_first()
         else:

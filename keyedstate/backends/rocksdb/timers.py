@@ -62,6 +62,14 @@ class RocksDBTimerService(InternalTimerService):
                  column_families: dict[TimeDomain, rocksdict.Rdict]) -> None:
         self._backend = backend
         self._cfs = column_families
+        #: Per domain and key group, a key no live timer of that key group is below: the last
+        #: fired timer (timers fire in order), lowered by any registration below it. Heads are
+        #: read from there, never from the key group's start: fired timers are deleted, and a
+        #: seek from the start would walk every one of their tombstones until compaction drops
+        #: them (Flink caches the heads in memory for the same reason,
+        #: ``RocksDBCachingPriorityQueueSet``). In memory only: a restored backend starts at
+        #: the key groups' starts.
+        self._low: dict[TimeDomain, dict[int, bytes]] = {d: {} for d in TimeDomain}
         # Key groups touched while a pop_due of that domain is running (one set per generator).
         self._watchers: dict[TimeDomain, list[set[int]]] = {d: [] for d in TimeDomain}
 
@@ -91,6 +99,11 @@ class RocksDBTimerService(InternalTimerService):
                 cf.delete(key)
         except Exception as exc:
             raise rocksdb_error(exc, f"changing a {domain} timer") from exc
+        if put:
+            low = self._low[domain]
+            mark = low.get(key_group)
+            if mark is not None and key < mark:
+                low[key_group] = key
         for touched in self._watchers[domain]:
             touched.add(key_group)
 
@@ -111,32 +124,37 @@ class RocksDBTimerService(InternalTimerService):
     def _kg_bytes(self, key_group: int) -> bytes:
         return serialize_key_group(key_group, self._backend.key_group_prefix_bytes)
 
-    def _heads(self, cf: rocksdict.Rdict) -> Iterator[tuple[int, bytes]]:
+    def _seek_key(self, domain: TimeDomain, key_group: int) -> bytes:
+        """Where the head of ``key_group`` is searched from (see ``_low``)."""
+        return self._low[domain].get(key_group) or self._kg_bytes(key_group)
+
+    def _heads(self, domain: TimeDomain) -> Iterator[tuple[int, bytes]]:
         """``(key group, first timer key)`` of every non-empty key group, one seek each."""
+        cf = self._cfs[domain]
         kg_range = self._backend.key_group_range
         n = self._backend.key_group_prefix_bytes
         try:
-            it = cf.iter()
-            it.seek(self._kg_bytes(kg_range.start))
+            read_options = rocksdict.ReadOptions()
+            read_options.set_iterate_upper_bound(self._kg_bytes(kg_range.end + 1))
+            it = cf.iter(read_options)
+            it.seek(self._seek_key(domain, kg_range.start))
             while it.valid():
                 raw = it.key()
                 key_group = int.from_bytes(raw[:n], "big")
-                if key_group > kg_range.end:
-                    return
                 yield key_group, raw
                 if key_group == kg_range.end:
                     return
-                it.seek(self._kg_bytes(key_group + 1))
+                it.seek(self._seek_key(domain, key_group + 1))
             it.status()
         except KeyedStateError:
             raise
         except Exception as exc:
             raise rocksdb_error(exc, "reading timers") from exc
 
-    def _head(self, cf: rocksdict.Rdict, key_group: int) -> bytes | None:
+    def _head(self, domain: TimeDomain, key_group: int) -> bytes | None:
         """The earliest timer key of one key group (a fresh iterator sees every write)."""
-        prefix = self._kg_bytes(key_group)
-        for raw, _ in scan(cf, prefix, self._kg_bytes(key_group + 1), "reading timers"):
+        for raw, _ in scan(self._cfs[domain], self._seek_key(domain, key_group),
+                           self._kg_bytes(key_group + 1), "reading timers"):
             return raw
         return None
 
@@ -149,7 +167,7 @@ class RocksDBTimerService(InternalTimerService):
             # Step 1. The head of every non-empty key group, in a heap by (timestamp, kg).
             heads: dict[int, bytes | None] = {}
             heap: list[tuple[int, int, bytes]] = []
-            for key_group, raw in self._heads(cf):
+            for key_group, raw in self._heads(domain):
                 heads[key_group] = raw
                 heap.append((parse_timer_key(raw, n).timestamp, key_group, raw))
             heapq.heapify(heap)
@@ -157,7 +175,7 @@ class RocksDBTimerService(InternalTimerService):
                 # Step 2. Re-read heads of key groups changed since (fired, registered, deleted);
                 # older heap entries of those key groups become stale.
                 for key_group in touched:
-                    head = self._head(cf, key_group)
+                    head = self._head(domain, key_group)
                     heads[key_group] = head
                     if head is not None:
                         heapq.heappush(heap, (parse_timer_key(head, n).timestamp, key_group, head))
@@ -172,6 +190,9 @@ class RocksDBTimerService(InternalTimerService):
                     cf.delete(raw)
                 except Exception as exc:
                     raise rocksdb_error(exc, f"removing a fired {domain} timer") from exc
+                # It was the key group's earliest timer: none is below it any more (a timer
+                # registered below it later lowers the mark again).
+                self._low[domain][key_group] = raw
                 heads[key_group] = None
                 touched.add(key_group)
                 yield parse_timer_key(raw, n)
@@ -183,14 +204,13 @@ class RocksDBTimerService(InternalTimerService):
         n = self._backend.key_group_prefix_bytes
         runs = [
             (parse_timer_key(raw, n) for raw, _ in
-             scan(cf, self._kg_bytes(key_group), self._kg_bytes(key_group + 1),
-                  "reading timers"))
-            for key_group, _ in list(self._heads(cf))
+             scan(cf, head, self._kg_bytes(key_group + 1), "reading timers"))
+            for key_group, head in list(self._heads(domain))
         ]
         # Each key group is sorted by time; ties keep key-group order (deterministic).
         return heapq.merge(*runs, key=lambda t: (t.timestamp, t.key_group))
 
     def next_timestamp(self, domain: TimeDomain) -> int | None:
         n = self._backend.key_group_prefix_bytes
-        stamps = [parse_timer_key(raw, n).timestamp for _, raw in self._heads(self._cfs[domain])]
+        stamps = [parse_timer_key(raw, n).timestamp for _, raw in self._heads(domain)]
         return min(stamps, default=None)
