@@ -202,9 +202,9 @@ def dir_stats(url: str, storage_options: dict[str, Any] | None = None,
                 except OSError:
                     pass
         return files, size
-    import fsspec
+    from keyedstate.checkpoint.storage import connect
 
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    fs, root = connect(url, storage_options)
     try:
         found = fs.find(root, detail=True)
     except FileNotFoundError:

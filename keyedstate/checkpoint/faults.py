@@ -156,7 +156,9 @@ class FaultInjectingFileSystem(AbstractFileSystem):
         super().__init__(target_protocol=target_protocol, target_options=target_options,
                          plan=plan, **kwargs)
         self.target_protocol = target_protocol
-        self.target_fs = fsspec.filesystem(target_protocol, **dict(target_options or {}))
+        target = dict(target_options or {})
+        target.setdefault("use_listings_cache", False)  # as storage.connect, for the same reason
+        self.target_fs = fsspec.filesystem(target_protocol, **target)
         self.plan = FaultPlan(plan) if plan else None
 
     def _check(self, op: str, path: Any) -> None:

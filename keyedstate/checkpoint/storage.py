@@ -115,6 +115,22 @@ def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
     return any(p in OBJECT_STORE_PROTOCOLS for p in protocols)
 
 
+def connect(url: str, storage_options: Mapping[str, Any] | None = None
+            ) -> tuple[fsspec.AbstractFileSystem, str]:
+    """``(filesystem, path)`` of ``url`` for checkpoint and output files.
+
+    fsspec's object-store filesystems (s3fs, gcsfs, adlfs) cache directory listings and answer
+    ``info``, ``exists`` and ``copy`` of a path from a cached listing of its parent: a file
+    that another process (an executor) wrote after this process listed the directory is then
+    "missing" (seen in the S3 soak: a savepoint's server-side copy of a shared file the driver
+    had listed the directory of before). Checkpoint files are written by many processes, so the
+    listings cache is off unless ``storage_options`` set ``use_listings_cache`` themselves.
+    """
+    options = dict(storage_options or {})
+    options.setdefault("use_listings_cache", False)
+    return fsspec.core.url_to_fs(url, **options)
+
+
 class CheckpointStorage:
     """One snapshot root (``url``), e.g. ``/data/ckpt``, ``file:///...``, ``s3://bucket/job``.
 
@@ -140,7 +156,7 @@ class CheckpointStorage:
     # -- filesystem --------------------------------------------------------------------------
 
     def _connect(self) -> None:
-        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        fs, root = connect(self.url, self.storage_options)
         self._fs, self._root = fs, root.rstrip("/")
 
     @property

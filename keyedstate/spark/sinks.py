@@ -13,10 +13,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import fsspec
 import pyarrow as pa
 
-from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.storage import CheckpointStorage, connect
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,8 @@ class ParquetSink(Sink):
         self.storage_options = storage_options or {}
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
+        # Listings drive the replay cleanup below: never from a stale cache (see connect).
+        fs, root = connect(self.path, self.storage_options)
         fs.makedirs(root, exist_ok=True)
         prefix = f"batch-{batch_id:010d}-part-"
         for existing in fs.ls(root, detail=False):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keyedstate.checkpoint.metadata import CheckpointMetadata
-from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.storage import CheckpointStorage, duplicate_object
 from keyedstate.errors import CorruptCheckpointError, MissingCheckpointFileError
 from keyedstate.local import LocalKeyedOperator
 from keyedstate.state.descriptors import ListStateDescriptor, ValueStateDescriptor
@@ -33,6 +33,25 @@ def test_write_read_verify_and_atomic_metadata(s3_bucket):
     storage.write_metadata(metadata)
     assert storage.checkpoint_ids() == [1]
     assert storage.read_metadata(storage.metadata_path(1)) == metadata
+
+
+def test_files_written_by_another_process_after_a_listing_are_seen(s3_bucket):
+    # The driver lists shared/ (gc, registry), then an executor writes a file there, then the
+    # driver copies it into a savepoint: s3fs's listings cache used to answer "missing" (the
+    # S3 soak's seed 20261122). Another process = another filesystem instance.
+    url, options = s3_bucket
+    driver = CheckpointStorage(f"{url}/job", options)
+    first = driver.location(1, 0).write_shared(b"one", "a.sst")
+    assert driver.list_files("shared") == [first.path]
+    executor = CheckpointStorage(f"{url}/job", {**options, "skip_instance_cache": True})
+    assert executor.fs is not driver.fs
+    second = executor.location(2, 0).write_shared(b"two", "b.sst")
+    assert driver.exists(second.path)
+    assert driver.read_verified(second) == b"two"
+    assert sorted(driver.list_files("shared")) == sorted([first.path, second.path])
+    target = CheckpointStorage(f"{url}/savepoint", options)
+    duplicate_object(driver, second.path, target, "shared/b.sst", second.size)
+    assert target.read("shared/b.sst") == b"two"
 
 
 @pytest.mark.parametrize("backend", ["rocksdb", "heap"])
