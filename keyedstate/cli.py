@@ -21,6 +21,7 @@ BENCHMARKS = {
     "access": "benchmarks.access",
     "throughput": "benchmarks.throughput",
     "remote": "benchmarks.remote",
+    "rescale": "benchmarks.rescale",
 }
 
 
