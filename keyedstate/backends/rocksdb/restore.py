@@ -42,10 +42,12 @@ from keyedstate.backends.rocksdb.options import (
 from keyedstate.backends.rocksdb.snapshot import (
     META_FILE,
     SST_SUFFIX,
+    InstanceHandle,
     MetaFile,
     SharedBase,
     StateMetaInfoSnapshot,
     read_meta_file,
+    split_instances,
 )
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
@@ -60,21 +62,96 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 
 RESCALE_STRATEGIES = ("ingest", "copy")
+#: Default cap on the RocksDB instances of one keyed backend (``max_instances``).
+DEFAULT_MAX_INSTANCES = 4
 _COPY_BATCH = 10_000
 _SST_CHECK_EVERY = 4096
 
 
+def instance_db_dir(instance_dir: str, index: int) -> str:
+    """Directory of instance ``index`` of a keyed backend (instance 0: ``db``, as before
+    instances existed)."""
+    return os.path.join(instance_dir, "db" if index == 0 else f"db-i{index}")
+
+
+@dataclass
+class RestoredInstance:
+    """One opened RocksDB instance owning ``key_group_range`` (its DB holds no key outside
+    it), and the restored files its next snapshot may reuse (None: upload everything)."""
+
+    key_group_range: KeyGroupRange
+    db: rocksdict.Rdict
+    path: str
+    base: SharedBase | None = None
+
+
 @dataclass
 class RestoreResult:
-    """An opened DB and what the snapshots said about it."""
+    """The opened instances, in key-group order, covering the target range exactly, and what
+    the snapshots said about them."""
 
-    db: rocksdict.Rdict
+    instances: list[RestoredInstance]
     states: dict[str, StateMetaInfoSnapshot] = field(default_factory=dict)
     list_sequence: int = 0
-    #: the restored files the next snapshot may reuse (None: upload everything).
-    base: SharedBase | None = None
     #: what the restore downloaded, took from the file cache, ...
     stats: TransferStats = field(default_factory=TransferStats)
+
+    def close(self) -> None:
+        """Close every instance (a restore that failed half way, or a backend that failed to
+        start)."""
+        for instance in self.instances:
+            with native(f"closing the RocksDB in {instance.path}"):
+                instance.db.close()
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePlan:
+    """One instance to build: the sub-handle opened as its DB (``initial``, None for an empty
+    DB), the sub-handles whose keys are ingested into it, and the range it owns."""
+
+    key_group_range: KeyGroupRange
+    initial: InstanceHandle | None
+    ingested: tuple[InstanceHandle, ...] = ()
+
+
+def plan_instances(subs: Sequence[InstanceHandle], target: KeyGroupRange,
+                   max_instances: int) -> list[InstancePlan]:
+    """How to restore ``target`` from the overlapping sub-handles ``subs`` without rewriting
+    keys where possible.
+
+    Every sub-handle becomes an instance owning its overlap with ``target``. When there are
+    more than ``max_instances``, the largest overlaps (in key groups; ties: key-group order)
+    stay instances and each other one is ingested into the nearest kept instance on its left
+    (the first kept one for a leading run), so every instance's range stays contiguous.
+    Instance ranges are then widened over key groups no sub-handle covers, so that together
+    they cover ``target`` exactly (an instance may own key groups it has no data for).
+    """
+    if max_instances < 1:
+        raise ConfigurationError(f"max_instances must be at least 1, got {max_instances}")
+    pieces = sorted((s for s in subs if s.key_group_range.intersection(target)),
+                    key=lambda s: s.key_group_range.start)
+    if not pieces:
+        return [InstancePlan(target, None)]
+    sizes = [len(s.key_group_range.intersection(target)) for s in pieces]
+    ranked = sorted(range(len(pieces)), key=lambda i: (-sizes[i], i))
+    kept = sorted(ranked[:max_instances])
+    groups: list[list[int]] = [[k] for k in kept]
+    for i in range(len(pieces)):
+        if i in kept:
+            continue
+        left = [g for g in groups if g[0] < i]
+        (left[-1] if left else groups[0]).append(i)
+    plans = []
+    for n, group in enumerate(groups):
+        ranges = [pieces[i].key_group_range.intersection(target) for i in group]
+        start = target.start if n == 0 else min(r.start for r in ranges)
+        plans.append((start, group))
+    out = []
+    for n, (start, group) in enumerate(plans):
+        end = target.end if n == len(plans) - 1 else plans[n + 1][0] - 1
+        out.append(InstancePlan(KeyGroupRange(start, end), pieces[group[0]],
+                                tuple(pieces[i] for i in sorted(group[1:]))))
+    return out
 
 
 def choose_the_best_state_handle_for_initial(
@@ -113,6 +190,8 @@ def clip_db_with_key_group_range(db: rocksdict.Rdict, column_families: Sequence[
     if current.end > target.end:
         ranges.append((serialize_key_group(target.end + 1, prefix_bytes),
                        serialize_key_group(current.end + 1, prefix_bytes)))
+    if not ranges:
+        return
     with native(f"clipping the restored DB to {target}"):
         for name in column_families:
             cf = db.get_column_family(name)
@@ -128,14 +207,22 @@ def column_family_names(db_path: str, options: RocksDBOptions) -> list[str]:
 
 
 class RocksDBIncrementalRestoreOperation:
-    """Restores one subtask's DB into ``db_dir`` from the overlapping ``handles``; temporary
-    downloads go below ``work_dir`` and are removed when done."""
+    """Restores one subtask's RocksDB instances below ``instance_dir`` (instance ``k`` in
+    :func:`instance_db_dir`) from the overlapping ``handles``; temporary downloads go below
+    ``instance_dir`` too and are removed when done.
+
+    Every instance of every handle is a sub-handle (:func:`split_instances`). With
+    ``"ingest"``, :func:`plan_instances` makes every overlapping sub-handle an instance of its
+    own, clipped by ``delete_range`` (no key rewritten), up to ``max_instances``; the others
+    are ingested into a neighbour. A restore at the same parallelism reopens every instance as
+    it was. ``"copy"`` builds one instance key by key (the benchmark baseline).
+    """
 
     def __init__(self, *, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage | None,
                  key_group_range: KeyGroupRange, max_parallelism: int,
-                 key_group_prefix_bytes: int, db_dir: str, work_dir: str,
+                 key_group_prefix_bytes: int, instance_dir: str,
                  options: RocksDBOptions, rescale_strategy: str,
-                 share_restored_files: bool) -> None:
+                 share_restored_files: bool, max_instances: int = DEFAULT_MAX_INSTANCES) -> None:
         if handles and storage is None:
             raise ConfigurationError("restoring RocksDB state needs the CheckpointStorage the "
                                      "handles were written to; pass storage=...")
@@ -147,75 +234,92 @@ class RocksDBIncrementalRestoreOperation:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.prefix_bytes = key_group_prefix_bytes
-        self.db_dir = db_dir
-        self.work_dir = work_dir
+        self.instance_dir = instance_dir
+        self.work_dir = instance_dir
         self.options = options
         self.rescale_strategy = rescale_strategy
         self.share_restored_files = share_restored_files
+        self.max_instances = max_instances
         self._metas: list[MetaFile] = []
+        self._meta_read: set[int] = set()  # id() of handles whose meta file was read
         self.stats = TransferStats()
+        #: sub-handles rewritten key by key into SST files (tests check rescales avoid it)
+        self.ingested: list[InstanceHandle] = []
 
     def restore(self) -> RestoreResult:
         if not self.handles:
-            return RestoreResult(open_db(self.db_dir, self.options))
-        if len(self.handles) == 1 and self.handles[0].key_group_range == self.key_group_range:
-            result = self._restore_without_rescaling(self.handles[0])
-        elif self.rescale_strategy == "copy":
-            result = self._restore_by_copy()
+            path = instance_db_dir(self.instance_dir, 0)
+            return RestoreResult([RestoredInstance(self.key_group_range,
+                                                   open_db(path, self.options), path)])
+        subs = [s for h in self.handles for s in split_instances(h)
+                if s.key_group_range.intersection(self.key_group_range)]
+        if self.rescale_strategy == "copy" and not (
+                len(subs) == 1 and subs[0].key_group_range == self.key_group_range):
+            result = self._restore_by_copy(subs)
         else:
-            result = self._restore_with_rescaling()
+            result = self._restore_instances(
+                plan_instances(subs, self.key_group_range, self.max_instances))
         self._merge_metas(result)
         result.stats = self.stats
         return result
 
-    def _base_of(self, handle: KeyedStateHandle) -> SharedBase:
-        """The SSTs of ``handle``, now files of the restored DB, as the next snapshot's base:
+    def _base_of(self, sub: InstanceHandle) -> SharedBase:
+        """The SSTs of ``sub``, now files of a restored instance, as its next snapshot's base:
         the job's own (referenced in place) with ``share_restored_files``, else a snapshot it
         does not own (duplicated by the next snapshot; id 0 so that any new snapshot of the
         job, whose ids start anywhere, replaces it as the base)."""
         assert self.storage is not None
-        ssts = {name: s for name, s in handle.shared.items() if name != META_FILE}
+        handle = sub.handle
         return SharedBase(handle.checkpoint_id if self.share_restored_files else 0,
-                          self.storage.url, ssts, self.storage, self.share_restored_files)
+                          self.storage.url, sub.sst_files, self.storage,
+                          self.share_restored_files)
 
     # -- downloads -----------------------------------------------------------------------------
 
-    def _download(self, handle: KeyedStateHandle, db_dir: str) -> None:
-        """All files of ``handle`` into ``db_dir``; its meta file is read and kept aside."""
+    def _download(self, subs: Sequence[tuple[InstanceHandle, str]]) -> None:
+        """All files of each ``(sub-handle, directory)`` into that directory, in one parallel
+        batch; the meta file of each handle not seen before is read and kept aside."""
         assert self.storage is not None
-        os.makedirs(db_dir, exist_ok=True)
-        meta_path = None
+        metas: list[tuple[KeyedStateHandle, str]] = []
         items: list[tuple[StreamHandle, str, bool]] = []
-        for name, stream in [*handle.shared.items(), *handle.private.items()]:
-            if name == META_FILE:
+        for sub, db_dir in subs:
+            os.makedirs(db_dir, exist_ok=True)
+            handle = sub.handle
+            if id(handle) not in self._meta_read:
+                self._meta_read.add(id(handle))
+                stream = handle.private.get(META_FILE) or handle.shared.get(META_FILE)
+                if stream is None:
+                    raise CorruptCheckpointError(
+                        f"the RocksDB snapshot of subtask {handle.subtask_index} (checkpoint "
+                        f"{handle.checkpoint_id}) has no {META_FILE} file; it was not written "
+                        f"by this backend. Restore from another checkpoint or savepoint"
+                    )
                 meta_path = os.path.join(self.work_dir, f"{uuid.uuid4().hex}-{META_FILE}")
                 items.append((stream, meta_path, False))
-            else:
+                metas.append((handle, meta_path))
+            for name, stream in sub.files.items():
                 # SST files are immutable: the cache may hand them out as hard links.
-                items.append((stream, os.path.join(db_dir, os.path.basename(name)),
-                              name.endswith(SST_SUFFIX)))
+                items.append((stream, os.path.join(db_dir, name), name.endswith(SST_SUFFIX)))
         self.storage.download_all(items, stats=self.stats)
-        if meta_path is None:
-            raise CorruptCheckpointError(
-                f"the RocksDB snapshot of subtask {handle.subtask_index} (checkpoint "
-                f"{handle.checkpoint_id}) has no {META_FILE} file; it was not written by this "
-                f"backend. Restore from another checkpoint or savepoint"
-            )
-        meta = read_meta_file(meta_path, f"{META_FILE} of checkpoint {handle.checkpoint_id} "
-                                         f"subtask {handle.subtask_index}")
-        os.remove(meta_path)
-        if meta.max_parallelism != self.max_parallelism:
-            raise MaxParallelismMismatchError(
-                f"the snapshot of subtask {handle.subtask_index} (checkpoint "
-                f"{handle.checkpoint_id}) was taken with max parallelism {meta.max_parallelism}, "
-                f"the job restoring it has {self.max_parallelism}; keep the max parallelism or "
-                f"rewrite the state with the state processor API"
-            )
-        self._metas.append(meta)
+        for handle, meta_path in metas:
+            meta = read_meta_file(meta_path, f"{META_FILE} of checkpoint "
+                                             f"{handle.checkpoint_id} subtask "
+                                             f"{handle.subtask_index}")
+            os.remove(meta_path)
+            if meta.max_parallelism != self.max_parallelism:
+                raise MaxParallelismMismatchError(
+                    f"the snapshot of subtask {handle.subtask_index} (checkpoint "
+                    f"{handle.checkpoint_id}) was taken with max parallelism "
+                    f"{meta.max_parallelism}, the job restoring it has {self.max_parallelism}; "
+                    f"keep the max parallelism or rewrite the state with the state processor "
+                    f"API"
+                )
+            self._metas.append(meta)
 
-    def _temporary_db(self, handle: KeyedStateHandle) -> tuple[str, rocksdict.Rdict]:
-        path = os.path.join(self.work_dir, f"restore-{handle.subtask_index}-{uuid.uuid4().hex}")
-        self._download(handle, path)
+    def _temporary_db(self, sub: InstanceHandle) -> tuple[str, rocksdict.Rdict]:
+        path = os.path.join(self.work_dir,
+                            f"restore-{sub.handle.subtask_index}-{uuid.uuid4().hex}")
+        self._download([(sub, path)])
         # Read-only: no compaction or flush of a copy that is thrown away.
         names = column_family_names(path, self.options)
         with native(f"opening the downloaded RocksDB at {path}"):
@@ -225,44 +329,47 @@ class RocksDBIncrementalRestoreOperation:
                                  access_type=rocksdict.AccessType.read_only(False))
         return path, db
 
-    # -- the three flows -----------------------------------------------------------------------
+    # -- the flows -----------------------------------------------------------------------------
 
-    def _restore_without_rescaling(self, handle: KeyedStateHandle) -> RestoreResult:
-        self._download(handle, self.db_dir)
-        result = RestoreResult(open_db(self.db_dir, self.options))
-        result.base = self._base_of(handle)
+    def _restore_instances(self, plans: Sequence[InstancePlan]) -> RestoreResult:
+        """Open every planned instance from its initial sub-handle (downloaded together),
+        clip it to its range, then ingest the merged sub-handles (only when the cap was hit)."""
+        dirs = [instance_db_dir(self.instance_dir, k) for k in range(len(plans))]
+        self._download([(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None])
+        result = RestoreResult([])
+        try:
+            for plan, path in zip(plans, dirs):
+                db = open_db(path, self.options)
+                instance = RestoredInstance(plan.key_group_range, db, path)
+                result.instances.append(instance)
+                if plan.initial is None:
+                    continue
+                # Step 1. Clip the initial DB to the instance's range (nothing when the
+                # sub-handle lies inside it, as at the same parallelism).
+                if not plan.key_group_range.contains_range(plan.initial.key_group_range):
+                    clip_db_with_key_group_range(db, column_family_names(path, self.options),
+                                                 plan.key_group_range,
+                                                 plan.initial.key_group_range,
+                                                 self.prefix_bytes)
+                # Its own files stay (clipped by range tombstones, not rewritten): the next
+                # snapshot reuses them instead of uploading them again.
+                instance.base = self._base_of(plan.initial)
+                # Step 2. Sub-handles over the cap: their in-range keys as SST files, ingested.
+                for sub in plan.ingested:
+                    self._ingest_handle(db, path, sub, plan.key_group_range)
+        except BaseException:
+            result.close()
+            raise
         return result
 
-    def _restore_with_rescaling(self) -> RestoreResult:
-        # Step 1. The best-overlapping handle becomes the initial DB, clipped to our range.
-        initial = choose_the_best_state_handle_for_initial(self.handles, self.key_group_range)
-        others = [h for h in self.handles if h is not initial]
-        if initial is None:
-            db = open_db(self.db_dir, self.options)
-        else:
-            self._download(initial, self.db_dir)
-            db = open_db(self.db_dir, self.options)
-            clip_db_with_key_group_range(db, column_family_names(self.db_dir, self.options),
-                                         self.key_group_range, initial.key_group_range,
-                                         self.prefix_bytes)
-        try:
-            # Step 2. Every other handle: its in-range keys as SST files, ingested per CF.
-            for handle in others:
-                self._ingest_handle(db, handle)
-        except BaseException:
-            with native("closing the DB of a failed restore"):
-                db.close()
-            raise
-        # The initial DB's own files stay (clipped by range tombstones, not rewritten): the
-        # next snapshot reuses them instead of uploading them again.
-        return RestoreResult(db, base=None if initial is None else self._base_of(initial))
-
-    def _ingest_handle(self, db: rocksdict.Rdict, handle: KeyedStateHandle) -> None:
-        path, source = self._temporary_db(handle)
-        lower, upper = key_group_bounds(handle.key_group_range.intersection(self.key_group_range),
+    def _ingest_handle(self, db: rocksdict.Rdict, db_dir: str, sub: InstanceHandle,
+                       key_groups: KeyGroupRange) -> None:
+        self.ingested.append(sub)
+        path, source = self._temporary_db(sub)
+        lower, upper = key_group_bounds(sub.key_group_range.intersection(key_groups),
                                         self.prefix_bytes)
         try:
-            existing = set(column_family_names(self.db_dir, self.options))
+            existing = set(column_family_names(db_dir, self.options))
             for name in column_family_names(path, self.options):
                 files = self._write_sst_files(source.get_column_family(name), name, lower, upper)
                 if not files:
@@ -309,34 +416,35 @@ class RocksDBIncrementalRestoreOperation:
         check_range_end(cf, key, lower, upper, what)
         return files
 
-    def _restore_by_copy(self) -> RestoreResult:
-        db = open_db(self.db_dir, self.options)
+    def _restore_by_copy(self, subs: Sequence[InstanceHandle]) -> RestoreResult:
+        path = instance_db_dir(self.instance_dir, 0)
+        db = open_db(path, self.options)
         try:
-            for handle in self.handles:
-                path, source = self._temporary_db(handle)
+            for sub in subs:
+                tmp, source = self._temporary_db(sub)
                 lower, upper = key_group_bounds(
-                    handle.key_group_range.intersection(self.key_group_range), self.prefix_bytes)
+                    sub.key_group_range.intersection(self.key_group_range), self.prefix_bytes)
                 try:
-                    for name in column_family_names(path, self.options):
-                        self._copy_column_family(source.get_column_family(name), db, name,
-                                                 lower, upper)
+                    for name in column_family_names(tmp, self.options):
+                        self._copy_column_family(source.get_column_family(name), db, path,
+                                                 name, lower, upper)
                 finally:
-                    with native(f"closing the downloaded RocksDB at {path}"):
+                    with native(f"closing the downloaded RocksDB at {tmp}"):
                         source.close()
                     del source
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(tmp, ignore_errors=True)
         except BaseException:
             with native("closing the DB of a failed restore"):
                 db.close()
             raise
-        return RestoreResult(db)
+        return RestoreResult([RestoredInstance(self.key_group_range, db, path)])
 
-    def _copy_column_family(self, source: rocksdict.Rdict, db: rocksdict.Rdict, name: str,
-                            lower: bytes, upper: bytes) -> None:
+    def _copy_column_family(self, source: rocksdict.Rdict, db: rocksdict.Rdict, db_dir: str,
+                            name: str, lower: bytes, upper: bytes) -> None:
         what = f"copying column family {name!r} key by key"
         key = None
         with native(what):
-            if name not in column_family_names(self.db_dir, self.options):
+            if name not in column_family_names(db_dir, self.options):
                 db.create_column_family(name, self.options.to_options())
             handle = db.get_column_family_handle(name)
             write_options = self.options.write_options()
@@ -365,7 +473,6 @@ class RocksDBIncrementalRestoreOperation:
                         f"state {name!r} is {known.meta} in one restored handle and {info.meta} "
                         f"in another; the snapshots don't belong to one checkpoint"
                     )
-
 
 def _new_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
     batch = rocksdict.WriteBatch(raw_mode=True)

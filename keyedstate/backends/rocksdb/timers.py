@@ -12,6 +12,10 @@ timer) of every non-empty key group in a heap, and re-reads a key group's head a
 it fires and whenever a timer of that key group is registered or deleted meanwhile, so timers
 registered by ``on_timer`` callbacks are seen (Flink's ``InternalTimerServiceImpl`` over a
 ``KeyGroupPartitionedPriorityQueue``).
+
+A keyed backend with several RocksDB instances keeps each key group's timers in the instance
+owning it: writes and head reads go to that instance, and ``pop_due``, ``timers`` and
+``next_timestamp`` merge the heads of every key group of every instance in one heap.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import rocksdict
 from keyedstate.backends.rocksdb.options import rocksdb_error, scan
 from keyedstate.backends.rocksdb.states import read_varint, varint
 from keyedstate.errors import ConfigurationError, KeyedStateError
-from keyedstate.keygroups import serialize_key_group
+from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 from keyedstate.serde import serialize_namespace
-from keyedstate.state.timers import InternalTimerService, TimeDomain, Timer
+from keyedstate.state.timers import TIMER_STATE_NAMES, InternalTimerService, TimeDomain, Timer
 
 if TYPE_CHECKING:
     from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
@@ -58,10 +62,8 @@ def parse_timer_key(raw: bytes, key_group_prefix_bytes: int) -> Timer:
 class RocksDBTimerService(InternalTimerService):
     """Both timer domains of one keyed backend, applying to its current key."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend,
-                 column_families: dict[TimeDomain, rocksdict.Rdict]) -> None:
+    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
         self._backend = backend
-        self._cfs = column_families
         # Key groups touched while a pop_due of that domain is running (one set per generator).
         self._watchers: dict[TimeDomain, list[set[int]]] = {d: [] for d in TimeDomain}
 
@@ -83,7 +85,7 @@ class RocksDBTimerService(InternalTimerService):
 
     def _change(self, domain: TimeDomain, timestamp: int, namespace: Any, put: bool) -> None:
         key, key_group = self._key(timestamp, namespace)
-        cf = self._cfs[domain]
+        cf = self._cf(domain, key_group)
         try:
             if put:
                 cf.put(key, b"")
@@ -111,9 +113,21 @@ class RocksDBTimerService(InternalTimerService):
     def _kg_bytes(self, key_group: int) -> bytes:
         return serialize_key_group(key_group, self._backend.key_group_prefix_bytes)
 
-    def _heads(self, cf: rocksdict.Rdict) -> Iterator[tuple[int, bytes]]:
-        """``(key group, first timer key)`` of every non-empty key group, one seek each."""
-        kg_range = self._backend.key_group_range
+    def _cf(self, domain: TimeDomain, key_group: int) -> rocksdict.Rdict:
+        """The timer column family of ``domain`` in the instance owning ``key_group``."""
+        return self._backend.instance_of(key_group).cf(TIMER_STATE_NAMES[domain])
+
+    def _heads(self, domain: TimeDomain) -> Iterator[tuple[int, bytes]]:
+        """``(key group, first timer key)`` of every non-empty key group in key-group order,
+        over every instance."""
+        for instance in self._backend.instances:
+            yield from self._instance_heads(instance.cf(TIMER_STATE_NAMES[domain]),
+                                            instance.key_group_range)
+
+    def _instance_heads(self, cf: rocksdict.Rdict, kg_range: KeyGroupRange
+                        ) -> Iterator[tuple[int, bytes]]:
+        """``(key group, first timer key)`` of every non-empty key group of ``kg_range`` in one
+        instance's column family, one seek each."""
         n = self._backend.key_group_prefix_bytes
         try:
             it = cf.iter()
@@ -133,15 +147,15 @@ class RocksDBTimerService(InternalTimerService):
         except Exception as exc:
             raise rocksdb_error(exc, "reading timers") from exc
 
-    def _head(self, cf: rocksdict.Rdict, key_group: int) -> bytes | None:
+    def _head(self, domain: TimeDomain, key_group: int) -> bytes | None:
         """The earliest timer key of one key group (a fresh iterator sees every write)."""
         prefix = self._kg_bytes(key_group)
-        for raw, _ in scan(cf, prefix, self._kg_bytes(key_group + 1), "reading timers"):
+        for raw, _ in scan(self._cf(domain, key_group), prefix, self._kg_bytes(key_group + 1),
+                           "reading timers"):
             return raw
         return None
 
     def pop_due(self, domain: TimeDomain, time: int) -> Iterator[Timer]:
-        cf = self._cfs[domain]
         n = self._backend.key_group_prefix_bytes
         touched: set[int] = set()
         self._watchers[domain].append(touched)
@@ -149,7 +163,7 @@ class RocksDBTimerService(InternalTimerService):
             # Step 1. The head of every non-empty key group, in a heap by (timestamp, kg).
             heads: dict[int, bytes | None] = {}
             heap: list[tuple[int, int, bytes]] = []
-            for key_group, raw in self._heads(cf):
+            for key_group, raw in self._heads(domain):
                 heads[key_group] = raw
                 heap.append((parse_timer_key(raw, n).timestamp, key_group, raw))
             heapq.heapify(heap)
@@ -157,7 +171,7 @@ class RocksDBTimerService(InternalTimerService):
                 # Step 2. Re-read heads of key groups changed since (fired, registered, deleted);
                 # older heap entries of those key groups become stale.
                 for key_group in touched:
-                    head = self._head(cf, key_group)
+                    head = self._head(domain, key_group)
                     heads[key_group] = head
                     if head is not None:
                         heapq.heappush(heap, (parse_timer_key(head, n).timestamp, key_group, head))
@@ -169,7 +183,7 @@ class RocksDBTimerService(InternalTimerService):
                     return
                 _, key_group, raw = heapq.heappop(heap)
                 try:
-                    cf.delete(raw)
+                    self._cf(domain, key_group).delete(raw)
                 except Exception as exc:
                     raise rocksdb_error(exc, f"removing a fired {domain} timer") from exc
                 heads[key_group] = None
@@ -179,18 +193,17 @@ class RocksDBTimerService(InternalTimerService):
             self._watchers[domain].remove(touched)
 
     def timers(self, domain: TimeDomain) -> Iterator[Timer]:
-        cf = self._cfs[domain]
         n = self._backend.key_group_prefix_bytes
         runs = [
             (parse_timer_key(raw, n) for raw, _ in
-             scan(cf, self._kg_bytes(key_group), self._kg_bytes(key_group + 1),
-                  "reading timers"))
-            for key_group, _ in list(self._heads(cf))
+             scan(self._cf(domain, key_group), self._kg_bytes(key_group),
+                  self._kg_bytes(key_group + 1), "reading timers"))
+            for key_group, _ in list(self._heads(domain))
         ]
         # Each key group is sorted by time; ties keep key-group order (deterministic).
         return heapq.merge(*runs, key=lambda t: (t.timestamp, t.key_group))
 
     def next_timestamp(self, domain: TimeDomain) -> int | None:
         n = self._backend.key_group_prefix_bytes
-        stamps = [parse_timer_key(raw, n).timestamp for _, raw in self._heads(self._cfs[domain])]
+        stamps = [parse_timer_key(raw, n).timestamp for _, raw in self._heads(domain)]
         return min(stamps, default=None)
