@@ -762,3 +762,14 @@ def test_single_instance_backends_write_the_layout_of_before(storage: Checkpoint
     assert "rocksdb.instances" not in handle.properties
     assert "KEYEDSTATE-META" in handle.private
     assert not any("/" in n for n in [*handle.shared, *handle.private])
+
+
+def test_state_sizes_of_a_multi_instance_handle_add_up(storage: CheckpointStorage,
+                                                       local_dir: str) -> None:
+    from keyedstate.checkpoint.inspection import OTHER_FILES, _rocksdb_sizes
+
+    with _sharded(storage, local_dir) as kb:
+        handle = _checkpoint(kb, storage, 2)
+    sizes = _rocksdb_sizes(storage, handle)
+    assert sizes["count"] > 0 and sizes["events"] > 0 and sizes[OTHER_FILES] > 0
+    assert sum(sizes.values()) == handle.full_size

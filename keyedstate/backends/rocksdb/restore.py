@@ -1,25 +1,34 @@
-"""Restoring a RocksDB instance from snapshot handles (Flink's
+"""Restoring the RocksDB instances of one subtask from snapshot handles (Flink's
 ``RocksDBIncrementalRestoreOperation``), with and without rescaling (seed 001).
 
-- **No rescaling** (one handle with exactly this subtask's key-group range): download its files
-  into the fresh instance directory and open the DB.
-- **Rescaling, ``"ingest"``** (the default): choose the handle whose key-group range overlaps
-  ours by the largest fraction as the initial DB (``chooseTheBestStateHandleForInitial``),
-  delete the key groups outside our range with one range delete per column family and side
-  (``clipDBWithKeyGroupRange``), then for every other handle open a temporary copy, write its
-  in-range key range per column family into sorted SST files with ``SstFileWriter`` and ingest
-  them (``ingest_external_file``, files moved, not copied).
-- **Rescaling, ``"copy"``**: an empty DB and a key-by-key copy of every handle's in-range keys
-  through write batches. Kept only as the benchmark baseline the ingest path is measured
-  against.
+Every instance of every overlapping handle is a sub-handle with its own key-group range
+(:func:`~keyedstate.backends.rocksdb.snapshot.split_instances`; a handle written before
+instances existed is one sub-handle covering the handle's range).
+
+- **``"ingest"``** (the default): :func:`plan_instances` makes every overlapping sub-handle an
+  instance of its own (a key-group shard of the target): downloaded, opened, and clipped to the
+  intersection of its range with the target's by one range delete per column family and side
+  (``clipDBWithKeyGroupRange``); no key is rewritten. Without rescaling (the same ranges) this
+  is a download and an open per instance. When more sub-handles overlap than
+  ``max_instances``, the largest overlaps stay instances and every other sub-handle's in-range
+  keys are written with ``SstFileWriter`` into sorted SST files and ingested
+  (``ingest_external_file``, files moved) into the neighbouring instance, so instance ranges
+  stay contiguous.
+- **``"copy"``**: one instance, an empty DB and a key-by-key copy of every sub-handle's in-range
+  keys through write batches. Kept only as the benchmark baseline.
+
+Why instances: rocksdict 0.3.29 exposes neither column-family export/import (Flink 1.19's
+IngestDB restore) nor ingestion of DB-generated SST files (``ingest_external_file`` of a DB's
+own SST fails with "External file version not found"), so data of several old subtasks can
+enter one DB only through Python, key by key (~360 ns per key); several DBs need none of that.
 
 Every downloaded file is verified (size and checksum) by
 :meth:`~keyedstate.checkpoint.storage.CheckpointStorage.download`: a corrupt file raises
-:class:`CorruptCheckpointError` before RocksDB reads it. The files of a handle download in
-parallel and through the process's file cache (an executor that wrote or read them before
-finds them on its local disk). The SST files of the restored DB (the one handle, or the initial
-handle of a rescale) are the next snapshot's base: referenced in place when they are the job's
-own (``share_restored_files``), duplicated by the store otherwise (NO_CLAIM).
+:class:`CorruptCheckpointError` before RocksDB reads it. The files of all instances download in
+one parallel batch and through the process's file cache (an executor that wrote or read them
+before finds them on its local disk). The SST files of each instance's initial sub-handle are
+that instance's next snapshot base: referenced in place when they are the job's own
+(``share_restored_files``), duplicated by the store otherwise (NO_CLAIM).
 """
 
 from __future__ import annotations
