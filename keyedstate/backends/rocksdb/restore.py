@@ -188,7 +188,8 @@ def key_group_bounds(key_groups: KeyGroupRange, prefix_bytes: int) -> tuple[byte
 
 def clip_db_with_key_group_range(db: rocksdict.Rdict, column_families: Sequence[str],
                                  target: KeyGroupRange, current: KeyGroupRange,
-                                 prefix_bytes: int) -> None:
+                                 prefix_bytes: int,
+                                 write_options: rocksdict.WriteOptions | None = None) -> None:
     """Delete the key groups of ``current`` outside ``target`` from every column family with
     one range delete per side (Flink's ``clipDBWithKeyGroupRange``). Key groups are the key
     prefix, so what goes is always a head and a tail of the key space."""
@@ -202,10 +203,14 @@ def clip_db_with_key_group_range(db: rocksdict.Rdict, column_families: Sequence[
     if not ranges:
         return
     with native(f"clipping the restored DB to {target}"):
+        # One write batch through column-family handles, not ``get_column_family``: dropping
+        # such a column-family ``Rdict`` makes rocksdict flush it (the WAL is off), ~10 ms each.
+        batch = rocksdict.WriteBatch(raw_mode=True)
         for name in column_families:
-            cf = db.get_column_family(name)
+            handle = db.get_column_family_handle(name)
             for begin, end in ranges:
-                cf.delete_range(begin, end)
+                batch.delete_range(begin, end, handle)
+        db.write(batch, write_options or rocksdict.WriteOptions())
 
 
 def column_family_names(db_path: str, options: RocksDBOptions) -> list[str]:
@@ -359,7 +364,7 @@ class RocksDBIncrementalRestoreOperation:
                     clip_db_with_key_group_range(db, column_family_names(path, self.options),
                                                  plan.key_group_range,
                                                  plan.initial.key_group_range,
-                                                 self.prefix_bytes)
+                                                 self.prefix_bytes, self.options.write_options())
                 # Its own files stay (clipped by range tombstones, not rewritten): the next
                 # snapshot reuses them instead of uploading them again.
                 instance.base = self._base_of(plan.initial)
