@@ -773,3 +773,29 @@ def test_state_sizes_of_a_multi_instance_handle_add_up(storage: CheckpointStorag
     sizes = _rocksdb_sizes(storage, handle)
     assert sizes["count"] > 0 and sizes["events"] > 0 and sizes[OTHER_FILES] > 0
     assert sum(sizes.values()) == handle.full_size
+
+
+def test_lazy_map_iteration_writes_to_its_own_instance(storage: CheckpointStorage,
+                                                        local_dir: str) -> None:
+    """A map's ``items()`` refreshes TTL timestamps as it goes; switching the current key to
+    another instance mid-iteration must not send those writes there."""
+    clock = ManualTimeProvider(0)
+    with _sharded(storage, local_dir, time_provider=clock) as kb:
+        attrs = _state(kb, MapStateDescriptor("m", "string", "bigint",
+                                              ttl=_ttl(TtlUpdateType.ON_READ_AND_WRITE, 0)))
+        keys = [k for k in range(200) if KEYS.key_group(k, MAX_P) in kb.key_group_range]
+        a = next(k for k in keys if kb.instance_of(KEYS.key_group(k, MAX_P)).index == 0)
+        b = next(k for k in keys if kb.instance_of(KEYS.key_group(k, MAX_P)).index == 1)
+        kb.set_current_key(a)
+        attrs.put_all({"x": 1, "y": 2})
+        clock.advance(5_000)
+        items = attrs.items()
+        first = next(items)
+        kb.set_current_key(b)  # another instance, which the state now uses
+        assert attrs.get("x") is None
+        assert [first, *items] == [("x", 1), ("y", 2)]
+        _check_instances(kb)
+        assert _raw_count_in(kb.instances[1], "m") == 0
+        clock.advance(6_000)  # 11 s after the put, 6 s after the refresh: still live
+        kb.set_current_key(a)
+        assert dict(attrs.items()) == {"x": 1, "y": 2}

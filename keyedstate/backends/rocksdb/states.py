@@ -198,20 +198,22 @@ class RocksDBState(State):
             return data
         return _pack_ts(self._now()) + data
 
-    def _live(self, key: bytes, raw: bytes, now: int, batch: rocksdict.WriteBatch | None = None
-              ) -> bytes | None:
+    def _live(self, key: bytes, raw: bytes, now: int, batch: rocksdict.WriteBatch | None = None,
+              cf: rocksdict.Rdict | None = None) -> bytes | None:
         """The payload of a stored TTL value, or None (and deleted) when it expired; refreshed
-        on read under ``ON_READ_AND_WRITE``. Writes go to ``batch`` when given."""
+        on read under ``ON_READ_AND_WRITE``. Writes go to ``batch`` when given, else to ``cf``
+        (default: the current key's column family)."""
+        target = self._cf if cf is None else cf
         if _unpack_ts(raw)[0] + self._ttl_ms <= now:
             if batch is None:
-                self._native(self._delete, key)
+                self._native(target.delete, key)
             else:
                 batch.delete(key)
             return None
         if self._refresh_on_read:
             fresh = _pack_ts(now) + raw[TS_BYTES:]
             if batch is None:
-                self._native(self._put, key, fresh)
+                self._native(target.put, key, fresh)
             else:
                 batch.put(key, fresh)
         return raw[TS_BYTES:]
@@ -485,9 +487,12 @@ class RocksDBMapState(RocksDBState, MapState[Any, Any]):
         if self._ttl is not None:
             self._cleanup_step()
         now = self._now() if self._ttl is not None else 0
+        # A lazy iteration may outlive the current key: TTL writes go to the column family of
+        # the key being iterated, not to the one of whatever key is current by then.
+        cf = self._cf
         for key, raw in self._scan_prefix(base):
             if self._ttl is not None:
-                live = self._live(key, raw, now)
+                live = self._live(key, raw, now, cf=cf)
                 if live is None:
                     continue
                 raw = live
