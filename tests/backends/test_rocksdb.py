@@ -141,10 +141,17 @@ def _ssts(handle: KeyedStateHandle) -> dict[str, str]:
 
 def test_backend_pickles_and_loads_by_name() -> None:
     backend = load_backend("rocksdb", options=RocksDBOptions(block_cache_size=8 * MiB),
-                           incremental=False, rescale_strategy="copy")
+                           incremental=False, rescale_strategy="copy", max_instances=2)
     assert isinstance(backend, RocksDBStateBackend) and backend.name == "rocksdb"
     clone = pickle.loads(pickle.dumps(backend))
     assert clone == backend and clone.options.block_cache_size == 8 * MiB
+    assert clone.max_instances == 2 and clone != RocksDBStateBackend(
+        RocksDBOptions(block_cache_size=8 * MiB), incremental=False, rescale_strategy="copy")
+    # A configuration pickled before max_instances existed gets the default.
+    old = RocksDBStateBackend.__new__(RocksDBStateBackend)
+    old.__setstate__({"options": RocksDBOptions(), "incremental": True,
+                      "rescale_strategy": "ingest"})
+    assert old == RocksDBStateBackend()
     with pytest.raises(ConfigurationError, match="rescale_strategy"):
         RocksDBStateBackend(rescale_strategy="delete")
     with pytest.raises(ConfigurationError, match="compression"):
