@@ -238,8 +238,9 @@ def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
     # uploads compaction output that has nothing to do with the restore. Settle it once.
     with timed() as t:
         for sub in source.subtasks:
-            for cf in sub._cfs.values():  # type: ignore[attr-defined]
-                cf.compact_range(None, None)
+            for instance in sub.instances:  # type: ignore[attr-defined]
+                for cf in instance.cfs.values():
+                    cf.compact_range(None, None)
     out["settle_s"] = t.seconds
     # 1. The one full upload.
     progress("large state: first checkpoint (full upload)")

@@ -9,7 +9,8 @@ backends' handles record bytes per file, not per state):
 
 - ``rocksdb``: every state is a column family; its size is RocksDB's
   ``rocksdb.total-sst-files-size`` for that column family, read by opening each subtask's files
-  read-only (symbolic links on a local disk, a download otherwise);
+  read-only (symbolic links on a local disk, a download otherwise), summed over the RocksDB
+  instances of a subtask that has several;
 - ``heap``: every file's footer indexes its sections per state and key group; a state's size is
   the sum of its sections' lengths over the chain (full file and diffs);
 - what no state owns (RocksDB's MANIFEST and OPTIONS, heap footers) is ``(other files)``, so the
@@ -262,35 +263,36 @@ def _rocksdb_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict
 
     from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions, native
     from keyedstate.backends.rocksdb.restore import column_family_names
-    from keyedstate.backends.rocksdb.snapshot import META_FILE
+    from keyedstate.backends.rocksdb.snapshot import split_instances
 
-    sizes: dict[str, int] = {}
+    sizes: dict[str, int] = defaultdict(int)
     options = RocksDBOptions()
-    with tempfile.TemporaryDirectory(prefix="keyedstate-inspect-") as work:
-        for name, stream in [*handle.shared.items(), *handle.private.items()]:
-            if name == META_FILE:
-                continue
-            local = os.path.join(work, os.path.basename(name))
-            if storage.is_local and stream.data is None and stream.segment is None:
-                os.symlink(os.path.abspath(storage.path(stream.path)), local)
-            else:
-                storage.download(stream, local)
-        names = column_family_names(work, options)
-        with native(f"opening subtask {handle.subtask_index}'s RocksDB files read-only"):
-            db = rocksdict.Rdict(work, options.to_options(),
-                                 column_families={n: options.to_options() for n in names
-                                                  if n != DEFAULT_COLUMN_FAMILY},
-                                 access_type=rocksdict.AccessType.read_only(False))
-            try:
-                for cf_name in names:
-                    size = db.get_column_family(cf_name).property_int_value(
-                        "rocksdb.total-sst-files-size") or 0
-                    if size or cf_name != DEFAULT_COLUMN_FAMILY:
-                        sizes[cf_name] = size
-            finally:
-                db.close()
-    sizes[OTHER_FILES] = handle.full_size - sum(sizes.values())
-    return sizes
+    # A handle of several RocksDB instances (key-group shards): each is a DB of its own.
+    for instance in split_instances(handle):
+        with tempfile.TemporaryDirectory(prefix="keyedstate-inspect-") as work:
+            for name, stream in instance.files.items():
+                local = os.path.join(work, os.path.basename(name))
+                if storage.is_local and stream.data is None and stream.segment is None:
+                    os.symlink(os.path.abspath(storage.path(stream.path)), local)
+                else:
+                    storage.download(stream, local)
+            names = column_family_names(work, options)
+            with native(f"opening subtask {handle.subtask_index}'s RocksDB files read-only"):
+                db = rocksdict.Rdict(work, options.to_options(),
+                                     column_families={c: options.to_options() for c in names
+                                                      if c != DEFAULT_COLUMN_FAMILY},
+                                     access_type=rocksdict.AccessType.read_only(False))
+                try:
+                    for cf_name in names:
+                        size = db.get_column_family(cf_name).property_int_value(
+                            "rocksdb.total-sst-files-size") or 0
+                        if size or cf_name != DEFAULT_COLUMN_FAMILY:
+                            sizes[cf_name] += size
+                finally:
+                    db.close()
+    out = dict(sizes)
+    out[OTHER_FILES] = handle.full_size - sum(out.values())
+    return out
 
 
 # -- garbage -------------------------------------------------------------------------------------

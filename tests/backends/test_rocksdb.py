@@ -8,9 +8,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import pickle
+import shutil
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+import rocksdict
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
@@ -20,8 +24,10 @@ from keyedstate.backends.rocksdb.restore import (
     choose_the_best_state_handle_for_initial,
     column_family_names,
     iter_column_family_keys,
+    plan_instances,
 )
-from keyedstate.checkpoint.metadata import KeyedStateHandle
+from keyedstate.backends.rocksdb.snapshot import InstanceHandle, split_instances
+from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     BackendError,
@@ -135,10 +141,17 @@ def _ssts(handle: KeyedStateHandle) -> dict[str, str]:
 
 def test_backend_pickles_and_loads_by_name() -> None:
     backend = load_backend("rocksdb", options=RocksDBOptions(block_cache_size=8 * MiB),
-                           incremental=False, rescale_strategy="copy")
+                           incremental=False, rescale_strategy="copy", max_instances=2)
     assert isinstance(backend, RocksDBStateBackend) and backend.name == "rocksdb"
     clone = pickle.loads(pickle.dumps(backend))
     assert clone == backend and clone.options.block_cache_size == 8 * MiB
+    assert clone.max_instances == 2 and clone != RocksDBStateBackend(
+        RocksDBOptions(block_cache_size=8 * MiB), incremental=False, rescale_strategy="copy")
+    # A configuration pickled before max_instances existed gets the default.
+    old = RocksDBStateBackend.__new__(RocksDBStateBackend)
+    old.__setstate__({"options": RocksDBOptions(), "incremental": True,
+                      "rescale_strategy": "ingest"})
+    assert old == RocksDBStateBackend()
     with pytest.raises(ConfigurationError, match="rescale_strategy"):
         RocksDBStateBackend(rescale_strategy="delete")
     with pytest.raises(ConfigurationError, match="compression"):
@@ -332,6 +345,20 @@ def test_corrupt_sst_fails_restore_with_a_typed_error(storage: CheckpointStorage
 # -- rescaling (seed 001) --------------------------------------------------------------------
 
 
+def _check_instances(kb: RocksDBKeyedStateBackend) -> None:
+    """The instances cover the backend's range in order, and each DB holds only keys of its
+    own instance's key groups."""
+    assert kb.instances[0].key_group_range.start == kb.key_group_range.start
+    assert kb.instances[-1].key_group_range.end == kb.key_group_range.end
+    for left, right in zip(kb.instances, kb.instances[1:]):
+        assert left.key_group_range.end + 1 == right.key_group_range.start
+    for inst in kb.instances:
+        for name in column_family_names(inst.path, kb.options):
+            groups = {k[0] for k in iter_column_family_keys(inst.db, name)}
+            assert groups <= set(inst.key_group_range), \
+                f"{name} of instance {inst.index} kept key groups outside {inst.key_group_range}"
+
+
 def _snapshot_job(backend: RocksDBStateBackend, parallelism: int, storage: CheckpointStorage,
                   local_dir: str, cid: int, restore: list[KeyedStateHandle] | None = None,
                   fill: bool = True) -> tuple[list[KeyedStateHandle], dict[str, set[Any]]]:
@@ -345,10 +372,7 @@ def _snapshot_job(backend: RocksDBStateBackend, parallelism: int, storage: Check
             if fill:
                 _fill(kb, range(300))
                 _fill(kb, range(0, 300, 7), round_=1)
-            for name in column_family_names(os.path.join(kb.instance_dir, "db"),
-                                             backend.options):
-                groups = {k[0] for k in iter_column_family_keys(kb.db, name)}
-                assert all(g in kg for g in groups), f"{name} kept key groups outside {kg}"
+            _check_instances(kb)
             contents.append(_content(kb))
             handles.append(_checkpoint(kb, storage, cid))
     return handles, _merge(contents)
@@ -578,3 +602,315 @@ def test_directories_of_a_killed_process_go_without_a_local_dir(
     with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), None) as kb:  # type: ignore[arg-type]
         assert os.path.dirname(os.path.dirname(kb.instance_dir)) == base
         assert not os.path.exists(os.path.dirname(left))
+
+
+# -- key-group shards: several RocksDB instances per keyed backend ---------------------------
+
+
+def _no_sst_rewrite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any key-by-key rewrite into SST files fail the test."""
+    def forbidden(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a restore rewrote keys with SstFileWriter")
+    monkeypatch.setattr(rocksdict, "SstFileWriter", forbidden)
+
+
+def _restore_job(backend: RocksDBStateBackend, parallelism: int, storage: CheckpointStorage,
+                 local_dir: str, cid: int, handles: list[KeyedStateHandle]
+                 ) -> tuple[list[KeyedStateHandle], dict[str, set[Any]], list[int], int]:
+    """Restore every subtask at ``parallelism`` and checkpoint it: the new handles, the merged
+    content, the instance count per subtask and how many sub-handles were rewritten."""
+    out, contents, counts, ingested = [], [], [], 0
+    for index in range(parallelism):
+        kg = KeyGroupRange.of_operator(MAX_P, parallelism, index)
+        with _backend(backend, kg, local_dir, index, restore_handles=handles,
+                      storage=storage) as kb:
+            _check_instances(kb)
+            counts.append(len(kb.instances))
+            ingested += kb.ingested_on_restore
+            contents.append(_content(kb))
+            out.append(_checkpoint(kb, storage, cid))
+    return out, _merge(contents), counts, ingested
+
+
+@pytest.mark.parametrize("old_p,new_p,counts", [(4, 2, [2, 2]), (8, 3, [3, 4, 3])])
+def test_scaling_in_reopens_every_old_instance_without_rewriting(
+        storage: CheckpointStorage, local_dir: str, monkeypatch: pytest.MonkeyPatch,
+        old_p: int, new_p: int, counts: list[int]) -> None:
+    backend = RocksDBStateBackend()
+    handles, original = _snapshot_job(backend, old_p, storage, local_dir, 1)
+    _no_sst_rewrite(monkeypatch)
+    new, content, got, ingested = _restore_job(backend, new_p, storage, local_dir, 2, handles)
+    assert got == counts and ingested == 0
+    assert content == original
+    # The handle lists its instances; each instance's files are named with its prefix.
+    for handle in new:
+        layout = handle.properties["rocksdb.instances"].split(",")
+        assert len(layout) > 1
+        prefixes = {n.split("/")[0] for n in [*handle.shared, *handle.private] if "/" in n}
+        assert prefixes == {f"i{k}" for k in range(len(layout))}
+        assert "KEYEDSTATE-META" in handle.private
+    # ... and restores again at the same parallelism: every instance reopened as it was.
+    _, again, got, ingested = _restore_job(backend, new_p, storage, local_dir, 3, new)
+    assert got == counts and ingested == 0 and again == original
+
+
+def test_multi_instance_handles_restore_same_and_rescaled_with_the_cap(
+        storage: CheckpointStorage, local_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 -> 4 -> 3 -> 3 -> 1: scaling out keeps one instance, 4 -> 3 gives two per subtask,
+    3 -> 3 reopens them, 3 -> 1 meets six old instances with a cap of four (two ingested)."""
+    backend = RocksDBStateBackend()
+    handles, original = _snapshot_job(backend, 2, storage, local_dir, 1)
+    with monkeypatch.context() as m:
+        _no_sst_rewrite(m)
+        handles, content, counts, _ = _restore_job(backend, 4, storage, local_dir, 2, handles)
+        assert counts == [1, 1, 1, 1] and content == original
+        handles, content, counts, _ = _restore_job(backend, 3, storage, local_dir, 3, handles)
+        assert counts == [2, 2, 2] and content == original
+        handles, content, counts, _ = _restore_job(backend, 3, storage, local_dir, 4, handles)
+        assert counts == [2, 2, 2] and content == original
+    _, content, counts, ingested = _restore_job(backend, 1, storage, local_dir, 5, handles)
+    assert counts == [4] and ingested == 2 and content == original
+    # A lower cap merges more; a cap of one is a single instance built by ingestion.
+    for cap, instances in ((2, 2), (1, 1)):
+        capped = RocksDBStateBackend(max_instances=cap)
+        _, content, counts, ingested = _restore_job(capped, 1, storage, local_dir, 6 + cap,
+                                                    handles)
+        assert counts == [instances] and ingested == 6 - instances and content == original
+
+
+def test_plan_instances_keeps_the_largest_and_merges_into_a_neighbour() -> None:
+    def sub(start: int, end: int) -> InstanceHandle:
+        handle = KeyedStateHandle("rocksdb", 0, start, end, 1, [], {}, {}, 0, 0)
+        return split_instances(handle)[0]
+
+    subs = [sub(0, 9), sub(10, 12), sub(13, 40), sub(41, 42), sub(43, 80)]
+    plans = plan_instances(subs, KeyGroupRange(5, 70), 2)
+    # kept: [13, 40] (28 key groups) and [43, 70] (28); [5, 9] and [10, 12] lead: they go to
+    # the first kept instance, [41, 42] to its left neighbour.
+    assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(5, 42), (43, 70)]
+    assert [p.initial.key_group_range.start for p in plans if p.initial] == [13, 43]
+    assert [[s.key_group_range.start for s in p.ingested] for p in plans] == [[0, 10, 41], []]
+    # Uncovered key groups go to a neighbour; nothing overlapping: one empty instance.
+    plans = plan_instances([sub(10, 20)], KeyGroupRange(0, 30), 4)
+    assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(0, 30)]
+    assert plan_instances([], KeyGroupRange(0, 30), 4)[0].initial is None
+    with pytest.raises(ConfigurationError, match="max_instances"):
+        RocksDBStateBackend(max_instances=0)
+
+
+def _sharded(storage: CheckpointStorage, local_dir: str, **kwargs: Any
+             ) -> RocksDBKeyedStateBackend:
+    """Subtask 0 of 2, restored from four subtasks: two instances."""
+    backend = RocksDBStateBackend()
+    handles = []
+    for index in range(4):
+        kg = KeyGroupRange.of_operator(MAX_P, 4, index)
+        with _backend(backend, kg, local_dir, index) as kb:
+            _fill(kb, range(200))
+            handles.append(_checkpoint(kb, storage, 1))
+    kb = _backend(backend, KeyGroupRange.of_operator(MAX_P, 2, 0), local_dir,
+                  restore_handles=handles, storage=storage, **kwargs)
+    assert len(kb.instances) == 2
+    return kb
+
+
+def test_timers_across_instances_fire_in_timestamp_order(storage: CheckpointStorage,
+                                                         local_dir: str) -> None:
+    with _sharded(storage, local_dir) as kb:
+        timers = kb.timer_service
+        restored = sorted(t.timestamp for t in timers.timers(TimeDomain.EVENT_TIME))
+        by_instance: dict[int, list[int]] = {0: [], 1: []}
+        for key in range(1000):
+            kg = KEYS.key_group(key, MAX_P)
+            if kg in kb.key_group_range and len(by_instance[kb.instance_of(kg).index]) < 3:
+                by_instance[kb.instance_of(kg).index].append(key)
+        first, second = by_instance[0], by_instance[1]
+        # Interleaved timestamps, alternating between the instances.
+        plan = [(second[0], -50), (first[0], -40), (second[1], -30), (first[1], -20)]
+        for key, ts in plan:
+            kb.set_current_key(key)
+            timers.register_event_time_timer(ts)
+            timers.register_processing_time_timer(ts)
+        assert [t.timestamp for t in timers.timers(TimeDomain.EVENT_TIME)] \
+            == [-50, -40, -30, -20, *restored]
+        assert timers.next_timestamp(TimeDomain.PROCESSING_TIME) == -50
+        fired = []
+        for timer in timers.pop_due(TimeDomain.EVENT_TIME, -10):
+            fired.append((timer.timestamp, kb.instance_of(timer.key_group).index))
+            if timer.timestamp == -50:  # registered while firing, due, in the other instance
+                kb.set_current_key(first[2])
+                timers.register_event_time_timer(-45)
+        assert fired == [(-50, 1), (-45, 0), (-40, 0), (-30, 1), (-20, 0)]
+        assert timers.next_timestamp(TimeDomain.EVENT_TIME) == restored[0]
+        assert [t.timestamp for t in timers.pop_due(TimeDomain.EVENT_TIME, 10**9)] == restored
+        assert timers.next_timestamp(TimeDomain.EVENT_TIME) is None
+
+
+def test_incremental_snapshots_of_several_instances_upload_only_new_ssts(
+        storage: CheckpointStorage, local_dir: str) -> None:
+    with _sharded(storage, local_dir) as kb:
+        first = _checkpoint(kb, storage, 2)
+        # The restored SSTs of both instances are referenced, not uploaded again.
+        restored = {h.path for h in first.shared.values()} & set(_ssts_of(storage, 1))
+        assert {n.split("/")[0] for n, h in first.shared.items() if h.path in restored} \
+            == {"i0", "i1"}
+        assert first.properties["rocksdb.base-checkpoint-id"] == "1,1"
+        # Change keys of instance 1 only: instance 0 uploads nothing new.
+        keys = [k for k in range(200) if KEYS.key_group(k, MAX_P) in
+                kb.instances[1].key_group_range]
+        _fill(kb, keys[:5], round_=7)
+        second = _checkpoint(kb, storage, 3)
+        assert second.properties["rocksdb.base-checkpoint-id"] == "2,2"
+        new = {n for n in second.shared if n not in first.shared
+               or second.shared[n] != first.shared[n]}
+        assert new and all(n.startswith("i1/") for n in new)
+        assert {n for n in second.shared if n.startswith("i0/")} \
+            == {n for n in first.shared if n.startswith("i0/")}
+        uploaded = [second.shared[n] for n in new] + list(second.private.values())
+        assert second.incremental_size == sum(h.size for h in uploaded)
+        assert second.incremental_size < second.full_size
+        expected = _content(kb)
+    # The handle restores at the same parallelism into two instances again.
+    with _backend(RocksDBStateBackend(), KeyGroupRange.of_operator(MAX_P, 2, 0), local_dir,
+                  restore_handles=[second], storage=storage) as kb:
+        assert len(kb.instances) == 2 and kb.ingested_on_restore == 0
+        assert _content(kb) == expected
+
+
+def _ssts_of(storage: CheckpointStorage, cid: int) -> list[str]:
+    return sorted(f"shared/{p.name}" for p in Path(storage.path("shared")).iterdir()
+                  if p.name.startswith(f"chk-{cid}-"))
+
+
+def test_ttl_cleanup_and_full_snapshot_cover_every_instance(storage: CheckpointStorage,
+                                                            local_dir: str) -> None:
+    clock = ManualTimeProvider(0)
+    with _sharded(storage, local_dir, time_provider=clock) as kb:
+        state = _state(kb, ValueStateDescriptor("v", "bigint", ttl=_ttl(cleanup=3)))
+        keys = [k for k in range(200) if KEYS.key_group(k, MAX_P) in kb.key_group_range][:12]
+        assert {kb.instance_of(KEYS.key_group(k, MAX_P)).index for k in keys} == {0, 1}
+        for key in keys:
+            kb.set_current_key(key)
+            state.update(key)
+        clock.advance(20_000)
+        live = [k for k in range(200, 400) if KEYS.key_group(k, MAX_P) in kb.key_group_range][0]
+        kb.set_current_key(live)
+        state.update(live)
+        for _ in range(10):  # each read of a live value checks 3 entries: around both instances
+            state.value()
+        assert sum(_raw_count_in(inst, "v") for inst in kb.instances) == 1
+        assert [e.value for e in kb.iter_entries("v")] == [live]
+        for key in keys:
+            kb.set_current_key(key)
+            state.update(key)
+        clock.advance(20_000)
+        handle = _checkpoint(kb, storage, 2, full=True)  # purges every instance first
+        assert sum(_raw_count_in(inst, "v") for inst in kb.instances) == 0
+    with _backend(RocksDBStateBackend(), kb.key_group_range, local_dir, restore_handles=[handle],
+                  storage=storage, time_provider=ManualTimeProvider(0)) as kb:
+        assert list(kb.iter_entries("v")) == []
+
+
+def _raw_count_in(instance: Any, name: str) -> int:
+    return sum(1 for _ in iter_column_family_keys(instance.db, name))
+
+
+def test_load_records_routes_by_key_group(storage: CheckpointStorage, local_dir: str) -> None:
+    with _sharded(storage, local_dir) as kb:
+        records = list(kb.iter_records("count"))
+        assert {kb.instance_of(r.key_group).index for r in records} == {0, 1}
+        meta = next(m for m in kb.state_meta_infos() if m.name == "count")
+        copy = StateMetaInfo("copy", meta.kind, meta.value_type, meta.user_key_type, None)
+        assert kb.load_records(copy, VALUE.value_serializer, None, records) == len(records)
+        assert [(e.key_group, e.key_bytes, e.value) for e in kb.iter_entries("copy")] \
+            == [(e.key_group, e.key_bytes, e.value) for e in kb.iter_entries("count")]
+        _check_instances(kb)
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "rocksdb-single-instance"
+
+
+def _fixture_content() -> dict[int, Any]:
+    """What ``fixtures/make_rocksdb_single_instance.py`` wrote: keys 0-39."""
+    return {key: (key * 10, [f"a{key}", f"b{key}"], {"x": float(key)}, 1000 + key)
+            for key in range(40)}
+
+
+@pytest.mark.parametrize("parallelism", [2, 1, 3])
+def test_a_handle_written_before_instances_still_restores(tmp_path: Path, local_dir: str,
+                                                          parallelism: int) -> None:
+    """Handles of keyedstate before key-group shards (a fixture written by that code): no
+    instance property, unprefixed names; one instance covering the handle's range."""
+    root = tmp_path / "fixture"
+    shutil.copytree(FIXTURE, root)
+    handles = msgspec.json.decode((root / "handles.json").read_bytes(),
+                                  type=list[KeyedStateHandle])
+    assert all("rocksdb.instances" not in h.properties for h in handles)
+    assert not any("/" in n for h in handles for n in [*h.shared, *h.private])
+    storage = CheckpointStorage(str(root / "checkpoints"))
+    found = {}
+    for index in range(parallelism):
+        kg = KeyGroupRange.of_operator(MAX_P, parallelism, index)
+        with _backend(RocksDBStateBackend(), kg, local_dir, index, restore_handles=handles,
+                      storage=storage) as kb:
+            # one instance per overlapping old subtask, none rewritten
+            assert len(kb.instances) == sum(1 for h in handles
+                                            if h.key_group_range.intersection(kg))
+            assert kb.ingested_on_restore == 0
+            value, lst = _state(kb, VALUE), _state(kb, LIST)
+            attrs = _state(kb, MAP)
+            stamps = {t.key_bytes: t.timestamp for t in kb.timer_service.timers(
+                TimeDomain.EVENT_TIME)}
+            for key in range(40):
+                if KEYS.key_group(key, MAX_P) in kg:
+                    kb.set_current_key(key)
+                    found[key] = (value.value(), lst.get(), dict(attrs.items()),
+                                  stamps[KEYS.serialize(key)])
+    assert found == _fixture_content()
+
+
+def test_single_instance_backends_write_the_layout_of_before(storage: CheckpointStorage,
+                                                              local_dir: str) -> None:
+    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+        _fill(kb, range(20))
+        handle = _checkpoint(kb, storage, 1)
+    assert "rocksdb.instances" not in handle.properties
+    assert "KEYEDSTATE-META" in handle.private
+    assert not any("/" in n for n in [*handle.shared, *handle.private])
+
+
+def test_state_sizes_of_a_multi_instance_handle_add_up(storage: CheckpointStorage,
+                                                       local_dir: str) -> None:
+    from keyedstate.checkpoint.inspection import OTHER_FILES, _rocksdb_sizes
+
+    with _sharded(storage, local_dir) as kb:
+        handle = _checkpoint(kb, storage, 2)
+    sizes = _rocksdb_sizes(storage, handle)
+    assert sizes["count"] > 0 and sizes["events"] > 0 and sizes[OTHER_FILES] > 0
+    assert sum(sizes.values()) == handle.full_size
+
+
+def test_lazy_map_iteration_writes_to_its_own_instance(storage: CheckpointStorage,
+                                                        local_dir: str) -> None:
+    """A map's ``items()`` refreshes TTL timestamps as it goes; switching the current key to
+    another instance mid-iteration must not send those writes there."""
+    clock = ManualTimeProvider(0)
+    with _sharded(storage, local_dir, time_provider=clock) as kb:
+        attrs = _state(kb, MapStateDescriptor("m", "string", "bigint",
+                                              ttl=_ttl(TtlUpdateType.ON_READ_AND_WRITE, 0)))
+        keys = [k for k in range(200) if KEYS.key_group(k, MAX_P) in kb.key_group_range]
+        a = next(k for k in keys if kb.instance_of(KEYS.key_group(k, MAX_P)).index == 0)
+        b = next(k for k in keys if kb.instance_of(KEYS.key_group(k, MAX_P)).index == 1)
+        kb.set_current_key(a)
+        attrs.put_all({"x": 1, "y": 2})
+        clock.advance(5_000)
+        items = attrs.items()
+        first = next(items)
+        kb.set_current_key(b)  # another instance, which the state now uses
+        assert attrs.get("x") is None
+        assert [first, *items] == [("x", 1), ("y", 2)]
+        _check_instances(kb)
+        assert _raw_count_in(kb.instances[1], "m") == 0
+        clock.advance(6_000)  # 11 s after the put, 6 s after the refresh: still live
+        kb.set_current_key(a)
+        assert dict(attrs.items()) == {"x": 1, "y": 2}

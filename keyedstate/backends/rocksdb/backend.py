@@ -1,5 +1,12 @@
-"""The RocksDB state backend: keyed state of one subtask in a local RocksDB (via rocksdict),
-incremental snapshots of its SST files, restore with clip + ingest on rescale.
+"""The RocksDB state backend: keyed state of one subtask in local RocksDB instances (via
+rocksdict), incremental snapshots of their SST files, restore by reopening and clipping the old
+instances on rescale.
+
+A keyed backend holds one RocksDB instance, or several after a rescaling restore: each
+instance (a key-group shard, :class:`RocksDBInstance`) owns a disjoint contiguous sub-range of
+the subtask's key groups, and keys go to the instance of their key group. rocksdict has no
+column-family import/export and can't ingest a DB's own SST files, so instances are how the
+data of several old subtasks enters one new subtask without passing through Python key by key.
 
 One column family per state, named as the state; ``_timers_event`` and ``_timers_proc`` hold
 the timers. Layouts are in :mod:`.states` and :mod:`.timers`, the snapshot flow in
@@ -8,9 +15,11 @@ the timers. Layouts are in :mod:`.states` and :mod:`.timers`, the snapshot flow 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import struct
+import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Sequence, cast
 
@@ -30,13 +39,25 @@ from keyedstate.backends.base.backend import (
 from keyedstate.backends.local_dirs import worker_dir
 from keyedstate.backends.rocksdb.options import RocksDBOptions, native, rocksdb_error, scan
 from keyedstate.backends.rocksdb.restore import (
+    DEFAULT_MAX_INSTANCES,
     RESCALE_STRATEGIES,
+    RestoredInstance,
     RocksDBIncrementalRestoreOperation,
 )
 from keyedstate.backends.rocksdb.snapshot import (
+    META_FILE,
+    PROP_BASE_CHECKPOINT,
+    PROP_INSTANCES,
+    PROP_KEY_GROUP_PREFIX_BYTES,
+    PROP_LIST_SEQUENCE,
+    InstanceSnapshot,
     MetaFile,
     RocksDBIncrementalSnapshotStrategy,
+    RocksDBSnapshotResult,
     StateMetaInfoSnapshot,
+    format_instance_ranges,
+    instance_prefix,
+    write_meta_file,
 )
 from keyedstate.backends.rocksdb.states import (
     CLOSED,
@@ -52,6 +73,7 @@ from keyedstate.backends.rocksdb.states import (
 from keyedstate.backends.rocksdb.timers import RocksDBTimerService
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
 from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
+from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import (
     BackendError,
     ConfigurationError,
@@ -62,7 +84,7 @@ from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serializ
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
 from keyedstate.state.descriptors import S, StateDescriptor, StateKind
-from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
+from keyedstate.state.timers import TIMER_STATE_NAMES
 from keyedstate.state.ttl import TtlTimeProvider
 
 BACKEND_NAME = "rocksdb"
@@ -75,17 +97,25 @@ class RocksDBStateBackend(StateBackend):
     """Configuration of the RocksDB backend; pickles (sent to executors as is).
 
     ``incremental``: snapshots upload only SST files the last confirmed snapshot doesn't have
-    (seed 003); False uploads every file each time. ``rescale_strategy``: ``"ingest"`` (clip +
-    SST ingest, seed 001) or ``"copy"`` (key-by-key, only the benchmark baseline).
+    (seed 003); False uploads every file each time. ``rescale_strategy``: ``"ingest"`` (each
+    overlapping old instance reopened and clipped, seed 001) or ``"copy"`` (one instance,
+    key by key, only the benchmark baseline). ``max_instances``: the most RocksDB instances
+    (key-group shards) one keyed backend opens on a rescaling restore; sub-handles over the
+    cap are rewritten into a neighbouring instance (SST ingestion).
     """
 
     name = BACKEND_NAME
 
     def __init__(self, options: RocksDBOptions | None = None, incremental: bool = True,
-                 rescale_strategy: str = "ingest") -> None:
+                 rescale_strategy: str = "ingest",
+                 max_instances: int = DEFAULT_MAX_INSTANCES) -> None:
         if rescale_strategy not in RESCALE_STRATEGIES:
             raise ConfigurationError(f"rescale_strategy {rescale_strategy!r} is unknown; choose "
                                      f"one of {list(RESCALE_STRATEGIES)}")
+        if not isinstance(max_instances, int) or isinstance(max_instances, bool) \
+                or max_instances < 1:
+            raise ConfigurationError(f"max_instances must be an int of at least 1, got "
+                                     f"{max_instances!r}")
         if isinstance(options, dict):  # from a configuration file: field -> value
             try:
                 options = RocksDBOptions(**options)
@@ -96,18 +126,26 @@ class RocksDBStateBackend(StateBackend):
         self.options = options or RocksDBOptions()
         self.incremental = incremental
         self.rescale_strategy = rescale_strategy
+        self.max_instances = max_instances
 
     def __repr__(self) -> str:
         return (f"RocksDBStateBackend(options={self.options!r}, incremental={self.incremental}, "
-                f"rescale_strategy={self.rescale_strategy!r})")
+                f"rescale_strategy={self.rescale_strategy!r}, "
+                f"max_instances={self.max_instances})")
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.options, self.incremental, self.rescale_strategy, self.max_instances)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, RocksDBStateBackend) and (
-            (self.options, self.incremental, self.rescale_strategy)
-            == (other.options, other.incremental, other.rescale_strategy))
+        return isinstance(other, RocksDBStateBackend) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.options, self.incremental, self.rescale_strategy))
+        return hash(self._key())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A configuration pickled before max_instances existed gets the default.
+        state.setdefault("max_instances", DEFAULT_MAX_INSTANCES)
+        self.__dict__.update(state)
 
     def create_keyed_backend(
         self,
@@ -136,46 +174,109 @@ class RocksDBStateBackend(StateBackend):
                 handles=handles, storage=storage, key_group_range=key_group_range,
                 max_parallelism=max_parallelism,
                 key_group_prefix_bytes=key_group_prefix_bytes(max_parallelism),
-                db_dir=os.path.join(instance_dir, "db"),
-                work_dir=instance_dir, options=self.options,
+                instance_dir=instance_dir, options=self.options,
                 rescale_strategy=self.rescale_strategy,
-                share_restored_files=share_restored_files)
+                share_restored_files=share_restored_files, max_instances=self.max_instances)
             result = restore.restore()
             backend = RocksDBKeyedStateBackend(
                 subtask_index=subtask_index, key_group_range=key_group_range,
                 max_parallelism=max_parallelism, key_serializer=key_serializer,
-                time_provider=time_provider, db=result.db, instance_dir=instance_dir,
-                options=self.options, incremental=self.incremental,
+                time_provider=time_provider, instances=result.instances,
+                instance_dir=instance_dir, options=self.options, incremental=self.incremental,
                 restored_states=result.states, list_sequence=result.list_sequence)
         except BaseException:
             if result is not None:  # restored, but the backend failed to start
-                with native(f"closing the RocksDB in {instance_dir}"):
-                    result.db.close()
+                result.close()
             shutil.rmtree(instance_dir, ignore_errors=True)
             raise
-        if result.base is not None and self.incremental:
-            backend.snapshot_strategy.set_restored_base(result.base)
+        backend.ingested_on_restore = len(restore.ingested)
         if handles:
-            backend.snapshot_strategy.restore_stats = result.stats
+            backend.restore_stats = result.stats
         return backend
 
 
+class RocksDBInstance:
+    """One RocksDB of a keyed backend, owning the contiguous key-group range
+    ``key_group_range`` (a key-group shard): its column families (one per state, timers
+    included) and its own snapshot strategy, hence its own incremental base. Every key of
+    its DB lies in its range."""
+
+    def __init__(self, *, index: int, key_group_range: KeyGroupRange, db: rocksdict.Rdict,
+                 path: str, options: RocksDBOptions, incremental: bool) -> None:
+        self.index = index
+        self.key_group_range = key_group_range
+        self.db = db
+        self.path = path
+        self.options = options
+        self.write_options = options.write_options()
+        self.cfs: dict[str, rocksdict.Rdict] = {}
+        self.handles: dict[str, rocksdict.ColumnFamily] = {}
+        self.snapshot_strategy = RocksDBIncrementalSnapshotStrategy(incremental=incremental)
+
+    def column_family(self, name: str) -> tuple[rocksdict.Rdict, rocksdict.ColumnFamily]:
+        """The column family of a state, created when missing (raw rocksdict errors)."""
+        cf = self.cfs.get(name)
+        if cf is None:
+            # A state may be called "default": it then uses RocksDB's own column family,
+            # which keyedstate leaves empty otherwise.
+            try:
+                cf = self.db.get_column_family(name)
+            except Exception:  # missing: create it
+                cf = self.db.create_column_family(name, self.options.to_options())
+            cf.set_write_options(self.write_options)
+            self.cfs[name] = cf
+            self.handles[name] = self.db.get_column_family_handle(name)
+        return cf, self.handles[name]
+
+    def cf(self, name: str) -> rocksdict.Rdict:
+        """The open column family ``name``; a stand-in raising ``BackendError`` once closed."""
+        return self.cfs.get(name, CLOSED)
+
+    def close(self) -> None:
+        """Close the DB (every state must have dropped its references first)."""
+        self.cfs.clear()
+        self.handles.clear()
+        db, self.db = self.db, CLOSED
+        try:
+            with native(f"closing the RocksDB in {self.path}"):
+                db.close()
+        finally:
+            del db
+
+
 class RocksDBKeyedStateBackend(KeyedStateBackend):
-    """Keyed state of one subtask in its own RocksDB instance. Created by
-    :meth:`RocksDBStateBackend.create_keyed_backend`; removes its directory on :meth:`close`."""
+    """Keyed state of one subtask in one or more RocksDB instances (key-group shards, see
+    :class:`RocksDBInstance`), in key-group order and together covering ``key_group_range``
+    exactly. One instance unless restored with rescaling. Created by
+    :meth:`RocksDBStateBackend.create_keyed_backend`; removes its directory on :meth:`close`.
+    """
 
     name = BACKEND_NAME
 
     def __init__(self, *, subtask_index: int, key_group_range: KeyGroupRange,
                  max_parallelism: int, key_serializer: KeySerializer,
-                 time_provider: TtlTimeProvider | None, db: rocksdict.Rdict,
+                 time_provider: TtlTimeProvider | None, instances: Sequence[RestoredInstance],
                  instance_dir: str, options: RocksDBOptions, incremental: bool,
                  restored_states: dict[str, StateMetaInfoSnapshot],
                  list_sequence: int) -> None:
         super().__init__(subtask_index=subtask_index, key_group_range=key_group_range,
                          max_parallelism=max_parallelism, key_serializer=key_serializer,
                          time_provider=time_provider)
-        self.db = db
+        check_instance_ranges([i.key_group_range for i in instances], key_group_range)
+        self._instances = [
+            RocksDBInstance(index=k, key_group_range=r.key_group_range, db=r.db, path=r.path,
+                            options=options, incremental=incremental)
+            for k, r in enumerate(instances)]
+        for instance, restored in zip(self._instances, instances):
+            if restored.base is not None and incremental:
+                instance.snapshot_strategy.set_restored_base(restored.base)
+        #: more than one instance: states and timers route by key group
+        self._sharded = len(self._instances) > 1
+        #: the instance owning each key group of the range (index: key group - range start)
+        self._instance_of = [inst for inst in self._instances for _ in inst.key_group_range]
+        #: the instance of the current key (kept up to date only when sharded)
+        self._instance = self._instances[0]
+        self.db = self._instances[0].db
         self.instance_dir = instance_dir
         self.options = options
         self.write_options = options.write_options()
@@ -188,24 +289,35 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._list_sequence = list_sequence
         self._restored = dict(restored_states)
         self._states: dict[str, RocksDBState] = {}
-        self._cfs: dict[str, rocksdict.Rdict] = {}
         self._closed = False
+        self.incremental = incremental
+        #: what the restore moved, reported by the first snapshot's properties
+        self.restore_stats: TransferStats | None = None
+        #: sub-handles the restore rewrote key by key into SST files (over ``max_instances``)
+        self.ingested_on_restore = 0
         with native(f"opening the column families of {instance_dir}"):
             for name in [*self._restored, *TIMER_STATE_NAMES.values()]:
                 self._column_family(name)
-        self._timers = RocksDBTimerService(
-            self, {d: self._cfs[n] for d, n in TIMER_STATE_NAMES.items()})
-        self.snapshot_strategy = RocksDBIncrementalSnapshotStrategy(
-            backend_name=BACKEND_NAME, subtask_index=subtask_index,
-            key_group_range=key_group_range,
-            snapshot_root=os.path.join(instance_dir, "snapshots"), incremental=incremental)
+        self._timers = RocksDBTimerService(self)
+
+    @property
+    def instances(self) -> tuple[RocksDBInstance, ...]:
+        """The RocksDB instances, in key-group order."""
+        return tuple(self._instances)
+
+    def instance_of(self, key_group: int) -> RocksDBInstance:
+        """The instance owning ``key_group`` (which must be in this backend's range)."""
+        return self._instance_of[key_group - self.key_group_range.start]
 
     # -- key context ---------------------------------------------------------------------------
 
     def _set_current(self, key: Any, key_bytes: bytes, key_group: int) -> None:
         super()._set_current(key, key_bytes, key_group)
-        self._key_prefix = (self._kg_bytes[key_group - self.key_group_range.start]
-                            + varint(len(key_bytes)) + key_bytes)
+        offset = key_group - self.key_group_range.start
+        if self._sharded:
+            # Set before the new prefix object: states rebind when they see the prefix change.
+            self._instance = self._instance_of[offset]
+        self._key_prefix = self._kg_bytes[offset] + varint(len(key_bytes)) + key_bytes
 
     def next_list_seq(self) -> int:
         """The next list element's sequence number (only grows, survives restore)."""
@@ -214,19 +326,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # -- column families -----------------------------------------------------------------------
 
-    def _column_family(self, name: str) -> tuple[rocksdict.Rdict, rocksdict.ColumnFamily]:
-        """The column family of a state, created when missing."""
-        cf = self._cfs.get(name)
-        if cf is None:
-            # A state may be called "default": it then uses RocksDB's own column family,
-            # which keyedstate leaves empty otherwise.
-            try:
-                cf = self.db.get_column_family(name)
-            except Exception:  # missing: create it
-                cf = self.db.create_column_family(name, self.options.to_options())
-            cf.set_write_options(self.write_options)
-            self._cfs[name] = cf
-        return cf, self.db.get_column_family_handle(name)
+    def _column_family(self, name: str) -> None:
+        """Create the column family of a state in every instance when missing."""
+        for instance in self._instances:
+            instance.column_family(name)
 
     # -- states --------------------------------------------------------------------------------
 
@@ -241,8 +344,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if restored is not None:
             check_compatible(descriptor, restored.meta)
         with native(f"creating the column family of state {descriptor.name!r}"):
-            cf, handle = self._column_family(descriptor.name)
-        state = STATE_CLASSES[descriptor.kind](self, descriptor, cf, handle)
+            self._column_family(descriptor.name)
+        state = STATE_CLASSES[descriptor.kind](self, descriptor, self._instance)
         self._states[descriptor.name] = state
         return cast(S, state)
 
@@ -258,7 +361,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def state_meta_infos(self) -> list[StateMetaInfo]:
         return [s.meta for s in self._state_snapshots().values()]
 
-    def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
+    def _known(self, state_name: str) -> StateMetaInfoSnapshot:
         info = self._state_snapshots().get(state_name)
         if info is None:
             raise StateNotFoundError(
@@ -267,39 +370,44 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 f"{sorted(self._state_snapshots())}"
             )
         self._check_open()
-        return iter_state_entries(
-            self._cfs[state_name], name=state_name, kind=info.meta.kind,
-            value_serializer=info.value_serializer,
-            user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
-            now_ms=self.time_provider.now_ms(), key_group_prefix_bytes=self.key_group_prefix_bytes)
+        return info
+
+    def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
+        info = self._known(state_name)
+        now = self.time_provider.now_ms()
+        # Instances in key-group order, each in key order: ordered by key group overall (and
+        # a list never spans two instances: its key group is in one).
+        return itertools.chain.from_iterable(
+            iter_state_entries(
+                inst.cf(state_name), name=state_name, kind=info.meta.kind,
+                value_serializer=info.value_serializer,
+                user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
+                now_ms=now, key_group_prefix_bytes=self.key_group_prefix_bytes)
+            for inst in self._instances)
 
     def iter_records(self, state_name: str) -> Iterator[StateRecord]:
-        info = self._state_snapshots().get(state_name)
-        if info is None:
-            raise StateNotFoundError(
-                f"state {state_name!r} is neither registered nor in the restored snapshot of "
-                f"subtask {self.subtask_index}; known states: "
-                f"{sorted(self._state_snapshots())}"
-            )
-        self._check_open()
-        return iter_state_records(
-            self._cfs[state_name], name=state_name, kind=info.meta.kind,
-            value_serializer=info.value_serializer,
-            user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
-            now_ms=self.time_provider.now_ms(), key_group_prefix_bytes=self.key_group_prefix_bytes)
+        info = self._known(state_name)
+        now = self.time_provider.now_ms()
+        return itertools.chain.from_iterable(
+            iter_state_records(
+                inst.cf(state_name), name=state_name, kind=info.meta.kind,
+                value_serializer=info.value_serializer,
+                user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
+                now_ms=now, key_group_prefix_bytes=self.key_group_prefix_bytes)
+            for inst in self._instances)
 
     def load_records(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
                      user_key_serializer: TypeSerializer | None,
                      records: Iterable[StateRecord]) -> int:
-        """See :meth:`KeyedStateBackend.load_records`: written in write batches of
-        :data:`LOAD_BATCH` entries (WAL off, as every write)."""
+        """See :meth:`KeyedStateBackend.load_records`: each record goes to the instance of its
+        key group, in write batches of :data:`LOAD_BATCH` entries (WAL off, as every write)."""
         self._check_open()
         existing = self._state_snapshots().get(meta.name)
         check_load_compatible(None if existing is None else existing.meta, meta,
                               value_serializer, user_key_serializer)
         what = f"loading records of state {meta.name!r}"
         with native(what):
-            _, handle = self._column_family(meta.name)
+            self._column_family(meta.name)
         if existing is None:
             self._restored[meta.name] = StateMetaInfoSnapshot(meta, value_serializer,
                                                               user_key_serializer)
@@ -312,9 +420,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         now = self.time_provider.now_ms()
         kind = meta.kind
         kg_range = self.key_group_range
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        batch.set_default_column_family(handle)
-        count = pending = 0
+        instances = self._instances
+        handles = [inst.handles[meta.name] for inst in instances]
+        batches = [_new_batch(h) for h in handles]
+        pending = [0] * len(instances)
+        count = 0
         for record in records:
             kg = record.key_group
             if kg not in kg_range:
@@ -330,18 +440,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             if ttl:
                 data = pack_timestamp(now if record.ttl_timestamp is None
                                       else record.ttl_timestamp) + data
-            batch.put(key, data)
+            k = self._instance_of[kg - kg_range.start].index
+            batches[k].put(key, data)
             count += 1
-            pending += 1
-            if pending == LOAD_BATCH:
+            pending[k] += 1
+            if pending[k] == LOAD_BATCH:
                 with native(what):
-                    self.db.write(batch, self.write_options)
-                batch = rocksdict.WriteBatch(raw_mode=True)
-                batch.set_default_column_family(handle)
-                pending = 0
-        if pending:
-            with native(what):
-                self.db.write(batch, self.write_options)
+                    instances[k].db.write(batches[k], self.write_options)
+                batches[k], pending[k] = _new_batch(handles[k]), 0
+        for k, n in enumerate(pending):
+            if n:
+                with native(what):
+                    instances[k].db.write(batches[k], self.write_options)
         return count
 
     @property
@@ -352,7 +462,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def snapshot(self, checkpoint_id: int, location: CheckpointStorageLocation,
                  *, full: bool = False) -> SnapshotResult:
+        """Flush and checkpoint every instance into one local directory; the result stores
+        them as one handle. One instance: the layout of every handle before instances
+        existed (unprefixed names, no :data:`PROP_INSTANCES`). Several: each instance's files
+        named ``i<k>/<file>``, their ranges in :data:`PROP_INSTANCES`, one meta file."""
         self._check_open()
+        start = time.perf_counter()
         for state in self._states.values():
             state.reset_cleanup_cursor()  # a live iterator would pin files the DB replaced
         states = self._state_snapshots()
@@ -360,9 +475,44 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._purge_expired(states)
         meta = MetaFile(self.max_parallelism, self.key_group_prefix_bytes,
                         self._list_sequence, states)
-        return self.snapshot_strategy.snapshot(
-            checkpoint_id, self.db, list(self._cfs.values()), location, meta,
-            [s.meta for s in states.values()], full=full)
+        root = os.path.join(self.instance_dir, "snapshots")
+        local_dir = os.path.join(root, f"chk-{checkpoint_id}-{uuid.uuid4().hex}")
+        os.makedirs(root, exist_ok=True)
+        parts: list[tuple[str, InstanceSnapshot]] = []
+        try:
+            if not self._sharded:
+                inst = self._instances[0]
+                parts.append(("", inst.snapshot_strategy.snapshot(
+                    checkpoint_id, inst.db, list(inst.cfs.values()), local_dir, full=full)))
+            else:
+                os.makedirs(local_dir)
+                for inst in self._instances:
+                    parts.append((instance_prefix(inst.index), inst.snapshot_strategy.snapshot(
+                        checkpoint_id, inst.db, list(inst.cfs.values()),
+                        os.path.join(local_dir, f"i{inst.index}"), full=full)))
+            write_meta_file(os.path.join(local_dir, META_FILE), meta)
+        except BaseException:
+            shutil.rmtree(local_dir, ignore_errors=True)
+            raise
+        properties = {
+            PROP_KEY_GROUP_PREFIX_BYTES: str(meta.key_group_prefix_bytes),
+            PROP_LIST_SEQUENCE: str(meta.list_sequence),
+            # One base per instance (comma-separated when sharded).
+            PROP_BASE_CHECKPOINT: ",".join("" if p.base is None else str(p.base.checkpoint_id)
+                                           for _, p in parts),
+        }
+        if self._sharded:
+            properties[PROP_INSTANCES] = format_instance_ranges(
+                [inst.key_group_range for inst in self._instances])
+        restore_stats, self.restore_stats = self.restore_stats, None
+        if restore_stats is not None:
+            properties.update(restore_stats.to_properties(RESTORE_PREFIX))
+        return RocksDBSnapshotResult(
+            backend_name=BACKEND_NAME, subtask_index=self.subtask_index,
+            key_group_range=self.key_group_range, checkpoint_id=checkpoint_id,
+            local_dir=local_dir, parts=parts, location=location,
+            states=[s.meta for s in states.values()], properties=properties,
+            sync_duration_s=time.perf_counter() - start)
 
     def _purge_expired(self, states: dict[str, StateMetaInfoSnapshot]) -> None:
         """Expired entries are never written by a full snapshot (``cleanup_in_full_snapshot``;
@@ -373,15 +523,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             ttl = registered.descriptor.ttl if registered is not None else None
             if info.meta.ttl_ms is None or (ttl is not None and not ttl.cleanup_in_full_snapshot):
                 continue
-            cf, handle = self._column_family(name)
-            purge_expired(self.db, cf, handle, name=name, ttl_ms=info.meta.ttl_ms, now_ms=now,
-                          write_options=self.write_options)
+            for inst in self._instances:
+                cf, handle = inst.column_family(name)
+                purge_expired(inst.db, cf, handle, name=name, ttl_ms=info.meta.ttl_ms,
+                              now_ms=now, write_options=self.write_options)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.snapshot_strategy.notify_checkpoint_complete(checkpoint_id)
+        for inst in self._instances:
+            inst.snapshot_strategy.notify_checkpoint_complete(checkpoint_id)
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        self.snapshot_strategy.notify_checkpoint_aborted(checkpoint_id)
+        for inst in self._instances:
+            inst.snapshot_strategy.notify_checkpoint_aborted(checkpoint_id)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -394,22 +547,26 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                                f"closed; create a new one")
 
     def close(self) -> None:
-        """Close RocksDB and delete the instance directory. Idempotent. Snapshots not yet
-        materialized can't be materialized afterwards (their local files are gone)."""
+        """Close every RocksDB instance and delete the backend's directory. Idempotent.
+        Snapshots not yet materialized can't be materialized afterwards (their local files
+        are gone)."""
         if self._closed:
             return
         self._closed = True
-        # Every native reference must go before the DB closes, or RocksDB keeps it open.
+        # Every native reference must go before a DB closes, or RocksDB keeps it open.
         for state in self._states.values():
             state.close()
-        self._cfs.clear()
-        self._timers._cfs = {d: CLOSED for d in TimeDomain}
-        db, self.db = self.db, CLOSED
+        self.db = CLOSED
         try:
-            with native(f"closing the RocksDB in {self.instance_dir}"):
-                db.close()
+            errors = []
+            for inst in self._instances:
+                try:
+                    inst.close()
+                except BackendError as exc:  # close the others anyway
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
         finally:
-            del db
             shutil.rmtree(self.instance_dir, ignore_errors=True)
 
     def __del__(self) -> None:
@@ -419,6 +576,28 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self.close()
             except Exception:
                 pass
+
+
+def check_instance_ranges(ranges: Sequence[KeyGroupRange], key_group_range: KeyGroupRange
+                          ) -> None:
+    """Raise :class:`BackendError` unless ``ranges`` are non-empty, contiguous, in order and
+    cover ``key_group_range`` exactly (the invariant routing relies on)."""
+    expected = key_group_range.start
+    for r in ranges:
+        if not r or r.start != expected:
+            break
+        expected = r.end + 1
+    else:
+        if ranges and expected == key_group_range.end + 1:
+            return
+    raise BackendError(f"RocksDB instances {[str(r) for r in ranges]} do not cover "
+                       f"{key_group_range} exactly; this is a bug in the restore")
+
+
+def _new_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    batch.set_default_column_family(handle)
+    return batch
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,25 +1,34 @@
-"""Restoring a RocksDB instance from snapshot handles (Flink's
+"""Restoring the RocksDB instances of one subtask from snapshot handles (Flink's
 ``RocksDBIncrementalRestoreOperation``), with and without rescaling (seed 001).
 
-- **No rescaling** (one handle with exactly this subtask's key-group range): download its files
-  into the fresh instance directory and open the DB.
-- **Rescaling, ``"ingest"``** (the default): choose the handle whose key-group range overlaps
-  ours by the largest fraction as the initial DB (``chooseTheBestStateHandleForInitial``),
-  delete the key groups outside our range with one range delete per column family and side
-  (``clipDBWithKeyGroupRange``), then for every other handle open a temporary copy, write its
-  in-range key range per column family into sorted SST files with ``SstFileWriter`` and ingest
-  them (``ingest_external_file``, files moved, not copied).
-- **Rescaling, ``"copy"``**: an empty DB and a key-by-key copy of every handle's in-range keys
-  through write batches. Kept only as the benchmark baseline the ingest path is measured
-  against.
+Every instance of every overlapping handle is a sub-handle with its own key-group range
+(:func:`~keyedstate.backends.rocksdb.snapshot.split_instances`; a handle written before
+instances existed is one sub-handle covering the handle's range).
+
+- **``"ingest"``** (the default): :func:`plan_instances` makes every overlapping sub-handle an
+  instance of its own (a key-group shard of the target): downloaded, opened, and clipped to the
+  intersection of its range with the target's by one range delete per column family and side
+  (``clipDBWithKeyGroupRange``); no key is rewritten. Without rescaling (the same ranges) this
+  is a download and an open per instance. When more sub-handles overlap than
+  ``max_instances``, the largest overlaps stay instances and every other sub-handle's in-range
+  keys are written with ``SstFileWriter`` into sorted SST files and ingested
+  (``ingest_external_file``, files moved) into the neighbouring instance, so instance ranges
+  stay contiguous.
+- **``"copy"``**: one instance, an empty DB and a key-by-key copy of every sub-handle's in-range
+  keys through write batches. Kept only as the benchmark baseline.
+
+Why instances: rocksdict 0.3.29 exposes neither column-family export/import (Flink 1.19's
+IngestDB restore) nor ingestion of DB-generated SST files (``ingest_external_file`` of a DB's
+own SST fails with "External file version not found"), so data of several old subtasks can
+enter one DB only through Python, key by key (~360 ns per key); several DBs need none of that.
 
 Every downloaded file is verified (size and checksum) by
 :meth:`~keyedstate.checkpoint.storage.CheckpointStorage.download`: a corrupt file raises
-:class:`CorruptCheckpointError` before RocksDB reads it. The files of a handle download in
-parallel and through the process's file cache (an executor that wrote or read them before
-finds them on its local disk). The SST files of the restored DB (the one handle, or the initial
-handle of a rescale) are the next snapshot's base: referenced in place when they are the job's
-own (``share_restored_files``), duplicated by the store otherwise (NO_CLAIM).
+:class:`CorruptCheckpointError` before RocksDB reads it. The files of all instances download in
+one parallel batch and through the process's file cache (an executor that wrote or read them
+before finds them on its local disk). The SST files of each instance's initial sub-handle are
+that instance's next snapshot base: referenced in place when they are the job's own
+(``share_restored_files``), duplicated by the store otherwise (NO_CLAIM).
 """
 
 from __future__ import annotations
@@ -42,10 +51,12 @@ from keyedstate.backends.rocksdb.options import (
 from keyedstate.backends.rocksdb.snapshot import (
     META_FILE,
     SST_SUFFIX,
+    InstanceHandle,
     MetaFile,
     SharedBase,
     StateMetaInfoSnapshot,
     read_meta_file,
+    split_instances,
 )
 from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
 from keyedstate.checkpoint.storage import CheckpointStorage
@@ -60,21 +71,96 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 
 RESCALE_STRATEGIES = ("ingest", "copy")
+#: Default cap on the RocksDB instances of one keyed backend (``max_instances``).
+DEFAULT_MAX_INSTANCES = 4
 _COPY_BATCH = 10_000
 _SST_CHECK_EVERY = 4096
 
 
+def instance_db_dir(instance_dir: str, index: int) -> str:
+    """Directory of instance ``index`` of a keyed backend (instance 0: ``db``, as before
+    instances existed)."""
+    return os.path.join(instance_dir, "db" if index == 0 else f"db-i{index}")
+
+
+@dataclass
+class RestoredInstance:
+    """One opened RocksDB instance owning ``key_group_range`` (its DB holds no key outside
+    it), and the restored files its next snapshot may reuse (None: upload everything)."""
+
+    key_group_range: KeyGroupRange
+    db: rocksdict.Rdict
+    path: str
+    base: SharedBase | None = None
+
+
 @dataclass
 class RestoreResult:
-    """An opened DB and what the snapshots said about it."""
+    """The opened instances, in key-group order, covering the target range exactly, and what
+    the snapshots said about them."""
 
-    db: rocksdict.Rdict
+    instances: list[RestoredInstance]
     states: dict[str, StateMetaInfoSnapshot] = field(default_factory=dict)
     list_sequence: int = 0
-    #: the restored files the next snapshot may reuse (None: upload everything).
-    base: SharedBase | None = None
     #: what the restore downloaded, took from the file cache, ...
     stats: TransferStats = field(default_factory=TransferStats)
+
+    def close(self) -> None:
+        """Close every instance (a restore that failed half way, or a backend that failed to
+        start)."""
+        for instance in self.instances:
+            with native(f"closing the RocksDB in {instance.path}"):
+                instance.db.close()
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePlan:
+    """One instance to build: the sub-handle opened as its DB (``initial``, None for an empty
+    DB), the sub-handles whose keys are ingested into it, and the range it owns."""
+
+    key_group_range: KeyGroupRange
+    initial: InstanceHandle | None
+    ingested: tuple[InstanceHandle, ...] = ()
+
+
+def plan_instances(subs: Sequence[InstanceHandle], target: KeyGroupRange,
+                   max_instances: int) -> list[InstancePlan]:
+    """How to restore ``target`` from the overlapping sub-handles ``subs`` without rewriting
+    keys where possible.
+
+    Every sub-handle becomes an instance owning its overlap with ``target``. When there are
+    more than ``max_instances``, the largest overlaps (in key groups; ties: key-group order)
+    stay instances and each other one is ingested into the nearest kept instance on its left
+    (the first kept one for a leading run), so every instance's range stays contiguous.
+    Instance ranges are then widened over key groups no sub-handle covers, so that together
+    they cover ``target`` exactly (an instance may own key groups it has no data for).
+    """
+    if max_instances < 1:
+        raise ConfigurationError(f"max_instances must be at least 1, got {max_instances}")
+    pieces = sorted((s for s in subs if s.key_group_range.intersection(target)),
+                    key=lambda s: s.key_group_range.start)
+    if not pieces:
+        return [InstancePlan(target, None)]
+    sizes = [len(s.key_group_range.intersection(target)) for s in pieces]
+    ranked = sorted(range(len(pieces)), key=lambda i: (-sizes[i], i))
+    kept = sorted(ranked[:max_instances])
+    groups: list[list[int]] = [[k] for k in kept]
+    for i in range(len(pieces)):
+        if i in kept:
+            continue
+        left = [g for g in groups if g[0] < i]
+        (left[-1] if left else groups[0]).append(i)
+    plans = []
+    for n, group in enumerate(groups):
+        ranges = [pieces[i].key_group_range.intersection(target) for i in group]
+        start = target.start if n == 0 else min(r.start for r in ranges)
+        plans.append((start, group))
+    out = []
+    for n, (start, group) in enumerate(plans):
+        end = target.end if n == len(plans) - 1 else plans[n + 1][0] - 1
+        out.append(InstancePlan(KeyGroupRange(start, end), pieces[group[0]],
+                                tuple(pieces[i] for i in sorted(group[1:]))))
+    return out
 
 
 def choose_the_best_state_handle_for_initial(
@@ -102,7 +188,8 @@ def key_group_bounds(key_groups: KeyGroupRange, prefix_bytes: int) -> tuple[byte
 
 def clip_db_with_key_group_range(db: rocksdict.Rdict, column_families: Sequence[str],
                                  target: KeyGroupRange, current: KeyGroupRange,
-                                 prefix_bytes: int) -> None:
+                                 prefix_bytes: int,
+                                 write_options: rocksdict.WriteOptions | None = None) -> None:
     """Delete the key groups of ``current`` outside ``target`` from every column family with
     one range delete per side (Flink's ``clipDBWithKeyGroupRange``). Key groups are the key
     prefix, so what goes is always a head and a tail of the key space."""
@@ -113,11 +200,17 @@ def clip_db_with_key_group_range(db: rocksdict.Rdict, column_families: Sequence[
     if current.end > target.end:
         ranges.append((serialize_key_group(target.end + 1, prefix_bytes),
                        serialize_key_group(current.end + 1, prefix_bytes)))
+    if not ranges:
+        return
     with native(f"clipping the restored DB to {target}"):
+        # One write batch through column-family handles, not ``get_column_family``: dropping
+        # such a column-family ``Rdict`` makes rocksdict flush it (the WAL is off), ~10 ms each.
+        batch = rocksdict.WriteBatch(raw_mode=True)
         for name in column_families:
-            cf = db.get_column_family(name)
+            handle = db.get_column_family_handle(name)
             for begin, end in ranges:
-                cf.delete_range(begin, end)
+                batch.delete_range(begin, end, handle)
+        db.write(batch, write_options or rocksdict.WriteOptions())
 
 
 def column_family_names(db_path: str, options: RocksDBOptions) -> list[str]:
@@ -128,14 +221,22 @@ def column_family_names(db_path: str, options: RocksDBOptions) -> list[str]:
 
 
 class RocksDBIncrementalRestoreOperation:
-    """Restores one subtask's DB into ``db_dir`` from the overlapping ``handles``; temporary
-    downloads go below ``work_dir`` and are removed when done."""
+    """Restores one subtask's RocksDB instances below ``instance_dir`` (instance ``k`` in
+    :func:`instance_db_dir`) from the overlapping ``handles``; temporary downloads go below
+    ``instance_dir`` too and are removed when done.
+
+    Every instance of every handle is a sub-handle (:func:`split_instances`). With
+    ``"ingest"``, :func:`plan_instances` makes every overlapping sub-handle an instance of its
+    own, clipped by ``delete_range`` (no key rewritten), up to ``max_instances``; the others
+    are ingested into a neighbour. A restore at the same parallelism reopens every instance as
+    it was. ``"copy"`` builds one instance key by key (the benchmark baseline).
+    """
 
     def __init__(self, *, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage | None,
                  key_group_range: KeyGroupRange, max_parallelism: int,
-                 key_group_prefix_bytes: int, db_dir: str, work_dir: str,
+                 key_group_prefix_bytes: int, instance_dir: str,
                  options: RocksDBOptions, rescale_strategy: str,
-                 share_restored_files: bool) -> None:
+                 share_restored_files: bool, max_instances: int = DEFAULT_MAX_INSTANCES) -> None:
         if handles and storage is None:
             raise ConfigurationError("restoring RocksDB state needs the CheckpointStorage the "
                                      "handles were written to; pass storage=...")
@@ -147,75 +248,92 @@ class RocksDBIncrementalRestoreOperation:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.prefix_bytes = key_group_prefix_bytes
-        self.db_dir = db_dir
-        self.work_dir = work_dir
+        self.instance_dir = instance_dir
+        self.work_dir = instance_dir
         self.options = options
         self.rescale_strategy = rescale_strategy
         self.share_restored_files = share_restored_files
+        self.max_instances = max_instances
         self._metas: list[MetaFile] = []
+        self._meta_read: set[int] = set()  # id() of handles whose meta file was read
         self.stats = TransferStats()
+        #: sub-handles rewritten key by key into SST files (tests check rescales avoid it)
+        self.ingested: list[InstanceHandle] = []
 
     def restore(self) -> RestoreResult:
         if not self.handles:
-            return RestoreResult(open_db(self.db_dir, self.options))
-        if len(self.handles) == 1 and self.handles[0].key_group_range == self.key_group_range:
-            result = self._restore_without_rescaling(self.handles[0])
-        elif self.rescale_strategy == "copy":
-            result = self._restore_by_copy()
+            path = instance_db_dir(self.instance_dir, 0)
+            return RestoreResult([RestoredInstance(self.key_group_range,
+                                                   open_db(path, self.options), path)])
+        subs = [s for h in self.handles for s in split_instances(h)
+                if s.key_group_range.intersection(self.key_group_range)]
+        if self.rescale_strategy == "copy" and not (
+                len(subs) == 1 and subs[0].key_group_range == self.key_group_range):
+            result = self._restore_by_copy(subs)
         else:
-            result = self._restore_with_rescaling()
+            result = self._restore_instances(
+                plan_instances(subs, self.key_group_range, self.max_instances))
         self._merge_metas(result)
         result.stats = self.stats
         return result
 
-    def _base_of(self, handle: KeyedStateHandle) -> SharedBase:
-        """The SSTs of ``handle``, now files of the restored DB, as the next snapshot's base:
+    def _base_of(self, sub: InstanceHandle) -> SharedBase:
+        """The SSTs of ``sub``, now files of a restored instance, as its next snapshot's base:
         the job's own (referenced in place) with ``share_restored_files``, else a snapshot it
         does not own (duplicated by the next snapshot; id 0 so that any new snapshot of the
         job, whose ids start anywhere, replaces it as the base)."""
         assert self.storage is not None
-        ssts = {name: s for name, s in handle.shared.items() if name != META_FILE}
+        handle = sub.handle
         return SharedBase(handle.checkpoint_id if self.share_restored_files else 0,
-                          self.storage.url, ssts, self.storage, self.share_restored_files)
+                          self.storage.url, sub.sst_files, self.storage,
+                          self.share_restored_files)
 
     # -- downloads -----------------------------------------------------------------------------
 
-    def _download(self, handle: KeyedStateHandle, db_dir: str) -> None:
-        """All files of ``handle`` into ``db_dir``; its meta file is read and kept aside."""
+    def _download(self, subs: Sequence[tuple[InstanceHandle, str]]) -> None:
+        """All files of each ``(sub-handle, directory)`` into that directory, in one parallel
+        batch; the meta file of each handle not seen before is read and kept aside."""
         assert self.storage is not None
-        os.makedirs(db_dir, exist_ok=True)
-        meta_path = None
+        metas: list[tuple[KeyedStateHandle, str]] = []
         items: list[tuple[StreamHandle, str, bool]] = []
-        for name, stream in [*handle.shared.items(), *handle.private.items()]:
-            if name == META_FILE:
+        for sub, db_dir in subs:
+            os.makedirs(db_dir, exist_ok=True)
+            handle = sub.handle
+            if id(handle) not in self._meta_read:
+                self._meta_read.add(id(handle))
+                stream = handle.private.get(META_FILE) or handle.shared.get(META_FILE)
+                if stream is None:
+                    raise CorruptCheckpointError(
+                        f"the RocksDB snapshot of subtask {handle.subtask_index} (checkpoint "
+                        f"{handle.checkpoint_id}) has no {META_FILE} file; it was not written "
+                        f"by this backend. Restore from another checkpoint or savepoint"
+                    )
                 meta_path = os.path.join(self.work_dir, f"{uuid.uuid4().hex}-{META_FILE}")
                 items.append((stream, meta_path, False))
-            else:
+                metas.append((handle, meta_path))
+            for name, stream in sub.files.items():
                 # SST files are immutable: the cache may hand them out as hard links.
-                items.append((stream, os.path.join(db_dir, os.path.basename(name)),
-                              name.endswith(SST_SUFFIX)))
+                items.append((stream, os.path.join(db_dir, name), name.endswith(SST_SUFFIX)))
         self.storage.download_all(items, stats=self.stats)
-        if meta_path is None:
-            raise CorruptCheckpointError(
-                f"the RocksDB snapshot of subtask {handle.subtask_index} (checkpoint "
-                f"{handle.checkpoint_id}) has no {META_FILE} file; it was not written by this "
-                f"backend. Restore from another checkpoint or savepoint"
-            )
-        meta = read_meta_file(meta_path, f"{META_FILE} of checkpoint {handle.checkpoint_id} "
-                                         f"subtask {handle.subtask_index}")
-        os.remove(meta_path)
-        if meta.max_parallelism != self.max_parallelism:
-            raise MaxParallelismMismatchError(
-                f"the snapshot of subtask {handle.subtask_index} (checkpoint "
-                f"{handle.checkpoint_id}) was taken with max parallelism {meta.max_parallelism}, "
-                f"the job restoring it has {self.max_parallelism}; keep the max parallelism or "
-                f"rewrite the state with the state processor API"
-            )
-        self._metas.append(meta)
+        for handle, meta_path in metas:
+            meta = read_meta_file(meta_path, f"{META_FILE} of checkpoint "
+                                             f"{handle.checkpoint_id} subtask "
+                                             f"{handle.subtask_index}")
+            os.remove(meta_path)
+            if meta.max_parallelism != self.max_parallelism:
+                raise MaxParallelismMismatchError(
+                    f"the snapshot of subtask {handle.subtask_index} (checkpoint "
+                    f"{handle.checkpoint_id}) was taken with max parallelism "
+                    f"{meta.max_parallelism}, the job restoring it has {self.max_parallelism}; "
+                    f"keep the max parallelism or rewrite the state with the state processor "
+                    f"API"
+                )
+            self._metas.append(meta)
 
-    def _temporary_db(self, handle: KeyedStateHandle) -> tuple[str, rocksdict.Rdict]:
-        path = os.path.join(self.work_dir, f"restore-{handle.subtask_index}-{uuid.uuid4().hex}")
-        self._download(handle, path)
+    def _temporary_db(self, sub: InstanceHandle) -> tuple[str, rocksdict.Rdict]:
+        path = os.path.join(self.work_dir,
+                            f"restore-{sub.handle.subtask_index}-{uuid.uuid4().hex}")
+        self._download([(sub, path)])
         # Read-only: no compaction or flush of a copy that is thrown away.
         names = column_family_names(path, self.options)
         with native(f"opening the downloaded RocksDB at {path}"):
@@ -225,44 +343,47 @@ class RocksDBIncrementalRestoreOperation:
                                  access_type=rocksdict.AccessType.read_only(False))
         return path, db
 
-    # -- the three flows -----------------------------------------------------------------------
+    # -- the flows -----------------------------------------------------------------------------
 
-    def _restore_without_rescaling(self, handle: KeyedStateHandle) -> RestoreResult:
-        self._download(handle, self.db_dir)
-        result = RestoreResult(open_db(self.db_dir, self.options))
-        result.base = self._base_of(handle)
+    def _restore_instances(self, plans: Sequence[InstancePlan]) -> RestoreResult:
+        """Open every planned instance from its initial sub-handle (downloaded together),
+        clip it to its range, then ingest the merged sub-handles (only when the cap was hit)."""
+        dirs = [instance_db_dir(self.instance_dir, k) for k in range(len(plans))]
+        self._download([(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None])
+        result = RestoreResult([])
+        try:
+            for plan, path in zip(plans, dirs):
+                db = open_db(path, self.options)
+                instance = RestoredInstance(plan.key_group_range, db, path)
+                result.instances.append(instance)
+                if plan.initial is None:
+                    continue
+                # Step 1. Clip the initial DB to the instance's range (nothing when the
+                # sub-handle lies inside it, as at the same parallelism).
+                if not plan.key_group_range.contains_range(plan.initial.key_group_range):
+                    clip_db_with_key_group_range(db, column_family_names(path, self.options),
+                                                 plan.key_group_range,
+                                                 plan.initial.key_group_range,
+                                                 self.prefix_bytes, self.options.write_options())
+                # Its own files stay (clipped by range tombstones, not rewritten): the next
+                # snapshot reuses them instead of uploading them again.
+                instance.base = self._base_of(plan.initial)
+                # Step 2. Sub-handles over the cap: their in-range keys as SST files, ingested.
+                for sub in plan.ingested:
+                    self._ingest_handle(db, path, sub, plan.key_group_range)
+        except BaseException:
+            result.close()
+            raise
         return result
 
-    def _restore_with_rescaling(self) -> RestoreResult:
-        # Step 1. The best-overlapping handle becomes the initial DB, clipped to our range.
-        initial = choose_the_best_state_handle_for_initial(self.handles, self.key_group_range)
-        others = [h for h in self.handles if h is not initial]
-        if initial is None:
-            db = open_db(self.db_dir, self.options)
-        else:
-            self._download(initial, self.db_dir)
-            db = open_db(self.db_dir, self.options)
-            clip_db_with_key_group_range(db, column_family_names(self.db_dir, self.options),
-                                         self.key_group_range, initial.key_group_range,
-                                         self.prefix_bytes)
-        try:
-            # Step 2. Every other handle: its in-range keys as SST files, ingested per CF.
-            for handle in others:
-                self._ingest_handle(db, handle)
-        except BaseException:
-            with native("closing the DB of a failed restore"):
-                db.close()
-            raise
-        # The initial DB's own files stay (clipped by range tombstones, not rewritten): the
-        # next snapshot reuses them instead of uploading them again.
-        return RestoreResult(db, base=None if initial is None else self._base_of(initial))
-
-    def _ingest_handle(self, db: rocksdict.Rdict, handle: KeyedStateHandle) -> None:
-        path, source = self._temporary_db(handle)
-        lower, upper = key_group_bounds(handle.key_group_range.intersection(self.key_group_range),
+    def _ingest_handle(self, db: rocksdict.Rdict, db_dir: str, sub: InstanceHandle,
+                       key_groups: KeyGroupRange) -> None:
+        self.ingested.append(sub)
+        path, source = self._temporary_db(sub)
+        lower, upper = key_group_bounds(sub.key_group_range.intersection(key_groups),
                                         self.prefix_bytes)
         try:
-            existing = set(column_family_names(self.db_dir, self.options))
+            existing = set(column_family_names(db_dir, self.options))
             for name in column_family_names(path, self.options):
                 files = self._write_sst_files(source.get_column_family(name), name, lower, upper)
                 if not files:
@@ -309,34 +430,35 @@ class RocksDBIncrementalRestoreOperation:
         check_range_end(cf, key, lower, upper, what)
         return files
 
-    def _restore_by_copy(self) -> RestoreResult:
-        db = open_db(self.db_dir, self.options)
+    def _restore_by_copy(self, subs: Sequence[InstanceHandle]) -> RestoreResult:
+        path = instance_db_dir(self.instance_dir, 0)
+        db = open_db(path, self.options)
         try:
-            for handle in self.handles:
-                path, source = self._temporary_db(handle)
+            for sub in subs:
+                tmp, source = self._temporary_db(sub)
                 lower, upper = key_group_bounds(
-                    handle.key_group_range.intersection(self.key_group_range), self.prefix_bytes)
+                    sub.key_group_range.intersection(self.key_group_range), self.prefix_bytes)
                 try:
-                    for name in column_family_names(path, self.options):
-                        self._copy_column_family(source.get_column_family(name), db, name,
-                                                 lower, upper)
+                    for name in column_family_names(tmp, self.options):
+                        self._copy_column_family(source.get_column_family(name), db, path,
+                                                 name, lower, upper)
                 finally:
-                    with native(f"closing the downloaded RocksDB at {path}"):
+                    with native(f"closing the downloaded RocksDB at {tmp}"):
                         source.close()
                     del source
-                    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(tmp, ignore_errors=True)
         except BaseException:
             with native("closing the DB of a failed restore"):
                 db.close()
             raise
-        return RestoreResult(db)
+        return RestoreResult([RestoredInstance(self.key_group_range, db, path)])
 
-    def _copy_column_family(self, source: rocksdict.Rdict, db: rocksdict.Rdict, name: str,
-                            lower: bytes, upper: bytes) -> None:
+    def _copy_column_family(self, source: rocksdict.Rdict, db: rocksdict.Rdict, db_dir: str,
+                            name: str, lower: bytes, upper: bytes) -> None:
         what = f"copying column family {name!r} key by key"
         key = None
         with native(what):
-            if name not in column_family_names(self.db_dir, self.options):
+            if name not in column_family_names(db_dir, self.options):
                 db.create_column_family(name, self.options.to_options())
             handle = db.get_column_family_handle(name)
             write_options = self.options.write_options()
@@ -365,7 +487,6 @@ class RocksDBIncrementalRestoreOperation:
                         f"state {name!r} is {known.meta} in one restored handle and {info.meta} "
                         f"in another; the snapshots don't belong to one checkpoint"
                     )
-
 
 def _new_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
     batch = rocksdict.WriteBatch(raw_mode=True)

@@ -36,10 +36,8 @@ import os
 import pickle
 import shutil
 import threading
-import time
-import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import rocksdict
 
@@ -53,7 +51,6 @@ from keyedstate.checkpoint.storage import (
     file_checksum,
     same_store,
 )
-from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import (
     BackendError,
     CorruptCheckpointError,
@@ -73,6 +70,9 @@ WAL_SUFFIX = ".log"
 PROP_KEY_GROUP_PREFIX_BYTES = "rocksdb.key-group-prefix-bytes"
 PROP_LIST_SEQUENCE = "rocksdb.list-sequence"
 PROP_BASE_CHECKPOINT = "rocksdb.base-checkpoint-id"
+#: The key-group ranges of the instances of a multi-instance handle (absent: one instance,
+#: file names unprefixed, as every handle written before instances existed).
+PROP_INSTANCES = "rocksdb.instances"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,27 +152,104 @@ class SharedBase:
     owned: bool = True
 
 
+
+# --------------------------------------------------------------------------------------------
+# instances inside one handle
+# --------------------------------------------------------------------------------------------
+
+
+def instance_prefix(index: int) -> str:
+    """Prefix of instance ``index``'s files in a multi-instance handle: ``i<k>/``. File numbers
+    are unique only within one DB, so the prefix keeps the names of two instances apart."""
+    return f"i{index}/"
+
+
+def format_instance_ranges(ranges: Sequence[KeyGroupRange]) -> str:
+    """:data:`PROP_INSTANCES`: ``"start-end,start-end,..."``, instance ``k`` is the k-th."""
+    return ",".join(f"{r.start}-{r.end}" for r in ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceHandle:
+    """One RocksDB instance inside a :class:`KeyedStateHandle` (a "sub-handle"): its key-group
+    range and its files under their names within that DB (prefix stripped). ``index`` is None
+    for a handle with one instance and unprefixed names, as every handle written before
+    instances existed (and every single-instance handle since)."""
+
+    handle: KeyedStateHandle
+    index: int | None
+    key_group_range: KeyGroupRange
+    files: Mapping[str, StreamHandle]
+
+    @property
+    def sst_files(self) -> dict[str, StreamHandle]:
+        """The shared files (SSTs, OPTIONS) by local name: the next snapshot's base."""
+        prefix = "" if self.index is None else instance_prefix(self.index)
+        return {name[len(prefix):]: s for name, s in self.handle.shared.items()
+                if name != META_FILE and name.startswith(prefix)}
+
+    def describe(self) -> str:
+        where = "" if self.index is None else f" instance {self.index}"
+        return (f"subtask {self.handle.subtask_index}{where} of checkpoint "
+                f"{self.handle.checkpoint_id} ({self.key_group_range})")
+
+
+def split_instances(handle: KeyedStateHandle) -> list[InstanceHandle]:
+    """The instances of ``handle`` in key-group order; they cover its range exactly. A handle
+    without :data:`PROP_INSTANCES` is one instance covering the handle's range."""
+    files = {n: s for n, s in [*handle.shared.items(), *handle.private.items()]
+             if n != META_FILE}
+    layout = handle.properties.get(PROP_INSTANCES)
+    if not layout:
+        return [InstanceHandle(handle, None, handle.key_group_range, files)]
+    what = (f"the RocksDB snapshot of subtask {handle.subtask_index} (checkpoint "
+            f"{handle.checkpoint_id})")
+    try:
+        ranges = [KeyGroupRange(*(int(x) for x in part.split("-")))
+                  for part in layout.split(",")]
+    except (TypeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"{what} has an unreadable {PROP_INSTANCES} {layout!r}; "
+                                     f"restore from another checkpoint") from exc
+    expected = handle.key_group_range.start
+    for r in ranges:
+        if not r or r.start != expected:
+            raise CorruptCheckpointError(
+                f"{what}: its instances {layout!r} do not cover {handle.key_group_range} "
+                f"contiguously; restore from another checkpoint")
+        expected = r.end + 1
+    if expected != handle.key_group_range.end + 1:
+        raise CorruptCheckpointError(f"{what}: its instances {layout!r} do not cover "
+                                     f"{handle.key_group_range}; restore from another checkpoint")
+    out = []
+    for index, r in enumerate(ranges):
+        prefix = instance_prefix(index)
+        out.append(InstanceHandle(handle, index, r, {n[len(prefix):]: s for n, s in files.items()
+                                                     if n.startswith(prefix)}))
+    if sum(len(i.files) for i in out) != len(files):
+        raise CorruptCheckpointError(f"{what} has files of no instance; restore from another "
+                                     f"checkpoint")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the strategy (per instance) and the result (per subtask)
+# --------------------------------------------------------------------------------------------
+
+
 class RocksDBIncrementalSnapshotStrategy:
-    """Snapshots one RocksDB instance and remembers which snapshot is the confirmed base.
+    """Snapshots one RocksDB instance and remembers which of its snapshots is the confirmed
+    base. A keyed backend has one per instance, so each instance uploads only its new SSTs.
 
     Thread-safe between the task thread (snapshot, notifications) and a thread running
     ``materialize``.
     """
 
-    def __init__(self, *, backend_name: str, subtask_index: int,
-                 key_group_range: KeyGroupRange, snapshot_root: str,
-                 incremental: bool) -> None:
-        self.backend_name = backend_name
-        self.subtask_index = subtask_index
-        self.key_group_range = key_group_range
-        self.snapshot_root = snapshot_root
+    def __init__(self, *, incremental: bool) -> None:
         self.incremental = incremental
         self._lock = threading.Lock()
         self._confirmed: SharedBase | None = None
         self._pending: dict[int, SharedBase] = {}
         self._aborted: set[int] = set()
-        #: what the restore of this instance moved, reported by its first snapshot
-        self.restore_stats: TransferStats | None = None
 
     @property
     def confirmed_base(self) -> SharedBase | None:
@@ -180,18 +257,15 @@ class RocksDBIncrementalSnapshotStrategy:
             return self._confirmed
 
     def set_restored_base(self, base: SharedBase) -> None:
-        """The restored snapshot may be the base (restored alone, exact range, shared files)."""
+        """The restored files of this instance may be the base (see the restore)."""
         with self._lock:
             self._confirmed = base
 
     def snapshot(self, checkpoint_id: int, db: rocksdict.Rdict,
-                 column_families: list[rocksdict.Rdict], location: CheckpointStorageLocation,
-                 meta: MetaFile, state_infos: list[StateMetaInfo], *, full: bool
-                 ) -> RocksDBSnapshotResult:
-        """The synchronous part (see the module docstring)."""
-        start = time.perf_counter()
-        local_dir = os.path.join(self.snapshot_root, f"chk-{checkpoint_id}-{uuid.uuid4().hex}")
-        os.makedirs(self.snapshot_root, exist_ok=True)
+                 column_families: Sequence[rocksdict.Rdict], local_dir: str, *, full: bool
+                 ) -> InstanceSnapshot:
+        """Steps 1-3 of the synchronous part for this instance, into ``local_dir`` (which must
+        not exist; its parent must)."""
         # Step 1. Flush every column family.
         with native(f"flushing column families for checkpoint {checkpoint_id}"):
             for cf in column_families:
@@ -199,21 +273,9 @@ class RocksDBIncrementalSnapshotStrategy:
         # Step 2. Hard-link the live files into the local snapshot directory.
         with native(f"creating the local RocksDB checkpoint {local_dir}"):
             rocksdict.Checkpoint(db).create_checkpoint(local_dir)
-        write_meta_file(os.path.join(local_dir, META_FILE), meta)
         # Step 3. The base: only a confirmed snapshot, never a pending or aborted one.
         base = None if full or not self.incremental else self.confirmed_base
-        properties = {
-            PROP_KEY_GROUP_PREFIX_BYTES: str(meta.key_group_prefix_bytes),
-            PROP_LIST_SEQUENCE: str(meta.list_sequence),
-            PROP_BASE_CHECKPOINT: "" if base is None else str(base.checkpoint_id),
-        }
-        restore_stats, self.restore_stats = self.restore_stats, None
-        if restore_stats is not None:
-            properties.update(restore_stats.to_properties(RESTORE_PREFIX))
-        return RocksDBSnapshotResult(
-            strategy=self, checkpoint_id=checkpoint_id, local_dir=local_dir,
-            location=location, base=base, states=state_infos, properties=properties,
-            sync_duration_s=time.perf_counter() - start)
+        return InstanceSnapshot(self, local_dir, base)
 
     # -- called by results and by the coordinator's notifications ------------------------------
 
@@ -239,18 +301,36 @@ class RocksDBIncrementalSnapshotStrategy:
             self._aborted.add(checkpoint_id)
 
 
-class RocksDBSnapshotResult(SnapshotResult):
-    """A frozen local RocksDB checkpoint waiting to be uploaded."""
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    """The frozen local checkpoint of one instance and the base it may build on."""
 
-    def __init__(self, *, strategy: RocksDBIncrementalSnapshotStrategy, checkpoint_id: int,
-                 local_dir: str, location: CheckpointStorageLocation, base: SharedBase | None,
-                 states: list[StateMetaInfo], properties: dict[str, str],
-                 sync_duration_s: float) -> None:
+    strategy: RocksDBIncrementalSnapshotStrategy
+    local_dir: str
+    base: SharedBase | None
+
+
+class RocksDBSnapshotResult(SnapshotResult):
+    """The frozen local checkpoints of every instance of one keyed backend, waiting to be
+    uploaded as one :class:`KeyedStateHandle`.
+
+    ``parts`` are ``(name prefix, instance snapshot)`` in key-group order; the prefix is empty
+    for a single instance (the layout of every handle before instances existed) and
+    :func:`instance_prefix` otherwise. ``local_dir`` holds everything (removed when done).
+    """
+
+    def __init__(self, *, backend_name: str, subtask_index: int,
+                 key_group_range: KeyGroupRange, checkpoint_id: int, local_dir: str,
+                 parts: Sequence[tuple[str, InstanceSnapshot]],
+                 location: CheckpointStorageLocation, states: list[StateMetaInfo],
+                 properties: dict[str, str], sync_duration_s: float) -> None:
         super().__init__(checkpoint_id, sync_duration_s)
         self.local_dir = local_dir
-        self._strategy = strategy
+        self._backend_name = backend_name
+        self._subtask_index = subtask_index
+        self._key_group_range = key_group_range
+        self._parts = list(parts)
         self._location = location
-        self._base = base
         self._states = states
         self._properties = properties
         self._done = False
@@ -262,12 +342,79 @@ class RocksDBSnapshotResult(SnapshotResult):
         self._done = True
         location = self._location
         storage = location.storage
+        # Handle names (prefix + local name) of what is stored, in the order of ``to_store``.
+        to_store: list[StateFile] = []
+        store_names: list[str] = []
+        referenced: dict[str, StreamHandle] = {}
+        # Per part: handle names of duplicated files, their sources, and the storage to copy from.
+        duplicates: list[tuple[CheckpointStorage, list[tuple[str, StreamHandle]]]] = []
+        part_names: list[list[str]] = []  # shared handle names of each part
+        try:
+            if not os.path.isdir(self.local_dir):
+                raise BackendError(
+                    f"the local snapshot directory {self.local_dir} is gone (was the keyed "
+                    f"backend closed before materialize?); take a new snapshot")
+            if self._parts and self._parts[0][0]:
+                # Several instances: the meta file lies next to their directories.
+                path = os.path.join(self.local_dir, META_FILE)
+                to_store.append(StateFile(META_FILE, False, local_path=path))
+                store_names.append(META_FILE)
+            for prefix, part in self._parts:
+                names: list[str] = []
+                part_names.append(names)
+                to_dup: list[tuple[str, StreamHandle]] = []
+                dup_from = self._collect(prefix, part, storage, to_store, store_names,
+                                         referenced, to_dup, names)
+                if dup_from is not None and to_dup:
+                    duplicates.append((dup_from, to_dup))
+            stored = location.put_files(to_store)
+            duplicated = [location.duplicate_files(source, files) for source, files in duplicates]
+        finally:
+            # Step 3. The hard links go; the DBs keep their own.
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+        shared = dict(referenced)
+        private: dict[str, StreamHandle] = {}
+        for (_, files), handles in zip(duplicates, duplicated):
+            for (name, _), handle in zip(files, handles):
+                shared[name] = handle
+        for f, name, handle in zip(to_store, store_names, stored):
+            (shared if f.shared else private)[name] = handle
+        written = sum(h.length for h in stored) + sum(h.length for hs in duplicated for h in hs)
+        for (prefix, part), names in zip(self._parts, part_names):
+            part.strategy._materialized(
+                self.checkpoint_id,
+                SharedBase(self.checkpoint_id, storage.url,
+                           {n[len(prefix):]: shared[n] for n in names}, storage))
+        kg = self._key_group_range
+        self.stats.extra.update(location.stats.as_dict())
+        return KeyedStateHandle(
+            backend=self._backend_name,
+            subtask_index=self._subtask_index,
+            key_group_start=kg.start,
+            key_group_end=kg.end,
+            checkpoint_id=self.checkpoint_id,
+            states=self._states,
+            shared=dict(sorted(shared.items())),
+            private=dict(sorted(private.items())),
+            full_size=sum(h.length for h in [*shared.values(), *private.values()]),
+            incremental_size=written,
+            properties={**self._properties, **location.stats.to_properties()},
+        )
+
+    @staticmethod
+    def _collect(prefix: str, part: InstanceSnapshot, storage: CheckpointStorage,
+                 to_store: list[StateFile], store_names: list[str],
+                 referenced: dict[str, StreamHandle], to_duplicate: list[tuple[str, StreamHandle]],
+                 shared_names: list[str]) -> CheckpointStorage | None:
+        """Sort one instance's files into referenced, to duplicate and to store (steps 1 and
+        2); returns the storage to duplicate from, if any. Handle names get ``prefix``; stored
+        names get it with ``/`` turned into ``-`` (no subdirectory per file in ``shared/``)."""
         # Which SSTs of the base may be reused, and how: referenced in place (the job's own
         # files in this root), duplicated by the store (a restored snapshot the job does not
         # own, or another root of the same store), or not at all (another store: upload).
         reuse: Mapping[str, StreamHandle] = {}
         duplicate_from: CheckpointStorage | None = None
-        base = self._base
+        base = part.base
         if base is not None:
             if base.owned and base.storage_url == storage.url:
                 reuse = base.sst_files
@@ -275,75 +422,49 @@ class RocksDBSnapshotResult(SnapshotResult):
                 reuse, duplicate_from = base.sst_files, base.storage
         by_content = {(h.digest, h.length): h for n, h in reuse.items()
                       if n.startswith(OPTIONS_PREFIX)}
-        referenced: dict[str, StreamHandle] = {}
-        to_duplicate: list[tuple[str, StreamHandle]] = []
-        to_store: list[StateFile] = []
+        stored_prefix = prefix.replace("/", "-")
         try:
-            try:
-                names = sorted(os.listdir(self.local_dir))
-            except FileNotFoundError as exc:
-                raise BackendError(
-                    f"the local snapshot directory {self.local_dir} is gone (was the keyed "
-                    f"backend closed before materialize?); take a new snapshot"
-                ) from exc
-            for name in names:
-                path = os.path.join(self.local_dir, name)
-                if name.endswith(WAL_SUFFIX) and os.path.getsize(path) == 0:
-                    # The WAL is off and every column family was flushed: an empty log holds
-                    # nothing and RocksDB opens without it.
-                    continue
-                if name.endswith(SST_SUFFIX) or name.startswith(OPTIONS_PREFIX):
-                    # Step 1. Reuse SST files of the base, store new ones. An OPTIONS file is
-                    # immutable too (a new number when the options change) and the same in
-                    # every snapshot of one DB: shared like an SST, stored once.
-                    known = reuse.get(name)
-                    if known is not None and known.length != os.path.getsize(path):
-                        known = None
-                    if known is None and name.startswith(OPTIONS_PREFIX):
-                        # Reopening a DB writes its OPTIONS again under a new number: the
-                        # same bytes, found by content (the file is a few KB).
-                        known = by_content.get((file_checksum(path), os.path.getsize(path)))
-                    if known is not None:
-                        if duplicate_from is None:
-                            referenced[name] = known
-                        else:
-                            to_duplicate.append((name, known))
+            local_names = sorted(os.listdir(part.local_dir))
+        except FileNotFoundError as exc:
+            raise BackendError(
+                f"the local snapshot directory {part.local_dir} is gone (was the keyed "
+                f"backend closed before materialize?); take a new snapshot"
+            ) from exc
+        for local in local_names:
+            path = os.path.join(part.local_dir, local)
+            name = prefix + local
+            if os.path.isdir(path):
+                continue  # the instance directories of a multi-instance snapshot
+            if local.endswith(WAL_SUFFIX) and os.path.getsize(path) == 0:
+                # The WAL is off and every column family was flushed: an empty log holds
+                # nothing and RocksDB opens without it.
+                continue
+            if local.endswith(SST_SUFFIX) or local.startswith(OPTIONS_PREFIX):
+                # Step 1. Reuse SST files of the base, store new ones. An OPTIONS file is
+                # immutable too (a new number when the options change) and the same in
+                # every snapshot of one DB: shared like an SST, stored once.
+                shared_names.append(name)
+                known = reuse.get(local)
+                if known is not None and known.length != os.path.getsize(path):
+                    known = None
+                if known is None and local.startswith(OPTIONS_PREFIX):
+                    # Reopening a DB writes its OPTIONS again under a new number: the
+                    # same bytes, found by content (the file is a few KB).
+                    known = by_content.get((file_checksum(path), os.path.getsize(path)))
+                if known is not None:
+                    if duplicate_from is None:
+                        referenced[name] = known
                     else:
-                        to_store.append(StateFile(name, True, local_path=path, immutable=True))
+                        to_duplicate.append((name, known))
                 else:
-                    # Step 2. Everything else is private to this checkpoint.
-                    to_store.append(StateFile(name, False, local_path=path))
-            stored = location.put_files(to_store)
-            duplicated = (location.duplicate_files(duplicate_from, to_duplicate)
-                          if duplicate_from is not None and to_duplicate else [])
-        finally:
-            # Step 3. The hard links go; the DB keeps its own.
-            shutil.rmtree(self.local_dir, ignore_errors=True)
-        shared = dict(referenced)
-        private: dict[str, StreamHandle] = {}
-        for (name, _), handle in zip(to_duplicate, duplicated):
-            shared[name] = handle
-        for f, handle in zip(to_store, stored):
-            (shared if f.shared else private)[f.name] = handle
-        written = sum(h.length for h in [*stored, *duplicated])
-        self._strategy._materialized(
-            self.checkpoint_id, SharedBase(self.checkpoint_id, storage.url, dict(shared),
-                                           storage))
-        kg = self._strategy.key_group_range
-        self.stats.extra.update(location.stats.as_dict())
-        return KeyedStateHandle(
-            backend=self._strategy.backend_name,
-            subtask_index=self._strategy.subtask_index,
-            key_group_start=kg.start,
-            key_group_end=kg.end,
-            checkpoint_id=self.checkpoint_id,
-            states=self._states,
-            shared=dict(sorted(shared.items())),
-            private=private,
-            full_size=sum(h.length for h in [*shared.values(), *private.values()]),
-            incremental_size=written,
-            properties={**self._properties, **location.stats.to_properties()},
-        )
+                    to_store.append(StateFile(stored_prefix + local, True, local_path=path,
+                                              immutable=True))
+                    store_names.append(name)
+            else:
+                # Step 2. Everything else is private to this checkpoint.
+                to_store.append(StateFile(stored_prefix + local, False, local_path=path))
+                store_names.append(name)
+        return duplicate_from
 
     def discard(self) -> None:
         self._done = True

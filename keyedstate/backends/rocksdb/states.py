@@ -47,7 +47,7 @@ from keyedstate.state.descriptors import (
 )
 
 if TYPE_CHECKING:
-    from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+    from keyedstate.backends.rocksdb.backend import RocksDBInstance, RocksDBKeyedStateBackend
 
 _TS = struct.Struct(">q")
 _pack_ts = _TS.pack
@@ -126,19 +126,19 @@ class RocksDBState(State):
     """A state bound to one column family, the backend's current key and its own namespace.
 
     The full key is cached and rebuilt only when the backend's key prefix object changes (one
-    identity check per access), so get and update cost little more than raw rocksdict.
+    identity check per access), so get and update cost little more than raw rocksdict. When
+    the backend has several RocksDB instances, the state is bound to the column family of the
+    current key's instance, rebound on that same path (a key change), so routing costs
+    nothing more per access. Every method computes the key (``_key()``) before it touches
+    ``_cf``, ``_handle`` or a batch, so the binding is always the current key's.
     """
 
     def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
-                 cf: rocksdict.Rdict, handle: rocksdict.ColumnFamily) -> None:
+                 instance: RocksDBInstance) -> None:
         self._backend = backend
         self.descriptor = descriptor
         self.name = descriptor.name
-        self._cf = cf
-        self._handle = handle
-        self._get = cf.get
-        self._put = cf.put
-        self._delete = cf.delete
+        self._bind(instance)
         self._ser = descriptor.value_serializer.serialize
         self._check = descriptor.value_serializer.to_plain
         self._deser = descriptor.value_serializer.deserialize
@@ -166,9 +166,22 @@ class RocksDBState(State):
                 f"state {self.name!r} was used without a current key; call set_current_key() "
                 f"on the keyed backend first"
             )
+        backend = self._backend
+        if backend._sharded and backend._instance is not self._inst:
+            self._bind(backend._instance)
         self._kp = kp
         self._full = kp + self._ns_part
         return self._full
+
+    def _bind(self, instance: RocksDBInstance) -> None:
+        """Use ``instance``'s column family (a closed backend's stand-in raises)."""
+        self._inst = instance
+        cf = instance.cf(self.name)
+        self._cf = cf
+        self._handle = instance.handles.get(self.name)
+        self._get = cf.get
+        self._put = cf.put
+        self._delete = cf.delete
 
     def set_current_namespace(self, namespace: Any) -> None:
         self._ns_part = namespace_part(serialize_namespace(namespace))
@@ -185,20 +198,22 @@ class RocksDBState(State):
             return data
         return _pack_ts(self._now()) + data
 
-    def _live(self, key: bytes, raw: bytes, now: int, batch: rocksdict.WriteBatch | None = None
-              ) -> bytes | None:
+    def _live(self, key: bytes, raw: bytes, now: int, batch: rocksdict.WriteBatch | None = None,
+              cf: rocksdict.Rdict | None = None) -> bytes | None:
         """The payload of a stored TTL value, or None (and deleted) when it expired; refreshed
-        on read under ``ON_READ_AND_WRITE``. Writes go to ``batch`` when given."""
+        on read under ``ON_READ_AND_WRITE``. Writes go to ``batch`` when given, else to ``cf``
+        (default: the current key's column family)."""
+        target = self._cf if cf is None else cf
         if _unpack_ts(raw)[0] + self._ttl_ms <= now:
             if batch is None:
-                self._native(self._delete, key)
+                self._native(target.delete, key)
             else:
                 batch.delete(key)
             return None
         if self._refresh_on_read:
             fresh = _pack_ts(now) + raw[TS_BYTES:]
             if batch is None:
-                self._native(self._put, key, fresh)
+                self._native(target.put, key, fresh)
             else:
                 batch.put(key, fresh)
         return raw[TS_BYTES:]
@@ -247,7 +262,7 @@ class RocksDBState(State):
 
     def _commit(self, batch: rocksdict.WriteBatch) -> None:
         if len(batch):
-            self._native(self._backend.db.write, batch, self._backend.write_options)
+            self._native(self._inst.db.write, batch, self._backend.write_options)
 
     def _scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return scan(self._cf, prefix, prefix_upper_bound(prefix), self._what)
@@ -295,48 +310,55 @@ CLOSED: Any = _ClosedNative()
 
 
 class _CleanupCursor:
-    """Flink's incremental TTL cleanup: a cursor over the whole column family that checks a
-    few entries on each state access and deletes expired ones. The iterator is persistent (one
-    seek per pass, not per access); it sees a frozen view, so an expired-looking entry is read
-    again before deleting it (it may have been rewritten since)."""
+    """Flink's incremental TTL cleanup: a cursor over the whole state (the column family of
+    every instance, in key-group order) that checks a few entries on each state access and
+    deletes expired ones. The iterator is persistent (one seek per pass over an instance, not
+    per access); it sees a frozen view, so an expired-looking entry is read again before
+    deleting it (it may have been rewritten since)."""
 
     def __init__(self, state: RocksDBState) -> None:
         self._state = state
         self._it: rocksdict.RdictIter | None = None
+        self._cf: rocksdict.Rdict | None = None
+        #: the instance the cursor is in and the last key it checked there
+        self._instance = 0
         self._last: bytes | None = None
 
     def reset(self) -> None:
-        self._it = None
+        self._it = self._cf = None
 
-    def _open(self, from_start: bool) -> rocksdict.RdictIter:
-        it = self._state._cf.iter()
-        if from_start or self._last is None:
+    def _open(self, instance: int, after: bytes | None) -> rocksdict.RdictIter:
+        cf = self._state._backend._instances[instance].cf(self._state.name)
+        it = cf.iter()
+        if after is None:
             it.seek_to_first()
         else:
-            it.seek(self._last + b"\x00")
-        self._it = it
+            it.seek(after + b"\x00")
+        self._it, self._cf, self._instance, self._last = it, cf, instance, after
         return it
 
     def step(self, count: int, now: int) -> None:
         state = self._state
+        instances = len(state._backend._instances)
         try:
-            it = self._it or self._open(False)
-            wrapped = False
+            it = self._it or self._open(self._instance, self._last)
+            moves = 0
             for _ in range(count):
-                if not it.valid():
+                while not it.valid():
                     it.status()
-                    if wrapped:
+                    # End of this instance: on to the next one, wrapping around at the end;
+                    # stop once every instance was found empty within this step.
+                    moves += 1
+                    if moves > instances:
                         return
-                    wrapped = True
-                    it = self._open(True)
-                    if not it.valid():
-                        it.status()
-                        return
+                    it = self._open((self._instance + 1) % instances, None)
+                cf = self._cf
+                assert cf is not None
                 key, raw = it.key(), it.value()
                 if _unpack_ts(raw)[0] + state._ttl_ms <= now:
-                    current = state._get(key)
+                    current = cf.get(key)
                     if current is not None and _unpack_ts(current)[0] + state._ttl_ms <= now:
-                        state._delete(key)
+                        cf.delete(key)
                 self._last = key
                 it.next()
         except KeyedStateError:
@@ -353,8 +375,8 @@ class _CleanupCursor:
 
 class RocksDBValueState(RocksDBState, ValueState[Any]):
     def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
-                 cf: rocksdict.Rdict, handle: rocksdict.ColumnFamily) -> None:
-        super().__init__(backend, descriptor, cf, handle)
+                 instance: RocksDBInstance) -> None:
+        super().__init__(backend, descriptor, instance)
         assert isinstance(descriptor, ValueStateDescriptor)
         self._default = descriptor.default
 
@@ -408,8 +430,9 @@ class RocksDBListState(RocksDBState, ListState[Any]):
         self._write(self._key() + _SEQ(self._backend.next_list_seq()), self._ser(value))
 
     def add_all(self, values: Iterable[Any]) -> None:
+        base = self._key()
         batch = self._batch()
-        self._append(batch, self._key(), values)
+        self._append(batch, base, values)
         self._commit(batch)
 
     def update(self, values: Iterable[Any]) -> None:
@@ -425,15 +448,16 @@ class RocksDBListState(RocksDBState, ListState[Any]):
             batch.put(base + _SEQ(seq()), wrap(ser(value)))
 
     def clear(self) -> None:
+        base = self._key()
         batch = self._batch()
-        self._delete_prefix(self._key(), batch)
+        self._delete_prefix(base, batch)
         self._commit(batch)
 
 
 class RocksDBMapState(RocksDBState, MapState[Any, Any]):
     def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
-                 cf: rocksdict.Rdict, handle: rocksdict.ColumnFamily) -> None:
-        super().__init__(backend, descriptor, cf, handle)
+                 instance: RocksDBInstance) -> None:
+        super().__init__(backend, descriptor, instance)
         user_key: TypeSerializer = descriptor.user_key_serializer  # type: ignore[assignment]
         self._user_ser = user_key.serialize
         self._user_deser = user_key.deserialize
@@ -463,9 +487,12 @@ class RocksDBMapState(RocksDBState, MapState[Any, Any]):
         if self._ttl is not None:
             self._cleanup_step()
         now = self._now() if self._ttl is not None else 0
+        # A lazy iteration may outlive the current key: TTL writes go to the column family of
+        # the key being iterated, not to the one of whatever key is current by then.
+        cf = self._cf
         for key, raw in self._scan_prefix(base):
             if self._ttl is not None:
-                live = self._live(key, raw, now)
+                live = self._live(key, raw, now, cf=cf)
                 if live is None:
                     continue
                 raw = live
@@ -475,8 +502,9 @@ class RocksDBMapState(RocksDBState, MapState[Any, Any]):
         return next(iter(self.items()), None) is None
 
     def clear(self) -> None:
+        base = self._key()
         batch = self._batch()
-        self._delete_prefix(self._key(), batch)
+        self._delete_prefix(base, batch)
         self._commit(batch)
 
 

@@ -12,6 +12,10 @@ timer) of every non-empty key group in a heap, and re-reads a key group's head a
 it fires and whenever a timer of that key group is registered or deleted meanwhile, so timers
 registered by ``on_timer`` callbacks are seen (Flink's ``InternalTimerServiceImpl`` over a
 ``KeyGroupPartitionedPriorityQueue``).
+
+A keyed backend with several RocksDB instances keeps each key group's timers in the instance
+owning it: writes and head reads go to that instance, and ``pop_due``, ``timers`` and
+``next_timestamp`` merge the heads of every key group of every instance in one heap.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import rocksdict
 from keyedstate.backends.rocksdb.options import rocksdb_error, scan
 from keyedstate.backends.rocksdb.states import read_varint, varint
 from keyedstate.errors import ConfigurationError, KeyedStateError
-from keyedstate.keygroups import serialize_key_group
+from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 from keyedstate.serde import serialize_namespace
-from keyedstate.state.timers import InternalTimerService, TimeDomain, Timer
+from keyedstate.state.timers import TIMER_STATE_NAMES, InternalTimerService, TimeDomain, Timer
 
 if TYPE_CHECKING:
     from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
@@ -58,10 +62,8 @@ def parse_timer_key(raw: bytes, key_group_prefix_bytes: int) -> Timer:
 class RocksDBTimerService(InternalTimerService):
     """Both timer domains of one keyed backend, applying to its current key."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend,
-                 column_families: dict[TimeDomain, rocksdict.Rdict]) -> None:
+    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
         self._backend = backend
-        self._cfs = column_families
         #: Per domain and key group, a key no live timer of that key group is below: the last
         #: fired timer (timers fire in order), lowered by any registration below it. Heads are
         #: read from there, never from the key group's start: fired timers are deleted, and a
@@ -91,7 +93,7 @@ class RocksDBTimerService(InternalTimerService):
 
     def _change(self, domain: TimeDomain, timestamp: int, namespace: Any, put: bool) -> None:
         key, key_group = self._key(timestamp, namespace)
-        cf = self._cfs[domain]
+        cf = self._cf(domain, key_group)
         try:
             if put:
                 cf.put(key, b"")
@@ -128,10 +130,21 @@ class RocksDBTimerService(InternalTimerService):
         """Where the head of ``key_group`` is searched from (see ``_low``)."""
         return self._low[domain].get(key_group) or self._kg_bytes(key_group)
 
+    def _cf(self, domain: TimeDomain, key_group: int) -> rocksdict.Rdict:
+        """The timer column family of ``domain`` in the instance owning ``key_group``."""
+        return self._backend.instance_of(key_group).cf(TIMER_STATE_NAMES[domain])
+
     def _heads(self, domain: TimeDomain) -> Iterator[tuple[int, bytes]]:
-        """``(key group, first timer key)`` of every non-empty key group, one seek each."""
-        cf = self._cfs[domain]
-        kg_range = self._backend.key_group_range
+        """``(key group, first timer key)`` of every non-empty key group in key-group order,
+        over every instance."""
+        for instance in self._backend.instances:
+            yield from self._instance_heads(domain, instance.cf(TIMER_STATE_NAMES[domain]),
+                                            instance.key_group_range)
+
+    def _instance_heads(self, domain: TimeDomain, cf: rocksdict.Rdict,
+                        kg_range: KeyGroupRange) -> Iterator[tuple[int, bytes]]:
+        """``(key group, first timer key)`` of every non-empty key group of ``kg_range`` in one
+        instance's column family, one seek each."""
         n = self._backend.key_group_prefix_bytes
         try:
             read_options = rocksdict.ReadOptions()
@@ -153,13 +166,12 @@ class RocksDBTimerService(InternalTimerService):
 
     def _head(self, domain: TimeDomain, key_group: int) -> bytes | None:
         """The earliest timer key of one key group (a fresh iterator sees every write)."""
-        for raw, _ in scan(self._cfs[domain], self._seek_key(domain, key_group),
+        for raw, _ in scan(self._cf(domain, key_group), self._seek_key(domain, key_group),
                            self._kg_bytes(key_group + 1), "reading timers"):
             return raw
         return None
 
     def pop_due(self, domain: TimeDomain, time: int) -> Iterator[Timer]:
-        cf = self._cfs[domain]
         n = self._backend.key_group_prefix_bytes
         touched: set[int] = set()
         self._watchers[domain].append(touched)
@@ -187,7 +199,7 @@ class RocksDBTimerService(InternalTimerService):
                     return
                 _, key_group, raw = heapq.heappop(heap)
                 try:
-                    cf.delete(raw)
+                    self._cf(domain, key_group).delete(raw)
                 except Exception as exc:
                     raise rocksdb_error(exc, f"removing a fired {domain} timer") from exc
                 # It was the key group's earliest timer: none is below it any more (a timer
@@ -200,11 +212,11 @@ class RocksDBTimerService(InternalTimerService):
             self._watchers[domain].remove(touched)
 
     def timers(self, domain: TimeDomain) -> Iterator[Timer]:
-        cf = self._cfs[domain]
         n = self._backend.key_group_prefix_bytes
         runs = [
             (parse_timer_key(raw, n) for raw, _ in
-             scan(cf, head, self._kg_bytes(key_group + 1), "reading timers"))
+             scan(self._cf(domain, key_group), head, self._kg_bytes(key_group + 1),
+                  "reading timers"))
             for key_group, head in list(self._heads(domain))
         ]
         # Each key group is sorted by time; ties keep key-group order (deterministic).
