@@ -373,27 +373,23 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return info
 
     def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
-        info = self._known(state_name)
-        now = self.time_provider.now_ms()
-        # Instances in key-group order, each in key order: ordered by key group overall (and
-        # a list never spans two instances: its key group is in one).
-        return itertools.chain.from_iterable(
-            iter_state_entries(
-                inst.cf(state_name), name=state_name, kind=info.meta.kind,
-                value_serializer=info.value_serializer,
-                user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
-                now_ms=now, key_group_prefix_bytes=self.key_group_prefix_bytes)
-            for inst in self._instances)
+        return self._read_every_instance(state_name, iter_state_entries)
 
     def iter_records(self, state_name: str) -> Iterator[StateRecord]:
+        return self._read_every_instance(state_name, iter_state_records)
+
+    def _read_every_instance(self, state_name: str, read: Callable[..., Iterator[Any]]
+                             ) -> Iterator[Any]:
+        """``read`` (:func:`iter_state_entries` or :func:`iter_state_records`) over every
+        instance. Instances are in key-group order and each reads in key order, so the whole is
+        ordered by key group (and a list never spans two instances: its key group is in one)."""
         info = self._known(state_name)
         now = self.time_provider.now_ms()
         return itertools.chain.from_iterable(
-            iter_state_records(
-                inst.cf(state_name), name=state_name, kind=info.meta.kind,
-                value_serializer=info.value_serializer,
-                user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
-                now_ms=now, key_group_prefix_bytes=self.key_group_prefix_bytes)
+            read(inst.cf(state_name), name=state_name, kind=info.meta.kind,
+                 value_serializer=info.value_serializer,
+                 user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
+                 now_ms=now, key_group_prefix_bytes=self.key_group_prefix_bytes)
             for inst in self._instances)
 
     def load_records(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
