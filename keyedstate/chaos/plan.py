@@ -27,6 +27,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from keyedstate.checkpoint.storage import CheckpointStorage
+
 MODES = ("NO_CLAIM", "CLAIM", "LEGACY")
 #: where the driver dies (``driver`` faults)
 DRIVER_POINTS = ("process", "upload", "commit-step-1", "commit-step-2", "commit-step-3",
@@ -130,10 +132,10 @@ def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: 
     # Which variants a short run covers (a long one covers them all in turn).
     offset = rng.randrange(len(DRIVER_POINTS))
     side, first_abort = rng.randrange(2), rng.randrange(2)
-    # On an object store a subtask's small files are merged into one object: a snapshot may
-    # upload a single file, so an upload fault must fire on the first (the S3 soak of seed
-    # 20261122 missed 2 of 20 executor kills planned on a second upload).
-    single_upload = "://" in checkpoint_root and not checkpoint_root.startswith("file://")
+    # Where the store merges a subtask's small files into one object (object stores, by
+    # default) a snapshot may upload a single file, so an upload fault must fire on the first
+    # (the S3 soak of seed 20261122 missed 2 of 20 executor kills planned on a second upload).
+    single_upload = CheckpointStorage(checkpoint_root or ".", storage_options).merge_file_size > 0
     n = 0
     for kind in ("worker", "executor", "driver", "abort"):
         for k in range(faults_per_kind):
