@@ -13,6 +13,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from keyedstate.cli_options import human_bytes, parse_storage_options
+
 console = Console(stderr=True)
 
 BENCHMARKS = {
@@ -29,14 +31,6 @@ BENCHMARKS = {
 @click.version_option(package_name="keyedstate")
 def main() -> None:
     """keyedstate: Flink-grade keyed state for stateful stream processing on PySpark."""
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 @main.command()
@@ -82,8 +76,8 @@ def demo(directory: str, events: int, users: int, files: int, in_process: bool,
             ("batches (checkpoints)", str(report.batches)),
             ("parallelism", " -> savepoint -> ".join(map(str, report.parallelism))),
             ("events/s", f"{summary['events_per_s']:,.0f}"),
-            ("checkpoint written, median", _human_bytes(incr[len(incr) // 2])),
-            ("checkpoint full size, last", _human_bytes(committed[-1]["full_bytes"])),
+            ("checkpoint written, median", human_bytes(incr[len(incr) // 2])),
+            ("checkpoint full size, last", human_bytes(committed[-1]["full_bytes"])),
             ("checkpoint sync / async, median",
              f"{_median([s['sync_duration_s'] for s in committed]) * 1000:.0f} ms / "
              f"{_median([s['async_duration_s'] for s in committed]) * 1000:.0f} ms"),
@@ -129,8 +123,8 @@ def _local_demo(directory: str, events: int, users: int, batches: int, as_json: 
             ("batches (checkpoints)", str(report.batches)),
             ("parallelism", " -> ".join(map(str, report.parallelism))),
             ("events/s", f"{summary['events_per_s']:,.0f}"),
-            ("checkpoint written, median", _human_bytes(incr[len(incr) // 2])),
-            ("checkpoint full size, last", _human_bytes(report.checkpoints[-1]["full_bytes"])),
+            ("checkpoint written, median", human_bytes(incr[len(incr) // 2])),
+            ("checkpoint full size, last", human_bytes(report.checkpoints[-1]["full_bytes"])),
             ("sessions emitted", f"{report.sessions:,}"),
             ("matches the oracle", "yes" if report.verified else "NO"),
         ]:
@@ -180,18 +174,6 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None) -> None:
 
 # -- snapshots: checkpoints list|show, savepoint create, gc ------------------------------------------
 
-def _storage_options(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--storage-options") from exc
-    if not isinstance(options, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
-    return options
-
-
 _STORAGE_OPTIONS = click.option(
     "--storage-options", "storage_options", default=None, metavar="JSON",
     help='fsspec options as a JSON object, e.g. \'{"endpoint_url": "http://localhost:9000"}\'.')
@@ -222,7 +204,7 @@ def checkpoints_list(directory: str, as_json: bool, storage_options: str | None)
     from keyedstate.errors import KeyedStateError
 
     try:
-        listing = list_checkpoints(directory, _storage_options(storage_options))
+        listing = list_checkpoints(directory, parse_storage_options(storage_options))
     except (KeyedStateError, OSError) as exc:
         raise _fail(exc) from exc
     if as_json:
@@ -240,7 +222,7 @@ def checkpoints_list(directory: str, as_json: bool, storage_options: str | None)
             continue
         table.add_row(str(c["id"]), c["kind"], "" if c["batch_id"] is None else str(c["batch_id"]),
                       str(c["parallelism"]), str(c["max_parallelism"]), c["backend"],
-                      _human_bytes(c["incremental_bytes"]), _human_bytes(c["full_bytes"]),
+                      human_bytes(c["incremental_bytes"]), human_bytes(c["full_bytes"]),
                       str(len(c["files"])))
     Console().print(table)
 
@@ -260,7 +242,7 @@ def checkpoints_show(path: str, as_json: bool, no_state_sizes: bool,
 
     try:
         with console.status("reading the snapshot"):
-            detail = show(path, _storage_options(storage_options),
+            detail = show(path, parse_storage_options(storage_options),
                           state_sizes=not no_state_sizes)
     except (KeyedStateError, OSError) as exc:
         raise _fail(exc) from exc
@@ -275,8 +257,8 @@ def checkpoints_show(path: str, as_json: bool, no_state_sizes: bool,
     for key in ("metadata", "batch_id", "backend", "parallelism", "max_parallelism",
                 "key_types"):
         summary.add_row(key, str(detail[key]))
-    summary.add_row("incremental / full", f"{_human_bytes(detail['incremental_bytes'])} / "
-                                          f"{_human_bytes(detail['full_bytes'])}")
+    summary.add_row("incremental / full", f"{human_bytes(detail['incremental_bytes'])} / "
+                                          f"{human_bytes(detail['full_bytes'])}")
     summary.add_row("files", str(len(detail["files"])))
     out.print(summary)
     subtasks = Table(title="subtasks")
@@ -286,14 +268,14 @@ def checkpoints_show(path: str, as_json: bool, no_state_sizes: bool,
     for s in detail["subtasks"]:
         subtasks.add_row(str(s["index"]), f"{s['key_group_start']}-{s['key_group_end']}",
                          str(len(s["shared"])), str(len(s["private"])),
-                         _human_bytes(s["incremental_bytes"]), _human_bytes(s["full_bytes"]))
+                         human_bytes(s["incremental_bytes"]), human_bytes(s["full_bytes"]))
     out.print(subtasks)
     states = Table(title=f"states (sizes {detail['state_sizes']})")
     for column in ("state", "kind", "value type", "bytes"):
         states.add_column(column, justify="right" if column == "bytes" else "left")
     for s in detail["states"]:
         states.add_row(s["name"], s["kind"] or "", s["value_type"] or "",
-                       "" if s["bytes"] is None else _human_bytes(s["bytes"]))
+                       "" if s["bytes"] is None else human_bytes(s["bytes"]))
     out.print(states)
 
 
@@ -323,7 +305,7 @@ def savepoint_create(checkpoint_dir: str, target: str, fmt: str, as_json: bool,
     from keyedstate.checkpoint.savepoint import write_native_savepoint
     from keyedstate.errors import KeyedStateError
 
-    options = _storage_options(storage_options)
+    options = parse_storage_options(storage_options)
     started = time.perf_counter()
     try:
         source = resolve_snapshot(checkpoint_dir, options)
@@ -364,7 +346,7 @@ def gc(directory: str, apply: bool, as_json: bool, storage_options: str | None) 
     from keyedstate.errors import KeyedStateError
 
     try:
-        report = find_garbage(directory, _storage_options(storage_options))
+        report = find_garbage(directory, parse_storage_options(storage_options))
         deleted = 0
         if apply and report.files:
             with Progress(console=console, transient=True) as bar:
@@ -385,10 +367,10 @@ def gc(directory: str, apply: bool, as_json: bool, storage_options: str | None) 
     table.add_column("file")
     table.add_column("size", justify="right")
     for entry in report.to_json()["files"]:
-        table.add_row(entry["path"], _human_bytes(entry["size"]))
+        table.add_row(entry["path"], human_bytes(entry["size"]))
     out.print(table)
     verb = f"deleted {deleted}" if apply else "found"
-    out.print(f"{verb} {len(report.files)} files, {_human_bytes(report.bytes)}"
+    out.print(f"{verb} {len(report.files)} files, {human_bytes(report.bytes)}"
               + ("" if apply or not report.files else "; run with --apply to delete them"))
 
 

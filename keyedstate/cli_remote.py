@@ -20,28 +20,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from keyedstate.cli_options import human_bytes, parse_storage_options
+
 _err = Console(stderr=True)
-
-
-def _options(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--storage-options") from exc
-    if not isinstance(options, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
-    return options
-
-
-def _bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 _ROWS = (("uploaded", "uploaded_bytes", "uploaded_objects"),
@@ -61,7 +42,7 @@ def transfer_table(summary: dict[str, Any], title: str) -> Table:
         cells = []
         for part in ("snapshot", "restore"):
             size, count = summary[part][size_key], summary[part][count_key]
-            cells.append(f"{_bytes(size)} ({count})" if size or count else "-")
+            cells.append(f"{human_bytes(size)} ({count})" if size or count else "-")
         table.add_row(label, *cells)
     retries = summary["snapshot"]["retries"] + summary["restore"]["retries"]
     table.caption = (f"{summary['objects']} objects, {summary['merged_objects']} merged, "
@@ -90,7 +71,7 @@ def register(main: click.Group) -> None:
         from keyedstate.checkpoint.storage import CheckpointStorage, is_object_store
         from keyedstate.errors import KeyedStateError
 
-        target = CheckpointStorage(url, _options(storage_options))
+        target = CheckpointStorage(url, parse_storage_options(storage_options))
         try:
             target.check_access()
             result = {"url": url, "access": "ok", "local_disk": target.is_local,
@@ -130,7 +111,7 @@ def register(main: click.Group) -> None:
         from keyedstate.checkpoint.storage import CheckpointStorage
         from keyedstate.errors import KeyedStateError
 
-        options = _options(storage_options)
+        options = parse_storage_options(storage_options)
         try:
             root = CheckpointStorage(path, options)
             ids = [] if root.exists(METADATA_FILE) else root.checkpoint_ids()
@@ -164,7 +145,7 @@ def register(main: click.Group) -> None:
 
             try:
                 snapshot = resolve_snapshot(kwargs["path"],
-                                            _options(kwargs.get("storage_options")))
+                                            parse_storage_options(kwargs.get("storage_options")))
             except Exception:  # the original command reported what was wrong
                 return result
             Console().print(transfer_table(transfer_summary(snapshot.metadata),

@@ -37,6 +37,7 @@ from keyedstate.checkpoint.canonical_schema import (
 )
 from keyedstate.checkpoint.metadata import StateMetaInfo
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
+from keyedstate.cli_options import parse_storage_options
 from keyedstate.errors import KeyedStateError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import PickleSerializer, deserialize_namespace
@@ -125,18 +126,6 @@ def _cell(value: Any) -> str:
     return repr(value) if isinstance(value, bytes) else str(value)
 
 
-def _options(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--storage-options") from exc
-    if not isinstance(options, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
-    return options
-
-
 def register(main: click.Group) -> None:
     """Add ``keyedstate state read`` to the CLI group ``main``."""
 
@@ -163,7 +152,7 @@ def register(main: click.Group) -> None:
         if limit is not None and out is not None:
             raise click.UsageError("--limit and --out exclude each other")
         now = time.time_ns() // 1_000_000
-        options = _options(storage_options)
+        options = parse_storage_options(storage_options)
         try:
             snapshot = resolve_snapshot(path, options)
             if out is not None:
