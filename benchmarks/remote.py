@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from typing import Any, Callable
 
@@ -47,6 +44,7 @@ from keyedstate.checkpoint.cache import all_process_caches, process_file_cache
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.transfer import RESTORE_PREFIX, GiB, TransferOptions, TransferStats
 from keyedstate.local import LocalKeyedOperator
+from keyedstate.local_s3 import start_moto_server, stop_moto_server
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 PROFILE = ValueStateDescriptor("profile", "count bigint, note string")
@@ -65,23 +63,7 @@ class LocalS3:
     def __enter__(self) -> LocalS3:
         import boto3
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.endpoint = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.proc.kill()
-                    raise RuntimeError("moto did not start") from None
-                time.sleep(0.2)
+        self.proc, self.endpoint = start_moto_server()
         self.bucket = f"ks-bench-{uuid.uuid4().hex[:8]}"
         boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                      aws_access_key_id="bench", aws_secret_access_key="bench"
@@ -94,8 +76,7 @@ class LocalS3:
         return f"s3://{self.bucket}/{name}"
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        stop_moto_server(self.proc)
 
 
 def loopback_bytes() -> int | None:

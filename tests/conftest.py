@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from typing import Any, Iterator
 
 import pytest
+
+from keyedstate.local_s3 import start_moto_server, stop_moto_server
 
 
 @pytest.fixture(scope="session")
@@ -26,33 +24,15 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """A local S3-compatible server (moto) on loopback; yields its endpoint URL."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("the local S3 server (moto) did not start")
-            time.sleep(0.2)
+    try:
+        proc, endpoint = start_moto_server()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield endpoint
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop_moto_server(proc, timeout_s=10)
 
 
 S3_CREDENTIALS = {"key": "testing", "secret": "testing"}

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from keyedstate.chaos.resources import (
 )
 from keyedstate.chaos.verdict import judge, markers, read_events
 from keyedstate.chaos.workload import PLAN_FILE, write_input
+from keyedstate.local_s3 import start_moto_server
 
 
 @dataclass
@@ -111,30 +111,11 @@ def _code_version() -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_s3_server(log: Callable[[str], None]) -> tuple[subprocess.Popen[bytes], str, dict[str, Any]]:
     """A local S3 server (moto) on loopback and a fresh bucket: (process, root URL, options)."""
     import boto3
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("the local S3 server (moto) did not start") from None
-            time.sleep(0.2)
+    proc, endpoint = start_moto_server()
     for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):
         os.environ.setdefault(name, value)

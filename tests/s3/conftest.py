@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -17,6 +13,7 @@ import pytest
 
 from keyedstate.checkpoint.cache import all_process_caches
 from keyedstate.checkpoint.transfer import KiB, MiB, TransferOptions
+from keyedstate.local_s3 import start_moto_server, stop_moto_server
 
 #: Inlining and merging on for both stores (a local disk has them off by default), small
 #: enough that a test's few thousand keys produce inline, merged and plain files.
@@ -48,12 +45,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
         cache.clear()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def auth_s3() -> Iterator[dict[str, Any]]:
     """A local S3 server that checks credentials (moto's IAM auth after its first 3 calls),
@@ -61,22 +52,10 @@ def auth_s3() -> Iterator[dict[str, Any]]:
     ``secret``."""
     import boto3
 
-    port = _free_port()
-    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("the local S3 server with auth (moto) did not start")
-            time.sleep(0.2)
+    try:
+        proc, endpoint = start_moto_server(dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3"))
+    except RuntimeError as exc:
+        pytest.fail(f"with auth: {exc}")
     try:
         iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
                            aws_access_key_id="setup", aws_secret_access_key="setup")
@@ -92,8 +71,7 @@ def auth_s3() -> Iterator[dict[str, Any]]:
         yield {"endpoint": endpoint, "bucket": bucket, "key": key["AccessKeyId"],
                "secret": key["SecretAccessKey"]}
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_moto_server(proc, timeout_s=10)
 
 
 __all__ = ["MiB", "Store", "TRANSFER"]
