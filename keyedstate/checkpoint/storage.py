@@ -321,12 +321,15 @@ class CheckpointStorage:
                  immutable: bool = False, stats: TransferStats | None = None) -> None:
         """Copy a referenced file to a local path and verify it. ``cached``: through the
         process's file cache; ``immutable``: the file is never modified in place (SST and
-        heap files), so the cache may hand it out as a hard link."""
+        heap files), so the cache may hand it out as a hard link, and a local store links
+        it instead of copying it."""
         os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
         if handle.data is not None or handle.segment is not None:
             data = self.read_verified(handle, cached=cached, stats=stats)
             with open(local_path, "wb") as f:
                 f.write(data)
+            return
+        if immutable and self.is_local and self._link_verified(handle, local_path, stats):
             return
         cache = self.cache if cached else None
         key = cache_key(handle.digest, handle.length)
@@ -347,6 +350,28 @@ class CheckpointStorage:
         if cache is not None:
             cache.note_miss_bytes(size)
             cache.put_file(key, local_path, link=immutable)
+
+    def _link_verified(self, handle: StreamHandle, local_path: str,
+                       stats: TransferStats | None) -> bool:
+        """Hard-link a file of this local store to ``local_path`` and verify it; False when
+        the two paths are on different devices (or the file system has no hard links): the
+        caller copies instead. Only for immutable files (SSTs): nothing writes to them in
+        place, and deleting either name leaves the other whole, so a restored RocksDB and the
+        checkpoint may share the inode. Counted as duplicated, not downloaded: no byte moved."""
+        src = self.path(handle.path)
+        try:
+            if os.path.lexists(local_path):
+                os.remove(local_path)
+            os.link(src, local_path)
+        except OSError as exc:
+            if not os.path.exists(src):
+                raise self._missing(handle) from exc
+            return False
+        size = os.path.getsize(local_path)
+        self._verify(handle, size, file_checksum(local_path))
+        if stats is not None:
+            stats.add(duplicated_bytes=size, duplicated_objects=1)
+        return True
 
     def download_all(self, items: Sequence[tuple[StreamHandle, str, bool]], *,
                      cached: bool = True, stats: TransferStats | None = None) -> None:

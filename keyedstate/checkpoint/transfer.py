@@ -13,6 +13,7 @@ counts the bytes that went through this process and the bytes the store duplicat
 from __future__ import annotations
 
 import errno
+import os
 import random
 import threading
 import time
@@ -170,27 +171,60 @@ def with_retries(what: str, call: Callable[[], T], options: TransferOptions = DE
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+#: The transfer threads of this process, kept between calls: starting a thread costs
+#: milliseconds on a busy machine, and a restarted job's subtasks each transfer a dozen files
+#: in several calls (restore, duplication, upload). Keyed by thread count; rebuilt in a forked
+#: child, which inherits the executor object but none of its threads.
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_pid = 0
+_pools_lock = threading.Lock()
+#: set in the pool's own threads: a call made from one runs inline (no thread waits on a pool
+#: it occupies itself)
+_in_pool = threading.local()
+
+
+def _mark_pool_thread() -> None:
+    _in_pool.active = True
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _pools_pid
+    with _pools_lock:
+        if _pools_pid != os.getpid():
+            _pools.clear()
+            _pools_pid = os.getpid()
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(
+                threads, thread_name_prefix=f"keyedstate-transfer-{threads}",
+                initializer=_mark_pool_thread)
+        return pool
+
+
 def parallel_map(fn: Callable[[T], R], items: Sequence[T] | Iterable[T], threads: int) -> list[R]:
     """``[fn(x) for x in items]`` on up to ``threads`` threads, in order; the first error is
-    raised once every started call has ended (no transfer is left running behind it)."""
+    raised once every started call has ended (no transfer is left running behind it).
+
+    The threads are the process's transfer pool for that count, reused across calls; a call
+    from inside a pool thread runs inline."""
     items = list(items)
-    if threads <= 1 or len(items) <= 1:
+    if threads <= 1 or len(items) <= 1 or getattr(_in_pool, "active", False):
         return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(threads, len(items))) as pool:
-        futures = [pool.submit(fn, x) for x in items]
-        error: BaseException | None = None
-        results: list[R] = []
-        for future in futures:
-            try:
-                results.append(future.result())
-            except BaseException as exc:  # keep waiting for the others, raise the first
-                if error is None:
-                    error = exc
-                    for other in futures:
-                        other.cancel()
-        if error is not None:
-            raise error
-        return results
+    pool = _pool(threads)
+    futures = [pool.submit(fn, x) for x in items]
+    error: BaseException | None = None
+    results: list[R] = []
+    for future in futures:
+        try:
+            results.append(future.result())
+        except BaseException as exc:  # keep waiting for the others, raise the first
+            if error is None:
+                error = exc
+                for other in futures:
+                    other.cancel()
+    if error is not None:
+        raise error
+    return results
 
 
 # -- byte counts ---------------------------------------------------------------------------------

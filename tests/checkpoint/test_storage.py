@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import tempfile
 import threading
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from keyedstate.checkpoint.metadata import (
     checkpoint_id_of_shared_file,
 )
 from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.checkpoint.transfer import TransferStats
 from keyedstate.errors import (
     CorruptCheckpointError,
     MissingCheckpointFileError,
@@ -53,21 +55,48 @@ def test_upload_then_download(storage: CheckpointStorage, tmp_path: Path) -> Non
     assert target.read_bytes() == source.read_bytes()
 
 
+def test_an_immutable_file_of_a_local_store_is_linked_not_copied(storage: CheckpointStorage,
+                                                                  tmp_path: Path) -> None:
+    handle = storage.write("shared/c.sst", b"y" * 10_000)
+    target = tmp_path / "restore" / "c.sst"
+    stats = TransferStats()
+    storage.download(handle, str(target), immutable=True, stats=stats)
+    assert os.stat(target).st_ino == os.stat(storage.path("shared/c.sst")).st_ino
+    assert (stats.duplicated_bytes, stats.downloaded_bytes) == (10_000, 0)
+    target.unlink()  # RocksDB deleting its copy (compaction) leaves the checkpoint whole
+    assert storage.read_verified(handle) == b"y" * 10_000
+    # a mutable file is copied
+    storage.download(handle, str(target), immutable=False)
+    assert os.stat(target).st_ino != os.stat(storage.path("shared/c.sst")).st_ino
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a second file system")
+def test_an_immutable_file_on_another_device_is_copied(storage: CheckpointStorage) -> None:
+    handle = storage.write("shared/d.sst", b"z" * 1000)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        if os.stat(other).st_dev == os.stat(storage.path("shared/d.sst")).st_dev:
+            pytest.skip("/dev/shm is on the same device here")
+        target = os.path.join(other, "d.sst")
+        storage.download(handle, target, immutable=True)  # EXDEV: no link, a copy
+        assert open(target, "rb").read() == b"z" * 1000
+
+
+@pytest.mark.parametrize("immutable", [False, True])
+@pytest.mark.parametrize("altered", [b"hellO", b"hell"])
+def test_download_detects_alteration_linked_or_copied(storage: CheckpointStorage, tmp_path: Path,
+                                                      altered: bytes, immutable: bool) -> None:
+    handle = storage.write("shared/a", b"hello")
+    Path(storage.path("shared/a")).write_bytes(altered)
+    with pytest.raises(CorruptCheckpointError, match="shared/a is corrupt"):
+        storage.download(handle, str(tmp_path / "out"), immutable=immutable)
+
+
 @pytest.mark.parametrize("altered", [b"hellO", b"hell", b"hello!"])
 def test_read_verified_detects_alteration(storage: CheckpointStorage, altered: bytes) -> None:
     handle = storage.write("shared/a", b"hello")
     Path(storage.path("shared/a")).write_bytes(altered)
     with pytest.raises(CorruptCheckpointError, match="shared/a is corrupt"):
         storage.read_verified(handle)
-
-
-@pytest.mark.parametrize("altered", [b"hellO", b"hell"])
-def test_download_detects_alteration(storage: CheckpointStorage, tmp_path: Path,
-                                     altered: bytes) -> None:
-    handle = storage.write("shared/a", b"hello")
-    Path(storage.path("shared/a")).write_bytes(altered)
-    with pytest.raises(CorruptCheckpointError, match="shared/a is corrupt"):
-        storage.download(handle, str(tmp_path / "out"))
 
 
 def test_missing_files(storage: CheckpointStorage, tmp_path: Path) -> None:
@@ -77,6 +106,8 @@ def test_missing_files(storage: CheckpointStorage, tmp_path: Path) -> None:
         storage.read_verified(handle)
     with pytest.raises(MissingCheckpointFileError, match="shared/a is missing"):
         storage.download(handle, str(tmp_path / "out"))
+    with pytest.raises(MissingCheckpointFileError, match="shared/a is missing"):
+        storage.download(handle, str(tmp_path / "out"), immutable=True)
     with pytest.raises(NoCheckpointError, match="chk-1/_metadata"):
         storage.read_metadata("chk-1/_metadata")
 

@@ -93,6 +93,34 @@ def test_transfers_run_in_parallel_and_keep_order():
         parallel_map(lambda i: 1 // (i - 2), range(4), threads=4)
 
 
+def test_transfer_threads_are_kept_between_calls_and_nested_calls_run_inline():
+    def names(_):
+        return threading.current_thread().name
+
+    first = set(parallel_map(names, range(8), threads=3))
+    assert set(parallel_map(names, range(8), threads=3)) <= first | {threading.current_thread().name}
+    assert all(n.startswith("keyedstate-transfer-3") for n in first)
+    # A call from a pool thread that fans out again must not wait on the pool it occupies:
+    # with 2 threads and 2 outer calls each waiting on 2 inner ones it would deadlock.
+    assert parallel_map(lambda i: sum(parallel_map(lambda j: i * j, range(3), threads=2)),
+                        range(2), threads=2) == [0, 3]
+
+
+def test_a_forked_child_gets_its_own_transfer_threads():
+    parallel_map(lambda i: i, range(4), threads=4)  # the parent's pool exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a pool without threads would hang here
+        try:
+            ok = parallel_map(lambda i: i + 1, range(4), threads=4) == [1, 2, 3, 4]
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 2) == b"ok" and status == 0
+
+
 def test_transfer_stats_round_trip_through_properties():
     stats = TransferStats(uploaded_bytes=10, duplicated_bytes=5, retries=1)
     props = stats.to_properties()
