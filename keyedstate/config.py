@@ -60,6 +60,10 @@ class JobConfig:
     backend: str = field(default="rocksdb", metadata=_key("state.backend.type"))
     parallelism: int = field(default=2, metadata=_key("parallelism.default"))
     max_parallelism: int | None = field(default=None, metadata=_key("pipeline.max-parallelism"))
+    #: Spark tasks a batch's subtasks run in (each runs a contiguous group of subtasks, one
+    #: after another); None: the cluster's task slots (``defaultParallelism``), at most
+    #: ``parallelism`` (docs/spark.md, "Subtasks and Spark tasks")
+    spark_tasks: int | None = field(default=None, metadata=_key("keyedstate.spark.tasks"))
     num_retained: int = field(default=1, metadata=_key("execution.checkpointing.num-retained"))
     restore_path: str | None = field(default=None, metadata=_key("execution.state-recovery.path"))
     restore_mode: RestoreMode = field(default=RestoreMode.NO_CLAIM,
@@ -101,6 +105,13 @@ class JobConfig:
             object.__setattr__(self, "watermark_delay",
                                dt.timedelta(milliseconds=self.watermark_delay))
         check_parallelism(self.parallelism, self.effective_max_parallelism)
+        if self.spark_tasks is not None and (
+                not isinstance(self.spark_tasks, int) or isinstance(self.spark_tasks, bool)
+                or self.spark_tasks < 1):
+            raise ConfigurationError(
+                f"keyedstate.spark.tasks must be an int >= 1 (or unset: the cluster's task "
+                f"slots), got {self.spark_tasks!r}"
+            )
         if self.num_retained < 1:
             raise ConfigurationError(
                 f"execution.checkpointing.num-retained must be >= 1, got {self.num_retained}"

@@ -231,3 +231,13 @@ def test_key_group_range_behaviour():
         rng.check_key_group(7)
     with pytest.raises(KeyGroupRangeError):
         empty.check_key_group(0)
+
+
+@pytest.mark.parametrize("spark_tasks", [0, -1, 1.5, "2", True])
+def test_bad_spark_tasks_is_a_configuration_error(spark_tasks):
+    from keyedstate.config import JobConfig
+
+    with pytest.raises(ConfigurationError, match="keyedstate.spark.tasks"):
+        JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks=spark_tasks)
+    # more Spark tasks than subtasks is fine: the job runs one per subtask
+    assert JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks=16).spark_tasks == 16

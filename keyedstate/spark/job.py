@@ -118,6 +118,8 @@ class BatchStats:
     #: runs of the batch (> 1: its checkpoint failed on transient storage errors and it was
     #: retried, ``execution.checkpointing.tolerable-failed-checkpoints``)
     attempts: int = 1
+    #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
+    spark_tasks: int = 0
 
 
 class KeyedStream:
@@ -413,11 +415,12 @@ class KeyedJobDriver:
                             _batch_failure(exc) or exc, delay, attempt + 1, tolerable + 1)
                 time.sleep(delay)
 
-    def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False) -> BatchPlan:
+    def _plan(self, batch_id: int, checkpoint_id: int, spark_tasks: int, *,
+              drain: bool = False) -> BatchPlan:
         cfg = self.config
         return BatchPlan(
             job_id=self.storage.url, batch_id=batch_id,
-            checkpoint_id=checkpoint_id, parallelism=cfg.parallelism,
+            checkpoint_id=checkpoint_id, parallelism=cfg.parallelism, spark_tasks=spark_tasks,
             max_parallelism=self.max_parallelism, key_columns=self.job.stream.key_columns,
             key_types=self.key_types, backend=self.backend, storage=self.storage,
             function=self.job.function, output_schema=self.job.output_schema,
@@ -432,22 +435,34 @@ class KeyedJobDriver:
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.job.stream.df.schema)
 
-    def _route(self, df: Any) -> Any:
+    def spark_tasks(self, spark: Any) -> int:
+        """How many Spark tasks run this batch's subtasks: ``keyedstate.spark.tasks``, else
+        the cluster's task slots now (executors may come and go), never more than the
+        parallelism."""
+        slots = self.config.spark_tasks or max(1, spark.sparkContext.defaultParallelism)
+        return min(self.config.parallelism, slots)
+
+    def _route(self, df: Any, spark_tasks: int) -> Any:
+        """Rows with their key group and subtask (JVM expressions), partitioned so that Spark
+        task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
         from pyspark.sql import functions as F
 
         p, max_p = self.config.parallelism, self.max_parallelism
         cols = ", ".join(f"`{c}`" for c in self.job.stream.key_columns)
         return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
                   .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
-                  .repartitionById(p, SUBTASK_COLUMN))
+                  .repartitionById(spark_tasks, F.expr(
+                      f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
 
     def _run(self, df: Any, batch_id: int, started: float, *, drain: bool = False,
              attempt: int = 1) -> None:
         # Step 2. Trigger, route, run every subtask.
         pending = self.coordinator.trigger({"batch_id": str(batch_id)})
-        plan = self._plan(batch_id, pending.checkpoint_id, drain=drain)
+        tasks = self.spark_tasks(df.sparkSession)
+        plan = self._plan(batch_id, pending.checkpoint_id, tasks, drain=drain)
         try:
-            rows = self._route(df).mapInArrow(partial(run_subtask, plan), RESULT_DDL).collect()
+            rows = (self._route(df, tasks).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
+                    .collect())
             results = sorted(rows, key=lambda r: r["subtask"])
             if [r["subtask"] for r in results] != list(range(self.config.parallelism)):
                 raise CheckpointProtocolError(
@@ -493,6 +508,7 @@ class KeyedJobDriver:
         self._commit_sinks(df.sparkSession, completed)
         stats = self._stats(batch_id, completed, results, started)
         stats.attempts = attempt
+        stats.spark_tasks = tasks
         self._record(stats)
 
     def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:

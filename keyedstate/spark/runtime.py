@@ -1,6 +1,10 @@
 """What runs in an executor: one subtask of one micro-batch (a Spark task of ``mapInArrow``).
 
-Steps of :func:`run_subtask`, in order (the driver's side is in :mod:`keyedstate.spark.job`):
+A Spark task runs one subtask, or a contiguous group of them one after another when the job
+has more subtasks than the cluster has task slots (``keyedstate.spark.tasks``): Spark's fixed
+cost per task (~50-80 ms here, mostly handing the task to a Python worker) is then paid once
+per slot, not once per subtask. Steps of each subtask (:func:`process_subtask`), in order (the
+driver's side is in :mod:`keyedstate.spark.job`):
 
 1. Get the subtask's state at the last committed checkpoint: the live copy this Python worker
    holds if it is exactly that version (same snapshot token), else a restore from checkpoint
@@ -104,6 +108,8 @@ class BatchPlan:
     share_restored_files: bool
     drain: bool = False
     local_dir: str | None = None
+    #: Spark tasks running the subtasks (:func:`subtasks_of_task`); None: one per subtask
+    spark_tasks: int | None = None
 
 
 @dataclass
@@ -119,9 +125,11 @@ class _Live:
 #: Python worker runs one task at a time, so no lock is needed; a copy is reused only if its
 #: token is the committed one.
 _LIVE: OrderedDict[tuple[str, int], _Live] = OrderedDict()
-#: At most this many live copies per Python worker: beyond it the least recently used is
-#: closed (its local directory goes with it). A worker serves whichever subtasks Spark gives
-#: it, of any number of jobs over its life; only the latest few are likely to come back.
+#: At most this many live copies per Python worker (or twice the subtasks of one Spark task,
+#: if more: a worker may run either of two tasks' groups from one batch to the next): beyond
+#: it the least recently used is closed (its local directory goes with it). A worker serves
+#: whichever subtasks Spark gives it, of any number of jobs over its life; only the latest few
+#: are likely to come back.
 MAX_LIVE = 8
 #: A live copy of another job unused this long is closed: that job stopped, or runs elsewhere.
 LIVE_IDLE_S = 300.0
@@ -134,12 +142,13 @@ def _close_live(live: _Live) -> None:
         pass
 
 
-def _keep_live(key: tuple[str, int], live: _Live) -> None:
-    """Cache ``live`` for the next batch of its subtask, within :data:`MAX_LIVE`."""
+def _keep_live(key: tuple[str, int], live: _Live, group: int = 1) -> None:
+    """Cache ``live`` for the next batch of its subtask, within :data:`MAX_LIVE` (or twice
+    ``group``, the most subtasks one Spark task runs)."""
     live.last_used = time.monotonic()
     _LIVE[key] = live
     _LIVE.move_to_end(key)
-    while len(_LIVE) > MAX_LIVE:
+    while len(_LIVE) > max(MAX_LIVE, 2 * group):
         _close_live(_LIVE.popitem(last=False)[1])
 
 
@@ -291,14 +300,40 @@ def _key_runs(table: pa.Table, key_columns: list[str]) -> Iterator[tuple[Any, in
             start = i
 
 
+def subtasks_of_task(task: int, spark_tasks: int, parallelism: int) -> range:
+    """The subtasks Spark task ``task`` of ``spark_tasks`` runs: those routed to it, subtask
+    ``i`` going to task ``i * spark_tasks // parallelism`` (a contiguous, balanced group)."""
+    return range(-(-task * parallelism // spark_tasks),
+                 -(-(task + 1) * parallelism // spark_tasks))
+
+
 def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: one subtask of one batch (see the module docstring)."""
+    """The ``mapInArrow`` function: the subtasks of one Spark task of one batch (see the module
+    docstring), one after another, one result row each."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     if context is None:  # only a Spark task has one
         raise RuntimeError("run_subtask runs inside a Spark task (mapInArrow), not on the driver")
-    return process_subtask(plan, context.partitionId(), batches)
+    tasks = plan.spark_tasks or plan.parallelism
+    if tasks == plan.parallelism:
+        return process_subtask(plan, context.partitionId(), batches)
+    return _process_group(plan, subtasks_of_task(context.partitionId(), tasks, plan.parallelism),
+                          batches)
+
+
+def _process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.RecordBatch]
+                   ) -> Iterator[pa.RecordBatch]:
+    """Several subtasks in one Spark task: its rows split by subtask (arrival order kept), then
+    each subtask run as if it had the task to itself, every one of them even without rows."""
+    received = [b for b in batches if b.num_rows]
+    table = pa.Table.from_batches(received) if received else None
+    for index in subtasks:
+        rows: list[pa.RecordBatch] = []
+        if table is not None:
+            mine = table.filter(pc.equal(table.column(SUBTASK_COLUMN), index))
+            rows = mine.to_batches()
+        yield from process_subtask(plan, index, iter(rows))
 
 
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
@@ -371,7 +406,9 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     except BaseException:
         backend.close()
         raise
-    _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism))
+    tasks = plan.spark_tasks or plan.parallelism
+    _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
+               group=-(-plan.parallelism // tasks))
     # Step 7. Report.
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,

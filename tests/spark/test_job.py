@@ -13,6 +13,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from keyedstate.config import JobConfig
 from keyedstate.errors import ConfigurationError
@@ -120,6 +122,24 @@ def test_restart_at_another_parallelism(spark, tmp_path, new_parallelism):
     assert len(first.state_bytes_per_subtask) == new_parallelism
 
 
+@pytest.mark.parametrize("spark_tasks", [None, 1, 5])
+def test_subtasks_grouped_into_fewer_spark_tasks(spark, tmp_path, spark_tasks):
+    """5 subtasks in the cluster's 2 task slots (default), in 1 Spark task, or 1 per subtask:
+    the same results and one snapshot per subtask; restarting at 3 regroups them."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    query = run_job(spark, root, RunningTotals(), parallelism=5, spark_tasks=spark_tasks)
+    stats = [s for s in query.stats if s.checkpoint_id >= 0]
+    assert {s.spark_tasks for s in stats} == {spark_tasks or 2}
+    assert all(len(s.state_bytes_per_subtask) == 5 and all(s.state_bytes_per_subtask)
+               for s in stats)
+    write_files(os.path.join(root, "input"), 2, first=2)
+    query = run_job(spark, root, RunningTotals(), parallelism=3, spark_tasks=spark_tasks)
+    check_against_pandas(root)
+    assert {s.spark_tasks for s in query.stats if s.checkpoint_id >= 0} == \
+        {min(3, spark_tasks or 2)}
+
+
 def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp_path):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 1)
@@ -191,9 +211,22 @@ def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
         assert int(name.split("-")[1]) not in killed, f"{name}: the killed worker's is left"
 
 
+@given(st.integers(1, 300).flatmap(lambda p: st.tuples(st.just(p), st.integers(1, p))))
+def test_spark_tasks_run_every_subtask_once_in_balanced_contiguous_groups(p_and_tasks):
+    from keyedstate.spark.runtime import subtasks_of_task
+
+    parallelism, tasks = p_and_tasks
+    groups = [subtasks_of_task(t, tasks, parallelism) for t in range(tasks)]
+    assert [i for g in groups for i in g] == list(range(parallelism))
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    # the driver's routing expression sends subtask i to task i * tasks div p
+    assert all(i * tasks // parallelism == t for t, g in enumerate(groups) for i in g)
+
+
 def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
-    """A Python worker keeps at most ``MAX_LIVE`` live backends (least recently used closed,
-    its directory deleted), and closes those of other jobs idle for ``LIVE_IDLE_S``."""
+    """A Python worker keeps at most ``MAX_LIVE`` live backends, or twice the subtasks of a
+    Spark task if more (least recently used closed, its directory deleted), and closes those
+    of other jobs idle for ``LIVE_IDLE_S``."""
     from collections import OrderedDict
 
     from keyedstate.backends.rocksdb import RocksDBStateBackend
@@ -204,17 +237,19 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "MAX_LIVE", 2)
     monkeypatch.setattr(runtime, "_LIVE", OrderedDict())
 
-    def run(job: str) -> str:
+    def run(job: str, index: int = 0, parallelism: int = 1, spark_tasks: int | None = None
+            ) -> str:
         plan = runtime.BatchPlan(
-            job_id=job, batch_id=0, checkpoint_id=1, parallelism=1, max_parallelism=128,
+            job_id=job, batch_id=0, checkpoint_id=1, parallelism=parallelism,
+            spark_tasks=spark_tasks, max_parallelism=128,
             key_columns=["user_id"], key_types=["string"], backend=RocksDBStateBackend(),
             storage=CheckpointStorage(str(tmp_path / job)), function=RunningTotals(),
             output_schema=pa.schema([("user_id", pa.string())]), side_output_schemas={},
             watermark=runtime.MIN_WATERMARK, watermark_column=None,
             late_events=LateEvents.DROP, restore=None, full_snapshot=False,
             share_restored_files=True, local_dir=str(tmp_path / "local"))
-        list(runtime.process_subtask(plan, 0, iter([])))
-        return runtime._LIVE[(job, 0)].backend.instance_dir  # type: ignore[attr-defined]
+        list(runtime.process_subtask(plan, index, iter([])))
+        return runtime._LIVE[(job, index)].backend.instance_dir  # type: ignore[attr-defined]
 
     try:
         dirs = [run(f"job-{n}") for n in range(4)]
@@ -224,6 +259,10 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
         last = run("job-4")
         assert list(runtime._LIVE) == [("job-4", 0)]
         assert [os.path.exists(d) for d in [*dirs, last]] == [False] * 4 + [True]
+        # 4 subtasks in one Spark task: twice the group is kept, not MAX_LIVE
+        group = [run("job-5", i, parallelism=4, spark_tasks=1) for i in range(4)]
+        assert list(runtime._LIVE) == [("job-5", i) for i in range(4)]  # job-4 idle: closed
+        assert all(os.path.exists(d) for d in group)
     finally:
         runtime._close_all_live()
     assert not os.path.exists(last)
