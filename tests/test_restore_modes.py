@@ -268,3 +268,22 @@ def test_lost_metadata_of_a_restored_job_does_not_restart_it_from_its_snapshot(t
     os.remove(os.path.join(job, latest.metadata_path))
     with pytest.raises(MissingCheckpointFileError, match="lost its checkpoints"):
         open_job(job, "rocksdb", snapshot, mode)
+
+
+def test_the_start_check_notes_the_files_it_hashed_for_the_restores(tmp_path):
+    """open_restore_snapshot hashes every file of a local snapshot before anything is touched
+    and records them on the snapshot's storage, which travels to the executors: their hard
+    links then check sizes only (tests/checkpoint/test_storage.py)."""
+    import pickle
+
+    from keyedstate.checkpoint.restore_modes import open_restore_snapshot
+    from keyedstate.checkpoint.savepoint import unique_files
+    from keyedstate.checkpoint.storage import CheckpointStorage
+    from keyedstate.config import RestoreMode
+
+    snapshot, _ = make_savepoint(tmp_path, "rocksdb")
+    job = CheckpointStorage(str(tmp_path / "job"))
+    opened = open_restore_snapshot(job, snapshot, RestoreMode.NO_CLAIM, max_parallelism=None)
+    files = {(f.path, f.size, f.checksum) for f in unique_files(opened.metadata)
+             if f.data is None and f.segment is None}
+    assert files and pickle.loads(pickle.dumps(opened.storage))._verified == files

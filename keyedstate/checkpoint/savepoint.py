@@ -127,7 +127,9 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
     restore, before any state is used (``docs/object-storage.md``).
 
     Raises :class:`MissingCheckpointFileError` or :class:`CorruptCheckpointError` naming the
-    first bad file; reads only.
+    first bad file; reads only. Hashed files are noted on ``snapshot.storage``
+    (:meth:`~keyedstate.checkpoint.storage.CheckpointStorage.note_verified`): the restores
+    that hard-link them then check their sizes only.
     """
     storage = snapshot.storage
     files = unique_files(snapshot.metadata)
@@ -160,6 +162,7 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
         done += handle.size
         if progress:
             progress(done, total)
+    storage.note_verified(files)
 
 
 # -- duplication ---------------------------------------------------------------------------------

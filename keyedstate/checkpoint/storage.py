@@ -146,9 +146,23 @@ class CheckpointStorage:
         self.stats = TransferStats()
         self._fs: fsspec.AbstractFileSystem | None = None
         self._root: str | None = None
+        #: (path, size, checksum) of files whose bytes were hashed against their handles when
+        #: this object was made ready for a restore (:meth:`note_verified`)
+        self._verified: frozenset[tuple[str, int, str]] = frozenset()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (CheckpointStorage, (self.url, self.storage_options, self.transfer))
+        # what travels to executors: the location, its options and the verified files
+        return (CheckpointStorage, (self.url, self.storage_options, self.transfer),
+                {"_verified": self._verified})
+
+    def note_verified(self, handles: Iterable[StreamHandle]) -> None:
+        """Record that the bytes of ``handles`` were just read and matched their size and
+        checksum (a snapshot checked before a job starts from it). A restore that hard-links
+        one of them from this local store (:meth:`download`) then checks its size only instead
+        of hashing the same inode a second time in every subtask that restores it; copies and
+        downloads are always hashed."""
+        self._verified = self._verified | {(h.path, h.size, h.checksum) for h in handles
+                                           if h.data is None and h.segment is None}
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r})"
@@ -368,7 +382,10 @@ class CheckpointStorage:
                 raise self._missing(handle) from exc
             return False
         size = os.path.getsize(local_path)
-        self._verify(handle, size, file_checksum(local_path))
+        if (handle.path, handle.size, handle.checksum) in self._verified:
+            self._verify(handle, size, handle.digest)  # hashed before the job started
+        else:
+            self._verify(handle, size, file_checksum(local_path))
         if stats is not None:
             stats.add(duplicated_bytes=size, duplicated_objects=1)
         return True

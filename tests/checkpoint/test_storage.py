@@ -70,6 +70,23 @@ def test_an_immutable_file_of_a_local_store_is_linked_not_copied(storage: Checkp
     assert os.stat(target).st_ino != os.stat(storage.path("shared/c.sst")).st_ino
 
 
+def test_files_hashed_before_a_restore_are_linked_with_a_size_check_only(
+        storage: CheckpointStorage, tmp_path: Path) -> None:
+    """What the driver hashed at a job's start (verify_snapshot_files) travels with the storage
+    to the executors, whose hard links of those files then check sizes, not bytes again."""
+    noted = storage.write("shared/e.sst", b"a" * 100)
+    other = storage.write("shared/f.sst", b"b" * 100)
+    storage.note_verified([noted])
+    shipped = pickle.loads(pickle.dumps(storage))
+    shipped.download(noted, str(tmp_path / "e.sst"), immutable=True)
+    Path(storage.path("shared/e.sst")).write_bytes(b"a" * 99)  # truncated since: caught
+    with pytest.raises(CorruptCheckpointError, match="shared/e.sst is corrupt"):
+        shipped.download(noted, str(tmp_path / "e2.sst"), immutable=True)
+    Path(storage.path("shared/f.sst")).write_bytes(b"B" * 100)  # not noted: hashed
+    with pytest.raises(CorruptCheckpointError, match="shared/f.sst is corrupt"):
+        shipped.download(other, str(tmp_path / "f.sst"), immutable=True)
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a second file system")
 def test_an_immutable_file_on_another_device_is_copied(storage: CheckpointStorage) -> None:
     handle = storage.write("shared/d.sst", b"z" * 1000)
