@@ -18,13 +18,12 @@ The timer starts just before ``KeyedProcessJob.start`` and stops when the first 
 checkpoint is completed and its sink committed (keyedstate's batch listener, inside
 ``foreachBatch``). It covers, with nothing subtracted: checking the snapshot (every file's size
 and checksum), starting the Spark query, listing and planning the batch, routing the probe
-events, every subtask's restore (copying its files from checkpoint storage to its local
-directory, opening RocksDB, clipping and ingesting when rescaled), processing the probe
-events, every subtask's first checkpoint (full after a rescale: every byte of the new
-layout is written; same parallelism: the restored files are hard-linked, NO_CLAIM) and
-completing it, and committing the sink. All p subtasks run in that batch (``repartitionById``
-gives every subtask a task, with or without rows), so every subtask has restored its state
-when the timer stops. Configurations run ``repeats`` times, interleaved; figures are medians.
+events, every subtask's restore (hard-linking its SST files from the checkpoint directory into
+its local directory, opening RocksDB, clipping when rescaled), processing the probe events,
+every subtask's first checkpoint (NO_CLAIM: the restored files copied into the new job's
+directory) and completing it, and committing the sink. All p subtasks run in that batch, with
+or without rows, grouped into the cluster's task slots (``keyedstate.spark.tasks``), so every
+subtask has restored its state when the timer stops. Configurations run ``repeats`` times, interleaved; figures are medians.
 
 Verification, outside the timer: the probe output must hold each probe key once with its
 count and total as expected, and (each configuration's first run; ``verify_every_run``: all)
@@ -371,6 +370,7 @@ def restore_keyedstate(spark: Any, source: Source, parallelism: int, root: str,
         "batch": {"driver_s": first.duration_s, "max_subtask_restore_s": first.restore_s,
                   "max_sync_s": first.sync_duration_s, "max_async_s": first.async_duration_s,
                   "restored_subtasks": first.restored_subtasks, "full_bytes": first.full_bytes,
+                  "spark_tasks": first.spark_tasks,
                   "incremental_bytes": first.incremental_bytes,
                   "uploaded_bytes": first.uploaded_bytes,
                   "duplicated_bytes": first.duplicated_bytes,

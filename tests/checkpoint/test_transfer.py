@@ -94,12 +94,15 @@ def test_transfers_run_in_parallel_and_keep_order():
 
 
 def test_transfer_threads_are_kept_between_calls_and_nested_calls_run_inline():
-    def names(_):
-        return threading.current_thread().name
+    barrier = threading.Barrier(3, timeout=10)  # every call of a round on its own thread
 
-    first = set(parallel_map(names, range(8), threads=3))
-    assert set(parallel_map(names, range(8), threads=3)) <= first | {threading.current_thread().name}
-    assert all(n.startswith("keyedstate-transfer-3") for n in first)
+    def thread(_):
+        barrier.wait()
+        return threading.current_thread()
+
+    first = set(parallel_map(thread, range(3), threads=3))
+    assert set(parallel_map(thread, range(3), threads=3)) == first  # the same 3 threads
+    assert all(t.name.startswith("keyedstate-transfer-3") for t in first)
     # A call from a pool thread that fans out again must not wait on the pool it occupies:
     # with 2 threads and 2 outer calls each waiting on 2 inner ones it would deadlock.
     assert parallel_map(lambda i: sum(parallel_map(lambda j: i * j, range(3), threads=2)),
