@@ -140,19 +140,21 @@ def test_subtasks_grouped_into_fewer_spark_tasks(spark, tmp_path, spark_tasks):
         {min(3, spark_tasks or 2)}
 
 
-def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp_path):
+@pytest.mark.parametrize("parallelism", [2, 4])  # 4: two subtasks per Spark task
+def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp_path,
+                                                                      parallelism):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 1)
-    run_job(spark, root, RunningTotals(), parallelism=2)
+    run_job(spark, root, RunningTotals(), parallelism=parallelism)
     write_files(os.path.join(root, "input"), 1, first=1)
     bad_key = pd.read_parquet(os.path.join(root, "input", "part-001.parquet")).user_id.iloc[0]
     with pytest.raises(Exception) as failure:
-        run_job(spark, root, FailOnKey(bad_key), parallelism=2)
+        run_job(spark, root, FailOnKey(bad_key), parallelism=parallelism)
     text = str(failure.value)
     assert "batch 1" in text and "subtask" in text and bad_key in text
     assert "cannot handle" in text
     # The last committed checkpoint is intact: a fixed job resumes from it.
-    run_job(spark, root, RunningTotals(), parallelism=2)
+    run_job(spark, root, RunningTotals(), parallelism=parallelism)
     check_against_pandas(root)
 
 
@@ -169,13 +171,16 @@ def test_missing_key_column(spark):
         key_by(df, "customer")
 
 
-def test_killed_python_worker_mid_batch_exactly_once(spark, tmp_path):
+@pytest.mark.parametrize("parallelism", [2, 4])  # 4: a kill takes a group of two subtasks
+def test_killed_python_worker_mid_batch_exactly_once(spark, tmp_path, parallelism):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 3)
     markers = tmp_path / "markers"
     markers.mkdir()
-    run_job(spark, root, KillWorkerOnce(batch_id=1, marker_dir=str(markers)), parallelism=2)
+    query = run_job(spark, root, KillWorkerOnce(batch_id=1, marker_dir=str(markers)),
+                    parallelism=parallelism)
     assert list(markers.iterdir()), "the worker was never killed: the test proved nothing"
+    assert {s.spark_tasks for s in query.stats if s.checkpoint_id >= 0} == {2}
     check_against_pandas(root)
 
 
