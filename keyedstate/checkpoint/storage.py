@@ -372,15 +372,11 @@ class CheckpointStorage:
         caller copies instead. Only for immutable files (SSTs): nothing writes to them in
         place, and deleting either name leaves the other whole, so a restored RocksDB and the
         checkpoint may share the inode. Counted as duplicated, not downloaded: no byte moved."""
-        src = self.path(handle.path)
         try:
-            if os.path.lexists(local_path):
-                os.remove(local_path)
-            os.link(src, local_path)
-        except OSError as exc:
-            if not os.path.exists(src):
-                raise self._missing(handle) from exc
-            return False
+            if not link_file(self.path(handle.path), local_path):
+                return False
+        except FileNotFoundError as exc:
+            raise self._missing(handle) from exc
         size = os.path.getsize(local_path)
         if (handle.path, handle.size, handle.checksum) in self._verified:
             self._verify(handle, size, handle.digest)  # hashed before the job started
@@ -571,6 +567,21 @@ def same_store(a: CheckpointStorage, b: CheckpointStorage) -> bool:
     return a.fs is b.fs or (type(a.fs) is type(b.fs) and a.storage_options == b.storage_options)
 
 
+def link_file(src: str, dst: str) -> bool:
+    """Make ``dst`` (replacing whatever is there) a hard link to ``src``; False when no link
+    can be made (another device, a file system without hard links, no permission to link),
+    ``dst`` then absent. :class:`FileNotFoundError` when ``src`` is missing."""
+    if os.path.lexists(dst):
+        os.remove(dst)
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if not os.path.exists(src):
+            raise FileNotFoundError(src) from exc
+        return False
+    return True
+
+
 def _local_copy(src: str, dst: str) -> str:
     """Copy on one machine without moving the bytes through Python: a copy-on-write clone
     where the file system has them (btrfs, XFS: ``"reflink"``), else the kernel's copy
@@ -600,18 +611,9 @@ def duplicate_object(source: CheckpointStorage, source_path: str, target: Checkp
     try:
         if source.is_local and target.is_local:
             os.makedirs(posixpath.dirname(dst), exist_ok=True)
-            if os.path.lexists(dst):
+            if os.path.lexists(dst):  # never write through an earlier attempt's link to src
                 os.remove(dst)
-            how = "copy"
-            try:
-                if not link:
-                    raise OSError("no link wanted")
-                os.link(src, dst)
-                how = "link"
-            except OSError as exc:
-                if not os.path.exists(src):
-                    raise FileNotFoundError(src) from exc
-                how = _local_copy(src, dst)
+            how = "link" if link and link_file(src, dst) else _local_copy(src, dst)
         elif same_store(source, target):
             def copy() -> None:
                 target.ensure_parent(dst)
