@@ -13,7 +13,7 @@ How a key becomes a key group is in :mod:`keyedstate.keys`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from keyedstate.errors import ConfigurationError, KeyGroupRangeError
 
@@ -102,6 +102,16 @@ class KeyGroupRange:
 
     def contains_range(self, other: KeyGroupRange) -> bool:
         return not other or (self.start <= other.start and other.end <= self.end)
+
+    def is_split_into(self, parts: Sequence[KeyGroupRange]) -> bool:
+        """Whether ``parts`` are non-empty, in order and contiguous, and together exactly
+        this range (the key-group shards of a RocksDB backend must be)."""
+        expected = self.start
+        for part in parts:
+            if not part or part.start != expected:
+                return False
+            expected = part.end + 1
+        return bool(parts) and expected == self.end + 1
 
     def check_key_group(self, key_group: int) -> None:
         """Raise :class:`KeyGroupRangeError` unless ``key_group`` is in this range."""

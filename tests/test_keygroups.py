@@ -241,3 +241,15 @@ def test_bad_spark_tasks_is_a_configuration_error(spark_tasks):
         JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks=spark_tasks)
     # more Spark tasks than subtasks is fine: the job runs one per subtask
     assert JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks=16).spark_tasks == 16
+
+
+def test_a_range_is_split_into_contiguous_non_empty_parts_covering_it_exactly():
+    whole = KeyGroupRange(10, 29)
+    assert whole.is_split_into([KeyGroupRange(10, 14), KeyGroupRange(15, 29)])
+    assert whole.is_split_into([whole])
+    for parts in ([], [KeyGroupRange(10, 28)], [KeyGroupRange(10, 14), KeyGroupRange(16, 29)],
+                  [KeyGroupRange(10, 15), KeyGroupRange(15, 29)],
+                  [KeyGroupRange(15, 29), KeyGroupRange(10, 14)],
+                  [KeyGroupRange(10, 29), KeyGroupRange.empty()],
+                  [KeyGroupRange(9, 29)], [KeyGroupRange(10, 30)]):
+        assert not whole.is_split_into(parts), parts

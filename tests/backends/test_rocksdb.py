@@ -21,7 +21,6 @@ from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from keyedstate.backends.rocksdb.options import MiB, shared_resources
 from keyedstate.backends.rocksdb.restore import (
-    choose_the_best_state_handle_for_initial,
     column_family_names,
     iter_column_family_keys,
     plan_instances,
@@ -389,21 +388,6 @@ def test_rescale_ingest_equals_copy_equals_original(storage: CheckpointStorage, 
     _, by_copy = _snapshot_job(copy, new_p, storage, local_dir, 3, handles, fill=False)
     assert by_ingest == original
     assert by_copy == original
-
-
-def test_choose_the_best_state_handle_for_initial() -> None:
-    def handle(start: int, end: int) -> KeyedStateHandle:
-        return KeyedStateHandle("rocksdb", 0, start, end, 1, [], {}, {}, 0, 0)
-
-    target = KeyGroupRange(40, 80)
-    a, b, c = handle(0, 63), handle(64, 127), handle(30, 50)
-    # fractions: a 24/64, b 17/64, c 11/21 -> c has least to clip away
-    assert choose_the_best_state_handle_for_initial([a, b, c], target) is c
-    assert choose_the_best_state_handle_for_initial([a, b], target) is a
-    assert choose_the_best_state_handle_for_initial([a, b], target, 0.5) is None
-
-
-# -- list order, timers ----------------------------------------------------------------------
 
 
 def test_list_order_survives_restore_and_rescale(storage: CheckpointStorage,

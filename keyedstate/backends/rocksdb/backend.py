@@ -37,7 +37,13 @@ from keyedstate.backends.base.backend import (
     meta_info_of,
 )
 from keyedstate.backends.local_dirs import worker_dir
-from keyedstate.backends.rocksdb.options import RocksDBOptions, native, rocksdb_error, scan
+from keyedstate.backends.rocksdb.options import (
+    RocksDBOptions,
+    column_family_batch,
+    native,
+    rocksdb_error,
+    scan,
+)
 from keyedstate.backends.rocksdb.restore import (
     DEFAULT_MAX_INSTANCES,
     RESCALE_STRATEGIES,
@@ -262,7 +268,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         super().__init__(subtask_index=subtask_index, key_group_range=key_group_range,
                          max_parallelism=max_parallelism, key_serializer=key_serializer,
                          time_provider=time_provider)
-        check_instance_ranges([i.key_group_range for i in instances], key_group_range)
+        if not key_group_range.is_split_into([i.key_group_range for i in instances]):
+            raise BackendError(
+                f"RocksDB instances {[str(i.key_group_range) for i in instances]} do not cover "
+                f"{key_group_range} exactly; this is a bug in the restore")
         self._instances = [
             RocksDBInstance(index=k, key_group_range=r.key_group_range, db=r.db, path=r.path,
                             options=options, incremental=incremental)
@@ -418,7 +427,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         kg_range = self.key_group_range
         instances = self._instances
         handles = [inst.handles[meta.name] for inst in instances]
-        batches = [_new_batch(h) for h in handles]
+        batches = [column_family_batch(h) for h in handles]
         pending = [0] * len(instances)
         count = 0
         for record in records:
@@ -443,7 +452,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             if pending[k] == LOAD_BATCH:
                 with native(what):
                     instances[k].db.write(batches[k], self.write_options)
-                batches[k], pending[k] = _new_batch(handles[k]), 0
+                batches[k], pending[k] = column_family_batch(handles[k]), 0
         for k, n in enumerate(pending):
             if n:
                 with native(what):
@@ -574,28 +583,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 pass
 
 
-def check_instance_ranges(ranges: Sequence[KeyGroupRange], key_group_range: KeyGroupRange
-                          ) -> None:
-    """Raise :class:`BackendError` unless ``ranges`` are non-empty, contiguous, in order and
-    cover ``key_group_range`` exactly (the invariant routing relies on)."""
-    expected = key_group_range.start
-    for r in ranges:
-        if not r or r.start != expected:
-            break
-        expected = r.end + 1
-    else:
-        if ranges and expected == key_group_range.end + 1:
-            return
-    raise BackendError(f"RocksDB instances {[str(r) for r in ranges]} do not cover "
-                       f"{key_group_range} exactly; this is a bug in the restore")
-
-
-def _new_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
-    batch = rocksdict.WriteBatch(raw_mode=True)
-    batch.set_default_column_family(handle)
-    return batch
-
-
 # --------------------------------------------------------------------------------------------
 # whole-state passes: full-snapshot cleanup, reading every entry
 # --------------------------------------------------------------------------------------------
@@ -607,8 +594,7 @@ def purge_expired(db: rocksdict.Rdict, cf: rocksdict.Rdict, handle: rocksdict.Co
     """Delete every expired entry of one TTL state's column family (before a full snapshot, so
     a restore can never bring them back); returns how many went."""
     what = f"removing expired entries of state {name!r} before a full snapshot"
-    batch = rocksdict.WriteBatch(raw_mode=True)
-    batch.set_default_column_family(handle)
+    batch = column_family_batch(handle)
     removed = 0
     for key, raw in scan(cf, None, None, what):
         if unpack_timestamp(raw) + ttl_ms <= now_ms:

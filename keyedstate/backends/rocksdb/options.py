@@ -301,6 +301,13 @@ def scan(cf: rocksdict.Rdict, lower: bytes | None, upper: bytes | None,
         raise rocksdb_error(exc, what) from exc
 
 
+def column_family_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
+    """An empty raw write batch whose puts and deletes go to the column family ``handle``."""
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    batch.set_default_column_family(handle)
+    return batch
+
+
 def prefix_upper_bound(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
     stripped = prefix.rstrip(b"\xff")

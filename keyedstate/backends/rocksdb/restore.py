@@ -44,6 +44,7 @@ import rocksdict
 from keyedstate.backends.rocksdb.options import (
     DEFAULT_COLUMN_FAMILY,
     RocksDBOptions,
+    column_family_batch,
     native,
     open_db,
     scan,
@@ -163,23 +164,6 @@ def plan_instances(subs: Sequence[InstanceHandle], target: KeyGroupRange,
     return out
 
 
-def choose_the_best_state_handle_for_initial(
-    handles: Sequence[KeyedStateHandle], target: KeyGroupRange,
-    overlap_fraction_threshold: float = 0.0,
-) -> KeyedStateHandle | None:
-    """The handle whose key-group range overlaps ``target`` by the largest fraction of its own
-    range (least to clip away), ties broken by the larger overlap, then by order; None when no
-    fraction reaches the threshold. Flink's ``chooseTheBestStateHandleForInitial``."""
-    best: KeyedStateHandle | None = None
-    best_score = (-1.0, -1)
-    for handle in handles:
-        overlap = len(handle.key_group_range.intersection(target))
-        fraction = overlap / max(1, len(handle.key_group_range))
-        if fraction >= overlap_fraction_threshold and overlap and (fraction, overlap) > best_score:
-            best, best_score = handle, (fraction, overlap)
-    return best
-
-
 def key_group_bounds(key_groups: KeyGroupRange, prefix_bytes: int) -> tuple[bytes, bytes]:
     """``[lower, upper)`` keys of a key-group range in every column family."""
     return (serialize_key_group(key_groups.start, prefix_bytes),
@@ -249,7 +233,6 @@ class RocksDBIncrementalRestoreOperation:
         self.max_parallelism = max_parallelism
         self.prefix_bytes = key_group_prefix_bytes
         self.instance_dir = instance_dir
-        self.work_dir = instance_dir
         self.options = options
         self.rescale_strategy = rescale_strategy
         self.share_restored_files = share_restored_files
@@ -308,7 +291,7 @@ class RocksDBIncrementalRestoreOperation:
                         f"{handle.checkpoint_id}) has no {META_FILE} file; it was not written "
                         f"by this backend. Restore from another checkpoint or savepoint"
                     )
-                meta_path = os.path.join(self.work_dir, f"{uuid.uuid4().hex}-{META_FILE}")
+                meta_path = os.path.join(self.instance_dir, f"{uuid.uuid4().hex}-{META_FILE}")
                 items.append((stream, meta_path, False))
                 metas.append((handle, meta_path))
             for name, stream in sub.files.items():
@@ -331,7 +314,7 @@ class RocksDBIncrementalRestoreOperation:
             self._metas.append(meta)
 
     def _temporary_db(self, sub: InstanceHandle) -> tuple[str, rocksdict.Rdict]:
-        path = os.path.join(self.work_dir,
+        path = os.path.join(self.instance_dir,
                             f"restore-{sub.handle.subtask_index}-{uuid.uuid4().hex}")
         self._download([(sub, path)])
         # Read-only: no compaction or flush of a copy that is thrown away.
@@ -414,7 +397,7 @@ class RocksDBIncrementalRestoreOperation:
             # The outer loop takes the first key of each file, the inner one fills the file
             # until it reaches the target size; both draw from the same iterator.
             for key, value in items:
-                files.append(os.path.join(self.work_dir, f"ingest-{uuid.uuid4().hex}.sst"))
+                files.append(os.path.join(self.instance_dir, f"ingest-{uuid.uuid4().hex}.sst"))
                 writer = rocksdict.SstFileWriter(self.options.to_options())
                 writer.open(files[-1])
                 writer[key] = value
@@ -462,13 +445,13 @@ class RocksDBIncrementalRestoreOperation:
                 db.create_column_family(name, self.options.to_options())
             handle = db.get_column_family_handle(name)
             write_options = self.options.write_options()
-            batch, count = _new_batch(handle), 0
+            batch, count = column_family_batch(handle), 0
             for key, value in range_items(source, lower, upper):
                 batch.put(key, value)
                 count += 1
                 if count == _COPY_BATCH:
                     db.write(batch, write_options)
-                    batch, count = _new_batch(handle), 0
+                    batch, count = column_family_batch(handle), 0
             if count:
                 db.write(batch, write_options)
         check_range_end(source, key, lower, upper, what)
@@ -487,11 +470,6 @@ class RocksDBIncrementalRestoreOperation:
                         f"state {name!r} is {known.meta} in one restored handle and {info.meta} "
                         f"in another; the snapshots don't belong to one checkpoint"
                     )
-
-def _new_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
-    batch = rocksdict.WriteBatch(raw_mode=True)
-    batch.set_default_column_family(handle)
-    return batch
 
 
 def range_items(cf: rocksdict.Rdict, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -152,7 +152,6 @@ class SharedBase:
     owned: bool = True
 
 
-
 # --------------------------------------------------------------------------------------------
 # instances inside one handle
 # --------------------------------------------------------------------------------------------
@@ -210,16 +209,10 @@ def split_instances(handle: KeyedStateHandle) -> list[InstanceHandle]:
     except (TypeError, ValueError) as exc:
         raise CorruptCheckpointError(f"{what} has an unreadable {PROP_INSTANCES} {layout!r}; "
                                      f"restore from another checkpoint") from exc
-    expected = handle.key_group_range.start
-    for r in ranges:
-        if not r or r.start != expected:
-            raise CorruptCheckpointError(
-                f"{what}: its instances {layout!r} do not cover {handle.key_group_range} "
-                f"contiguously; restore from another checkpoint")
-        expected = r.end + 1
-    if expected != handle.key_group_range.end + 1:
-        raise CorruptCheckpointError(f"{what}: its instances {layout!r} do not cover "
-                                     f"{handle.key_group_range}; restore from another checkpoint")
+    if not handle.key_group_range.is_split_into(ranges):
+        raise CorruptCheckpointError(
+            f"{what}: its instances {layout!r} do not cover {handle.key_group_range} "
+            f"contiguously; restore from another checkpoint")
     out = []
     for index, r in enumerate(ranges):
         prefix = instance_prefix(index)
@@ -350,10 +343,8 @@ class RocksDBSnapshotResult(SnapshotResult):
         duplicates: list[tuple[CheckpointStorage, list[tuple[str, StreamHandle]]]] = []
         part_names: list[list[str]] = []  # shared handle names of each part
         try:
-            if not os.path.isdir(self.local_dir):
-                raise BackendError(
-                    f"the local snapshot directory {self.local_dir} is gone (was the keyed "
-                    f"backend closed before materialize?); take a new snapshot")
+            # A local directory removed meanwhile (the backend closed) is reported by _collect,
+            # which lists every instance's directory below it before anything is stored.
             if self._parts and self._parts[0][0]:
                 # Several instances: the meta file lies next to their directories.
                 path = os.path.join(self.local_dir, META_FILE)
