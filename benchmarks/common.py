@@ -74,6 +74,18 @@ def workdir(prefix: str) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def save_figure(fig: Any, path: str, dpi: float | None = None) -> str:
+    """Lay ``fig`` out, write it to ``path`` (its directory created) and close it; returns
+    ``path``. ``dpi`` None: matplotlib's default."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def user_keys(n: int) -> list[str]:
     return [f"user-{i:08d}" for i in range(n)]
 

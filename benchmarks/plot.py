@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from benchmarks.common import save_figure  # noqa: E402
+
 MiB = 2**20
 INCREMENTAL, FULL, GOAL = "#1f77b4", "#b0b0b0", "#d62728"
 BACKEND_COLORS = {"heap": "#9467bd", "rocksdb": "#1f77b4", "rocksdb-level": "#ff7f0e"}
@@ -87,11 +89,7 @@ def plot_checkpoint(data: dict[str, Any], out: str) -> str:
     right.set_xticks(range(1, rounds + 1, 1 if rounds <= 10 else 5))
     right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.suptitle(f"Checkpoint: incremental vs full ({_subtitle(data)})", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "checkpoint.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, os.path.join(out, "checkpoint.png"), dpi=110)
 
 
 def plot_rescale(data: dict[str, Any], out: str) -> str:
@@ -116,11 +114,7 @@ def plot_rescale(data: dict[str, Any], out: str) -> str:
     keys = results[0]["keys"]
     ax.set_title(f"Restore with rescaling, {keys:,} keys ({_subtitle(data)})", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "backend-rescale.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, os.path.join(out, "backend-rescale.png"), dpi=110)
 
 
 def plot_access(data: dict[str, Any], out: str) -> str:
@@ -140,11 +134,7 @@ def plot_access(data: dict[str, Any], out: str) -> str:
     ax.set_title(f"State access, {data['keys']:,} keys x {data['rounds']} rounds\n"
                  f"({_subtitle(data)})", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "access.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, os.path.join(out, "access.png"), dpi=110)
 
 
 def plot_checkpoint_long(data: dict[str, Any], out: str) -> str:
@@ -174,11 +164,7 @@ def plot_checkpoint_long(data: dict[str, Any], out: str) -> str:
                  f"{data['changed_fraction']:.0%} changed per checkpoint ({_subtitle(data)})",
                  fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    path = os.path.join(out, "checkpoint-long.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, os.path.join(out, "checkpoint-long.png"), dpi=110)
 
 
 PLOTS = {"checkpoint": plot_checkpoint, "checkpoint-long": plot_checkpoint_long,

@@ -38,7 +38,7 @@ import tempfile
 import uuid
 from typing import Any, Callable
 
-from benchmarks.common import machine, timed
+from benchmarks.common import machine, save_figure, timed
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.checkpoint.cache import all_process_caches, process_file_cache
 from keyedstate.checkpoint.resolve import resolve_snapshot
@@ -373,9 +373,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     right.legend(fontsize=8)
     m = result["machine"]
     fig.suptitle(f"keyedstate bench remote ({m['date']}, {m['cpus']} CPUs)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

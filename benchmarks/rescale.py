@@ -68,7 +68,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.common import machine, workdir
+from benchmarks.common import machine, save_figure, workdir
 from keyedstate.spark.function import Context, KeyedProcessFunction
 from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
@@ -808,10 +808,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     bx.set_ylabel("seconds (log scale)")
     bx.set_title(f"Savepoints of {keys:,} keys (checkpoint {sp['state_bytes'] / 2**20:.0f} MiB)",
                  fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.common import machine, workdir
+from benchmarks.common import machine, save_figure, workdir
 from keyedstate.spark.function import Context, KeyedProcessFunction
 from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
@@ -484,10 +484,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     ax.set_xlabel("events per second, median batch after the first (log scale)")
     ax.set_title(f"Keyed count, {w['events_per_batch']:,} events over {w['keys']:,} keys per "
                  f"batch, {result['machine']['master']}", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
