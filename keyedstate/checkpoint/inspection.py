@@ -259,10 +259,8 @@ def _heap_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[st
 
 
 def _rocksdb_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[str, int]:
-    import rocksdict
-
     from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions, native
-    from keyedstate.backends.rocksdb.restore import column_family_names
+    from keyedstate.backends.rocksdb.restore import open_db_read_only
     from keyedstate.backends.rocksdb.snapshot import split_instances
 
     sizes: dict[str, int] = defaultdict(int)
@@ -276,12 +274,9 @@ def _rocksdb_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict
                     os.symlink(os.path.abspath(storage.path(stream.path)), local)
                 else:
                     storage.download(stream, local)
-            names = column_family_names(work, options)
-            with native(f"opening subtask {handle.subtask_index}'s RocksDB files read-only"):
-                db = rocksdict.Rdict(work, options.to_options(),
-                                     column_families={c: options.to_options() for c in names
-                                                      if c != DEFAULT_COLUMN_FAMILY},
-                                     access_type=rocksdict.AccessType.read_only(False))
+            what = f"opening subtask {handle.subtask_index}'s RocksDB files read-only"
+            db, names = open_db_read_only(work, options, what)
+            with native(what):
                 try:
                     for cf_name in names:
                         size = db.get_column_family(cf_name).property_int_value(

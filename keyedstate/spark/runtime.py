@@ -111,6 +111,16 @@ class BatchPlan:
     #: Spark tasks running the subtasks (:func:`subtasks_of_task`); None: one per subtask
     spark_tasks: int | None = None
 
+    @property
+    def tasks(self) -> int:
+        """Spark tasks the subtasks run in."""
+        return self.spark_tasks or self.parallelism
+
+    @property
+    def largest_group(self) -> int:
+        """The most subtasks one Spark task runs."""
+        return -(-self.parallelism // self.tasks)
+
 
 @dataclass
 class _Live:
@@ -315,11 +325,10 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     context = TaskContext.get()
     if context is None:  # only a Spark task has one
         raise RuntimeError("run_subtask runs inside a Spark task (mapInArrow), not on the driver")
-    tasks = plan.spark_tasks or plan.parallelism
-    if tasks == plan.parallelism:
+    if plan.tasks == plan.parallelism:
         return process_subtask(plan, context.partitionId(), batches)
-    return _process_group(plan, subtasks_of_task(context.partitionId(), tasks, plan.parallelism),
-                          batches)
+    return _process_group(
+        plan, subtasks_of_task(context.partitionId(), plan.tasks, plan.parallelism), batches)
 
 
 def _process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.RecordBatch]
@@ -406,9 +415,8 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     except BaseException:
         backend.close()
         raise
-    tasks = plan.spark_tasks or plan.parallelism
     _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
-               group=-(-plan.parallelism // tasks))
+               group=plan.largest_group)
     # Step 7. Report.
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,

@@ -204,6 +204,19 @@ def column_family_names(db_path: str, options: RocksDBOptions) -> list[str]:
         return sorted(rocksdict.Rdict.list_cf(db_path, options.to_options()))
 
 
+def open_db_read_only(db_path: str, options: RocksDBOptions, what: str
+                      ) -> tuple[rocksdict.Rdict, list[str]]:
+    """The DB at ``db_path`` opened read-only with every column family (no compaction or flush
+    of files that are only read), and the names of its column families; errors name ``what``."""
+    names = column_family_names(db_path, options)
+    with native(what):
+        db = rocksdict.Rdict(db_path, options.to_options(),
+                             column_families={n: options.to_options() for n in names
+                                              if n != DEFAULT_COLUMN_FAMILY},
+                             access_type=rocksdict.AccessType.read_only(False))
+    return db, names
+
+
 class RocksDBIncrementalRestoreOperation:
     """Restores one subtask's RocksDB instances below ``instance_dir`` (instance ``k`` in
     :func:`instance_db_dir`) from the overlapping ``handles``; temporary downloads go below
@@ -318,12 +331,7 @@ class RocksDBIncrementalRestoreOperation:
                             f"restore-{sub.handle.subtask_index}-{uuid.uuid4().hex}")
         self._download([(sub, path)])
         # Read-only: no compaction or flush of a copy that is thrown away.
-        names = column_family_names(path, self.options)
-        with native(f"opening the downloaded RocksDB at {path}"):
-            db = rocksdict.Rdict(path, self.options.to_options(),
-                                 column_families={n: self.options.to_options() for n in names
-                                                  if n != DEFAULT_COLUMN_FAMILY},
-                                 access_type=rocksdict.AccessType.read_only(False))
+        db, _ = open_db_read_only(path, self.options, f"opening the downloaded RocksDB at {path}")
         return path, db
 
     # -- the flows -----------------------------------------------------------------------------
