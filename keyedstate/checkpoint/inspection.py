@@ -55,6 +55,7 @@ from keyedstate.checkpoint.metadata import (
     StreamHandle,
     checkpoint_dir_name,
     checkpoint_id_of_shared_file,
+    commit_marker,
 )
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import unique_files
@@ -374,8 +375,7 @@ def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = Non
         waiting: set[str] = set()
         for checkpoint_id, metadata in committed.items():
             batch = _batch_id(metadata)
-            marker = f"{COMMITS_DIR}/batch-{batch}-{checkpoint_dir_name(checkpoint_id)}"
-            if batch is not None and not storage.exists(marker):
+            if batch is not None and not storage.exists(commit_marker(batch, checkpoint_id)):
                 for paths in json.loads(metadata.properties.get("staged", "{}")).values():
                     waiting.update(paths)
         for p in storage.list_files(STAGING_DIR):

@@ -57,6 +57,16 @@ COMMITS_DIR = "commits"
 SPARK_OFFSETS_DIR = "spark"
 
 
+def staging_dir(batch_id: int) -> str:
+    """Where a batch's outputs are staged until its checkpoint and sinks commit."""
+    return f"{STAGING_DIR}/batch-{batch_id}"
+
+
+def commit_marker(batch_id: int, checkpoint_id: int) -> str:
+    """Written once the sinks committed the output of ``batch_id``'s checkpoint."""
+    return f"{COMMITS_DIR}/batch-{batch_id}-chk-{checkpoint_id}"
+
+
 def checkpoint_dir_name(checkpoint_id: int) -> str:
     return f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"
 

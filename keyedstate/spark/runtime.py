@@ -40,7 +40,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata, KeyedStateHandle
+from keyedstate.checkpoint.metadata import (
+    METADATA_FILE,
+    CheckpointMetadata,
+    KeyedStateHandle,
+    staging_dir,
+)
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
@@ -244,7 +249,7 @@ def _rows_to_table(rows: list[Row], schema: pa.Schema, where: str) -> pa.Table:
 def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | None:
     if table.num_rows == 0:
         return None
-    relative = f"staging/batch-{plan.batch_id}/{name}/part-{index:05d}-{uuid.uuid4().hex}.parquet"
+    relative = f"{staging_dir(plan.batch_id)}/{name}/part-{index:05d}-{uuid.uuid4().hex}.parquet"
     storage = plan.storage
     path = storage.path(relative)
 
