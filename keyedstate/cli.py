@@ -296,7 +296,9 @@ def savepoint() -> None:
 def savepoint_create(checkpoint_dir: str, target: str, fmt: str, as_json: bool,
                      storage_options: str | None) -> None:
     """Write a savepoint of a retained checkpoint to TARGET. CHECKPOINT_DIR is a job's
-    checkpoint directory (its latest checkpoint), a chk-N folder, or a savepoint."""
+    checkpoint directory (its latest checkpoint), a chk-N folder, or a savepoint. A Spark
+    job's savepoint carries its source positions and any output of its batch the sinks had
+    not committed (a job restored from it commits that output first)."""
     import time
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
@@ -304,23 +306,25 @@ def savepoint_create(checkpoint_dir: str, target: str, fmt: str, as_json: bool,
     from keyedstate.checkpoint.resolve import resolve_snapshot
     from keyedstate.checkpoint.savepoint import write_native_savepoint
     from keyedstate.errors import KeyedStateError
+    from keyedstate.spark.carry import carry
 
     options = parse_storage_options(storage_options)
     started = time.perf_counter()
     try:
         source = resolve_snapshot(checkpoint_dir, options)
+        attach = carry(source, options)
         if fmt == "native":
             with Progress(TextColumn("duplicating files"), BarColumn(), DownloadColumn(),
                           console=console, transient=True) as bar:
                 task = bar.add_task("files", total=None)
                 url = write_native_savepoint(
-                    source, target, options,
+                    source, target, options, attach=attach,
                     progress=lambda done, total: bar.update(task, completed=done, total=total))
         else:
             from keyedstate.checkpoint.canonical import write_canonical_savepoint
 
             with console.status("writing a canonical savepoint (Parquet per state)"):
-                url = write_canonical_savepoint(source, target, options)
+                url = write_canonical_savepoint(source, target, options, attach=attach)
     except (KeyedStateError, OSError) as exc:
         raise _fail(exc) from exc
     result = {"savepoint": url, "format": fmt, "source": source.storage.url_of(

@@ -39,6 +39,13 @@ def parse_restore_mode(value: RestoreMode | str) -> RestoreMode:
         ) from None
 
 
+class SourcePositions(StrEnum):
+    """Whether a job started from a snapshot resumes its source after the snapshot's batch."""
+
+    RESTORE = "restore"
+    IGNORE = "ignore"
+
+
 class LateEvents(StrEnum):
     DROP = "drop"
     SIDE_OUTPUT = "side-output"
@@ -68,6 +75,13 @@ class JobConfig:
     restore_path: str | None = field(default=None, metadata=_key("execution.state-recovery.path"))
     restore_mode: RestoreMode = field(default=RestoreMode.NO_CLAIM,
                                       metadata=_key("execution.state-recovery.claim-mode"))
+    #: Where the source of a job started from a snapshot resumes: ``restore`` (the default)
+    #: exactly after the snapshot's batch, refusing to start where that is impossible;
+    #: ``ignore``: afresh, from wherever the job's Spark checkpoint location starts (a new
+    #: source, or reprocessing intended). docs/savepoints.md, "Source positions"
+    source_positions: SourcePositions = field(
+        default=SourcePositions.RESTORE,
+        metadata=_key("keyedstate.state-recovery.source-positions"))
     watermark_column: str | None = field(default=None, metadata=_key("keyedstate.watermark.column"))
     watermark_delay: dt.timedelta = field(default=dt.timedelta(0),
                                           metadata=_key("keyedstate.watermark.delay"))
@@ -101,6 +115,14 @@ class JobConfig:
             raise ConfigurationError("execution.checkpointing.dir is required")
         object.__setattr__(self, "restore_mode", parse_restore_mode(self.restore_mode))
         object.__setattr__(self, "late_events", LateEvents(str(self.late_events)))
+        try:
+            object.__setattr__(self, "source_positions",
+                               SourcePositions(str(self.source_positions).lower()))
+        except ValueError:
+            raise ConfigurationError(
+                f"keyedstate.state-recovery.source-positions {self.source_positions!r} is not "
+                f"one of {[p.value for p in SourcePositions]}"
+            ) from None
         if isinstance(self.watermark_delay, (int, float)):
             object.__setattr__(self, "watermark_delay",
                                dt.timedelta(milliseconds=self.watermark_delay))

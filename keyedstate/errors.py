@@ -80,6 +80,12 @@ class CheckpointAbortedError(CheckpointError, RuntimeError):
     """A pending checkpoint was aborted and can no longer be completed."""
 
 
+class SourcePositionsError(ConfigurationError):
+    """A job's state and its source's positions don't match: started from a snapshot whose
+    source positions can't be restored, or with a Spark checkpoint location that holds another
+    query than the one the checkpoints cover. Starting would skip or double input."""
+
+
 class OutputSchemaError(KeyedStateError, TypeError):
     """Rows a function emitted do not match the declared output schema."""
 

@@ -82,6 +82,7 @@ from keyedstate.checkpoint.metadata import (
     StreamHandle,
 )
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
+from keyedstate.checkpoint.savepoint import Attach, attach_context
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     ConfigurationError,
@@ -166,7 +167,8 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
                               key_columns: Sequence[str] | None = None,
                               time_provider: TtlTimeProvider | None = None,
                               local_dir: str | None = None,
-                              progress: Progress | None = None) -> str:
+                              progress: Progress | None = None,
+                              attach: Attach | None = None) -> str:
     """Write a canonical savepoint of ``source`` (any checkpoint or savepoint, native or
     canonical) into the directory ``target``; returns the path or URL of its ``_metadata``.
 
@@ -180,8 +182,8 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
     Step 2. Per split: restore the source's key groups of the split into a temporary backend
         (the source's own for a native snapshot, heap for a canonical one; files verified as
         they are read) and write one Parquet file per state and one for timers.
-    Step 3. Delete files of an interrupted earlier write into ``target``, then write
-        ``_metadata`` atomically: the savepoint exists exactly when this returns. On any
+    Step 3. Delete files of an interrupted earlier write into ``target``, let ``attach`` add
+        the job context it carries, then write ``_metadata`` atomically: the savepoint exists exactly when this returns. On any
         failure the files written so far are deleted.
     """
     storage = CheckpointStorage(target, storage_options)
@@ -219,6 +221,7 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
         properties[PROP_SOURCE] = source.storage.url_of(source.metadata_path)
         properties[PROP_SOURCE_BACKEND] = metadata.properties.get(PROP_SOURCE_BACKEND,
                                                                   metadata.backend)
+        properties.update(attach_context(attach, storage))
         savepoint = canonical_metadata(
             checkpoint_id=metadata.checkpoint_id, max_parallelism=metadata.max_parallelism,
             key_types=[str(t) for t in key_types], key_columns=names, handles=handles,

@@ -46,9 +46,10 @@ from keyedstate.checkpoint.metadata import (
 )
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import (
-    JOB_LOCAL_PROPERTIES,
+    CONTEXT_DIR,
     Progress,
     duplicate_all,
+    portable_properties,
     relocate_handles,
     root_url,
     unique_files,
@@ -58,7 +59,6 @@ from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.checkpoint.transfer import (
     RESTORE_PREFIX,
     TransferStats,
-    strip_transfer_properties,
 )
 from keyedstate.config import RestoreMode, parse_restore_mode
 from keyedstate.errors import (
@@ -274,8 +274,7 @@ def claim_snapshot(snapshot: ResolvedSnapshot, job: CheckpointStorage,
     stats = TransferStats()
     duplicate_all(snapshot.storage, job, mapping, sizes, progress, stats)
     # Step 3. Commit as the job's checkpoint, with what the duplication cost.
-    merged = {k: v for k, v in strip_transfer_properties(metadata.properties).items()
-              if k not in JOB_LOCAL_PROPERTIES}
+    merged = portable_properties(metadata.properties)
     merged.update(properties)
     merged.update(stats.to_properties(RESTORE_PREFIX))
     merged[PROP_CLAIMED_FROM] = snapshot.storage.url_of(snapshot.metadata_path)
@@ -323,7 +322,8 @@ def dispose_claimed_snapshot(metadata_url: str, owner: CheckpointStorage) -> boo
         claim by hand, or another job owns it) and a warning is logged.
     Step 3. Delete its files, except files another committed checkpoint of the same root
         references (a claimed ``chk-N`` of another job's directory).
-    Step 4. Delete its ``_metadata``, then the marker and its now empty folders.
+    Step 4. Delete its ``_metadata``, then the marker, a savepoint's job context
+        (:data:`~keyedstate.checkpoint.savepoint.CONTEXT_DIR`) and its now empty folders.
     """
     # Step 1. Read it.
     try:
@@ -348,6 +348,7 @@ def dispose_claimed_snapshot(metadata_url: str, owner: CheckpointStorage) -> boo
     if in_checkpoint_root:
         storage.delete_dir(posixpath.dirname(snapshot.metadata_path))
     else:
+        storage.delete_dir(CONTEXT_DIR)
         _remove_empty_dirs(storage)
     logger.info("deleted %s, claimed by %s and now subsumed", metadata_url, root_url(owner))
     return True

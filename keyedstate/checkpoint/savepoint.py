@@ -21,6 +21,7 @@ completed checkpoint, which is exactly its committed state: the job does not sto
 
 from __future__ import annotations
 
+import json
 import posixpath
 import time
 from typing import Any, Callable, Mapping
@@ -52,6 +53,19 @@ from keyedstate.errors import (
 
 #: ``progress(bytes_done, bytes_total)``, called as files are duplicated or verified.
 Progress = Callable[[int, int], None]
+#: What a savepoint carries besides the state (a runtime's job context: its sources'
+#: positions, output not yet committed): called with the savepoint's storage after the state's
+#: files are in and before ``_metadata`` is written; writes its files under
+#: :data:`CONTEXT_DIR` (paths relative to the savepoint, so it stays relocatable) and returns
+#: the ``_metadata`` properties naming them.
+Attach = Callable[[CheckpointStorage], Mapping[str, str]]
+#: Where a savepoint keeps the job context an :data:`Attach` wrote; deleted with a claimed
+#: savepoint.
+CONTEXT_DIR = "context"
+#: ``_metadata`` property listing the properties an :data:`Attach` returned: they name files
+#: of this snapshot's context, so they are never carried into another snapshot root (a
+#: savepoint of it attaches its own).
+PROP_CONTEXT = "context_properties"
 
 #: Properties that only mean something inside the job that wrote them (live-copy tokens, the
 #: staged outputs of the batch): never carried into another snapshot root.
@@ -61,6 +75,22 @@ PROP_SAVEPOINT_OF = "savepoint_of"
 
 _CHUNK = 4 << 20
 _REMOTE_WORKERS = 8
+
+
+def portable_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """The properties of a snapshot that another snapshot root may carry: without transfer
+    statistics, :data:`JOB_LOCAL_PROPERTIES` and the context properties (:data:`PROP_CONTEXT`)."""
+    local = {*JOB_LOCAL_PROPERTIES, PROP_CONTEXT, *json.loads(properties.get(PROP_CONTEXT, "[]"))}
+    return {k: v for k, v in strip_transfer_properties(properties).items() if k not in local}
+
+
+def attach_context(attach: Attach | None, storage: CheckpointStorage) -> dict[str, str]:
+    """Run ``attach`` into the savepoint ``storage``; its properties, with :data:`PROP_CONTEXT`
+    naming them."""
+    if attach is None:
+        return {}
+    attached = dict(attach(storage))
+    return {**attached, PROP_CONTEXT: json.dumps(sorted(attached))} if attached else {}
 
 
 def root_url(storage: CheckpointStorage) -> str:
@@ -257,7 +287,7 @@ def check_savepoint_target(target: CheckpointStorage) -> None:
 
 def write_native_savepoint(source: ResolvedSnapshot, target: str,
                            storage_options: Mapping[str, Any] | None = None, *,
-                           progress: Progress | None = None) -> str:
+                           progress: Progress | None = None, attach: Attach | None = None) -> str:
     """Write a native savepoint of ``source`` (a resolved checkpoint or savepoint) into the
     directory ``target``; returns the absolute path or URL of its ``_metadata``.
 
@@ -265,7 +295,8 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
         (:class:`SnapshotExistsError`), a canonical ``source`` (its files are not a backend's
         native files) and a ``target`` that is the source's own root.
     Step 2. Plan: every file of subtask i goes to ``sub-<i>/<its file name>``.
-    Step 3. Duplicate every file (:func:`duplicate_file`; sizes checked).
+    Step 3. Duplicate every file (:func:`duplicate_file`; sizes checked), then let
+        ``attach`` add the job context it carries.
     Step 4. Write ``_metadata`` (kind savepoint, format native, the handles' paths rewritten)
         atomically: the savepoint exists exactly when this returns. An interrupted run leaves
         files without ``_metadata``, which a retry into the same target replaces.
@@ -294,9 +325,10 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
     # Step 3. Duplicate (the store copies; bytes through this process are counted).
     stats = TransferStats()
     duplicate_all(source.storage, storage, mapping, sizes, progress, stats)
+    attached = attach_context(attach, storage)
     # Step 4. Commit, with what it cost.
-    properties = {k: v for k, v in strip_transfer_properties(metadata.properties).items()
-                  if k not in JOB_LOCAL_PROPERTIES}
+    properties = portable_properties(metadata.properties)
+    properties.update(attached)
     properties[PROP_SAVEPOINT_OF] = source.storage.url_of(source.metadata_path)
     properties.update(stats.to_properties())
     savepoint = msgspec.structs.replace(
@@ -307,10 +339,12 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
 
 def create_native_savepoint(source_snapshot_path: str, target: str,
                             storage_options: Mapping[str, Any] | None = None, *,
-                            progress: Progress | None = None) -> str:
+                            progress: Progress | None = None, attach: Attach | None = None
+                            ) -> str:
     """A native savepoint, taken offline, of the snapshot at ``source_snapshot_path`` (a job's
     checkpoint directory: its latest checkpoint; a ``chk-N`` folder; a savepoint folder; or a
     ``_metadata`` file), written to ``target``; returns the path or URL of its ``_metadata``.
     See :func:`write_native_savepoint`."""
     source = resolve_snapshot(source_snapshot_path, storage_options)
-    return write_native_savepoint(source, target, storage_options, progress=progress)
+    return write_native_savepoint(source, target, storage_options, progress=progress,
+                                  attach=attach)

@@ -42,8 +42,9 @@ from keyedstate.checkpoint.coordinator import (
 from keyedstate.checkpoint.metadata import (
     COMMITS_DIR,
     SPARK_OFFSETS_DIR,
-    STAGING_DIR,
     SnapshotFormat,
+    commit_marker,
+    staging_dir,
 )
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.restore_modes import (
@@ -54,17 +55,26 @@ from keyedstate.checkpoint.restore_modes import (
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
-from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
+from keyedstate.config import (
+    LATE_EVENTS_TAG,
+    JobConfig,
+    LateEvents,
+    RestoreMode,
+    SourcePositions,
+)
 from keyedstate.errors import (
     BatchFailedError,
     CheckpointProtocolError,
     ConfigurationError,
     JobDrainedError,
     NoCheckpointError,
+    SourcePositionsError,
     TransientStorageError,
 )
 from keyedstate.keygroups import check_parallelism
+from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.function import KeyedProcessFunction
+from keyedstate.spark.offsets import OFFSETS, PROP_QUERY_ID, OffsetLog, seed
 from keyedstate.spark.runtime import (
     KG_COLUMN,
     MIN_WATERMARK,
@@ -246,14 +256,18 @@ class KeyedJobDriver:
 
         Step 1. A new job with ``execution.state-recovery.path``: check the snapshot, reading
             only (max parallelism, not claimed by another job, every file's size and
-            checksum); CLAIM then imports it as this job's first checkpoint.
+            checksum); restore its source positions (:meth:`_resume_source`: Spark resumes
+            exactly after the snapshot's batch, or the start is refused); commit the output
+            it carries (a savepoint of a batch whose sinks had not committed); CLAIM then
+            imports it as this job's first checkpoint.
         Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
         Step 3. The job's own checkpoints: recover from the latest complete one (lineage
             checked; a fall-back past a lost or corrupt ``_metadata`` is in the coordinator's
             ``recovery_notes``). A job that completed checkpoints but has none left raises
             :class:`~keyedstate.errors.MissingCheckpointFileError` here, as the core runtime
             does; a gap in batch ids after a fall-back is refused per batch
-            (:meth:`_check_continuity`).
+            (:meth:`_check_continuity`); a Spark checkpoint location that no longer holds the
+            query whose batches the checkpoints cover is refused (:meth:`_check_query`).
         Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
@@ -269,15 +283,19 @@ class KeyedJobDriver:
         self.force_full = False
         self.lineage = {"restored_from": cfg.restore_path or "",
                         "spark_checkpoint_location": self.spark_checkpoint_location}
+        self._query_id: str | None = None
         # Step 1. Check (and claim) the snapshot before anything is touched.
         snap = None
+        resumed_batch = -1
         if cfg.restore_path and not has_completed_checkpoints(self.storage):
             snap = open_restore_snapshot(self.storage, cfg.restore_path, cfg.restore_mode,
                                          max_parallelism=cfg.max_parallelism,
                                          backend=self.backend.name, key_types=self.key_types,
                                          storage_options=cfg.storage_options)
+            resumed_batch = self._resume_source(snap)
+            self._commit_carried_output(snap)
             if cfg.restore_mode is RestoreMode.CLAIM:
-                claim_snapshot(snap, self.storage, self._claim_properties(snap))
+                claim_snapshot(snap, self.storage, self._claim_properties(snap, resumed_batch))
         # Step 2. Key groups.
         self.max_parallelism = (cfg.max_parallelism
                                 or (snap.metadata.max_parallelism if snap else None)
@@ -307,6 +325,7 @@ class KeyedJobDriver:
             self.base = self._restore_source(self.storage, latest.metadata, own=True)
             self.watermark = int(latest.metadata.properties.get("watermark", MIN_WATERMARK))
             self.last_batch_id = int(latest.metadata.properties.get("batch_id", -1))
+            self._check_query(latest.metadata.properties)
             return
         self.coordinator = CheckpointCoordinator(self.storage, **self._coordinator_args())
         self.base = None
@@ -316,25 +335,120 @@ class KeyedJobDriver:
             # Step 4. NO_CLAIM / LEGACY.
             self.base = self._restore_source(snap.storage, snap.metadata, own=False)
             self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
-            if self._same_offsets(snap):
-                self.last_batch_id = int(snap.metadata.properties.get("batch_id", -1))
+            self.last_batch_id = resumed_batch
             # NO_CLAIM: the first checkpoint references none of the snapshot's files (the
             # backends duplicate them into this job's root instead).
             self.share_restored_files = False
 
-    def _same_offsets(self, snap: ResolvedSnapshot) -> bool:
-        """Batch ids continue only when Spark resumes from the same source offsets: then a
-        batch the snapshot already covers must not be processed twice."""
-        return bool(self.spark_checkpoint_location) and snap.metadata.properties.get(
-            "spark_checkpoint_location") == self.spark_checkpoint_location
+    def _resume_source(self, snap: ResolvedSnapshot) -> int:
+        """Restore the source positions of a snapshot this new job starts from; returns the
+        Spark batch id its state covers in this job's Spark checkpoint location (-1: none).
 
-    def _claim_properties(self, snap: ResolvedSnapshot) -> dict[str, str]:
+        A snapshot covers Spark batch ``B`` of one query (Spark's batch ids mean something
+        only within one offset log). The job resumes exactly after ``B`` (Flink's savepoints
+        carry their sources' positions too):
+
+        - in the snapshot's own Spark checkpoint location (if it got as far as ``B``): Spark
+          resumes there after its last done batch; batches up to ``B`` are skipped as covered
+          (a later one that is not, because the location moved on after the snapshot, is
+          refused per batch by :meth:`_check_continuity`);
+        - in a new, empty location: it is seeded with the offset log up to ``B``, from the copy
+          a savepoint carries or from the snapshot's own location
+          (:func:`keyedstate.spark.offsets.seed`);
+        - nowhere, when neither exists or the job has no Spark checkpoint location: the source
+          would be read again from the start of the new location, input the state already
+          holds. Refused with :class:`SourcePositionsError`.
+
+        With ``keyedstate.state-recovery.source-positions: ignore`` (a job over a new source,
+        or reprocessing intended), and for a snapshot that covers no batch (bootstrapped by
+        the state processor API), the source starts afresh.
+        """
+        props = snap.metadata.properties
+        batch = int(props.get("batch_id", -1))
+        location = self.spark_checkpoint_location
+        where = snap.storage.url_of(snap.metadata_path)
+        if batch < 0:
+            return -1
+        if self.config.source_positions is SourcePositions.IGNORE:
+            log.warning("%s covers Spark batch %d of another query; its source positions are "
+                        "not restored (keyedstate.state-recovery.source-positions: ignore): "
+                        "the source starts from where %s starts", where, batch,
+                        location or "the new query")
+            return -1
+        if location and props.get("spark_checkpoint_location") == location:
+            own = OffsetLog.at(location, self.config.storage_options).batches(OFFSETS)
+            if own and own[-1] >= batch:
+                return batch
+        carried = source_log_of(snap, self.config.storage_options) if location else None
+        if carried is not None:
+            seed(OffsetLog.at(location, self.config.storage_options), carried, batch)
+            return batch
+        raise SourcePositionsError(
+            f"{where} holds the state after Spark batch {batch} of query "
+            f"{props.get(PROP_QUERY_ID, '?')}, but its source positions can't be restored: it "
+            f"carries no copy of Spark's offset log, and its Spark checkpoint location "
+            f"{props.get('spark_checkpoint_location') or '(none recorded)'} does not have that "
+            f"batch's offsets. Started from "
+            f"{location or 'a job without a Spark checkpoint location'}, the source would be "
+            f"read again from its start and input the state already holds counted twice. "
+            f"Restore a savepoint taken by keyedstate (it carries the positions), start in the "
+            f"snapshot's own Spark checkpoint location, or set "
+            f"keyedstate.state-recovery.source-positions=ignore if the job reads a new source "
+            f"or reprocessing is intended"
+        )
+
+    def _claim_properties(self, snap: ResolvedSnapshot, batch_id: int) -> dict[str, str]:
         """Properties of the checkpoint a claimed snapshot becomes: this job's lineage, not
-        drained (a drained job's savepoint starts a new job), the batch id only when Spark
-        resumes from the same offsets."""
-        batch_id = snap.metadata.properties.get("batch_id", "-1") if self._same_offsets(snap) \
-            else "-1"
-        return {**self.lineage, "drained": "false", "batch_id": batch_id}
+        drained (a drained job's savepoint starts a new job), the batch id it covers in this
+        job's offset log (:meth:`_resume_source`)."""
+        query_id = snap.metadata.properties.get(PROP_QUERY_ID, "") if batch_id >= 0 else ""
+        return {**self.lineage, "drained": "false", "batch_id": str(batch_id),
+                PROP_QUERY_ID: query_id}
+
+    def _commit_carried_output(self, snap: ResolvedSnapshot) -> None:
+        """Commit the output a snapshot carries: staged output of its batch whose sinks were
+        not known to have committed it when the savepoint was taken (idempotent, as every
+        sink commit)."""
+        if not output_committed(snap):
+            self._commit_output(self.job.stream.df.sparkSession, snap.storage,
+                                snap.metadata.properties)
+
+    def _check_query(self, props: Mapping[str, str]) -> None:
+        """Refuse a restart whose Spark checkpoint location holds another query than the one
+        whose batches the checkpoints cover (the location was deleted or replaced): Spark
+        would number batches from 0 again, and batches the state covers would be skipped."""
+        recorded = props.get(PROP_QUERY_ID)
+        if not recorded or not self.spark_checkpoint_location:
+            return
+        current = OffsetLog.at(self.spark_checkpoint_location,
+                               self.config.storage_options).query_id()
+        if current is not None and current != recorded:
+            raise SourcePositionsError(
+                f"the Spark checkpoint location {self.spark_checkpoint_location} holds query "
+                f"{current}, but the checkpoints in {self.config.checkpoint_dir} cover batches of "
+                f"query {recorded}: Spark would number its batches anew and the state would skip "
+                f"or double input. Start with the query's own Spark checkpoint location, or take "
+                f"a savepoint and start a new job from it in a new checkpoint directory"
+            )
+        if current is None and int(props.get("batch_id", -1)) >= 0:
+            raise SourcePositionsError(
+                f"the Spark checkpoint location {self.spark_checkpoint_location} is empty, but "
+                f"the checkpoints in {self.config.checkpoint_dir} cover batches up to "
+                f"{props['batch_id']} of query {recorded}: Spark would start the source from the "
+                f"beginning and the state would skip or double input. Put the location back, "
+                f"or take a savepoint (keyedstate savepoint create) and start a new job from it "
+                f"in a new checkpoint directory"
+            )
+
+    def query_id(self) -> str:
+        """The id of the Spark query whose batch ids this job's batches carry ("" without a
+        Spark checkpoint location): it names the sinks' output, so that a replayed batch
+        replaces its own output and never another job's."""
+        if self._query_id is None:
+            self._query_id = (OffsetLog.at(self.spark_checkpoint_location,
+                                           self.config.storage_options).query_id() or ""
+                              if self.spark_checkpoint_location else "")
+        return self._query_id
 
     def _restore_source(self, storage: CheckpointStorage, metadata: Any, own: bool
                         ) -> RestoreSource:
@@ -396,16 +510,26 @@ class KeyedJobDriver:
             "that replays from the savepoint's batch"
         )
 
-    def _run_with_retries(self, df: Any, batch_id: int, started: float) -> None:
-        """Run the batch; when its checkpoint fails on transient storage errors (throttling,
-        timeouts, 5xx that outlasted the per-call retries), it was aborted (nothing it wrote
-        is referenced): run the batch again from the last committed checkpoint, up to
-        ``execution.checkpointing.tolerable-failed-checkpoints`` times."""
+    def _run_with_retries(self, df: Any, batch_id: int, started: float, *,
+                          drain: bool = False) -> None:
+        """Run the batch and commit its output.
+
+        Step A. Checkpoint the batch (:meth:`_checkpoint`). When that fails on transient
+            storage errors (throttling, timeouts, 5xx that outlasted the per-call retries),
+            the checkpoint was aborted (nothing it wrote is referenced): run the batch again
+            from the last committed checkpoint, up to
+            ``execution.checkpointing.tolerable-failed-checkpoints`` times.
+        Step B. The checkpoint is complete: the batch is never run again. Only its sink
+            commit is retried on transient errors (:meth:`_commit_with_retries`); if that
+            still fails, or a listener raises, the error ends the batch without Spark marking
+            it done, and the replay after a restart commits the output (step 1 of the module
+            docstring).
+        """
         tolerable = self.config.tolerable_failed_checkpoints
         for attempt in range(1, tolerable + 2):
             try:
-                self._run(df, batch_id, started, attempt=attempt)
-                return
+                completed, results, tasks = self._checkpoint(df, batch_id, drain=drain)
+                break
             except Exception as exc:
                 if attempt > tolerable or not _is_transient_failure(exc):
                     raise
@@ -413,6 +537,30 @@ class KeyedJobDriver:
                 log.warning("batch %s: checkpoint failed on transient storage errors (%s); "
                             "running the batch again in %.1f s (attempt %d of %d)", batch_id,
                             _batch_failure(exc) or exc, delay, attempt + 1, tolerable + 1)
+                time.sleep(delay)
+        # Step B.
+        self._commit_with_retries(df.sparkSession, completed)
+        stats = self._stats(batch_id, completed, results, started)
+        stats.attempts = attempt
+        stats.spark_tasks = tasks
+        self._record(stats)
+
+    def _commit_with_retries(self, spark: Any, completed: CompletedCheckpoint) -> None:
+        """Commit a completed checkpoint's output, retrying transient storage errors (the
+        commit is idempotent by batch id) as often as a failed checkpoint would be."""
+        tolerable = self.config.tolerable_failed_checkpoints
+        for attempt in range(1, tolerable + 2):
+            try:
+                self._commit_sinks(spark, completed)
+                return
+            except TransientStorageError as exc:
+                if attempt > tolerable:
+                    raise
+                delay = self.storage.transfer.backoff(attempt)
+                log.warning("checkpoint %d is complete, committing its output failed on "
+                            "transient storage errors (%s); committing again in %.1f s "
+                            "(attempt %d of %d)", completed.checkpoint_id, exc, delay,
+                            attempt + 1, tolerable + 1)
                 time.sleep(delay)
 
     def _plan(self, batch_id: int, checkpoint_id: int, spark_tasks: int, *,
@@ -454,8 +602,11 @@ class KeyedJobDriver:
                   .repartitionById(spark_tasks, F.expr(
                       f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
 
-    def _run(self, df: Any, batch_id: int, started: float, *, drain: bool = False,
-             attempt: int = 1) -> None:
+    def _checkpoint(self, df: Any, batch_id: int, *, drain: bool = False
+                    ) -> tuple[CompletedCheckpoint, list[Any], int]:
+        """Step 2 and 3: run the batch's subtasks and complete its checkpoint; returns the
+        completed checkpoint, the subtasks' result rows and the Spark tasks used. A failure
+        aborts the checkpoint (the driver's state is then as before the call)."""
         # Step 2. Trigger, route, run every subtask.
         pending = self.coordinator.trigger({"batch_id": str(batch_id)})
         tasks = self.spark_tasks(df.sparkSession)
@@ -487,12 +638,15 @@ class KeyedJobDriver:
                 "tokens": json.dumps([r["token"] for r in results]),
                 "staged": json.dumps(staged),
                 "drained": "true" if drain else "false",
+                # The query the batch id belongs to: names the sinks' output, checked at restart.
+                PROP_QUERY_ID: self.query_id(),
                 # Names the key columns for the state processor API and canonical savepoints.
                 PROP_KEY_COLUMNS: json.dumps(self.job.stream.key_columns),
             }
             completed = self.coordinator.complete(pending, properties=properties)
         except BaseException as exc:
-            self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
+            if not pending.is_completed:
+                self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
             if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
                 cause = _batch_failure(exc)
                 if cause is not None:
@@ -504,30 +658,34 @@ class KeyedJobDriver:
         self.base = self._restore_source(self.storage, completed.metadata, own=True)
         self.share_restored_files = True
         self.force_full = False
-        # Step 4. Sinks.
-        self._commit_sinks(df.sparkSession, completed)
-        stats = self._stats(batch_id, completed, results, started)
-        stats.attempts = attempt
-        stats.spark_tasks = tasks
-        self._record(stats)
+        return completed, results, tasks
 
     def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:
+        """Step 4: commit a completed checkpoint's output to the sinks (skipped when its
+        marker says that happened), then write the marker and drop the staged files."""
         props = completed.metadata.properties
-        batch_id = int(props["batch_id"])
-        marker = f"{COMMITS_DIR}/batch-{batch_id}-chk-{completed.checkpoint_id}"
+        marker = commit_marker(int(props["batch_id"]), completed.checkpoint_id)
         if self.storage.exists(marker):
             return
+        self._commit_output(spark, self.storage, props)
+        self.storage.write(marker, b"")
+        self.storage.delete_dir(staging_dir(int(props["batch_id"])))
+
+    def _commit_output(self, spark: Any, storage: CheckpointStorage,
+                       props: Mapping[str, str]) -> None:
+        """Hand every output staged in ``storage`` (``props["staged"]``) to its sinks, under
+        the batch id and query id ``props`` record."""
+        batch_id = int(props["batch_id"])
         staged = json.loads(props.get("staged", "{}"))
         schemas = {MAIN_OUTPUT: self.job.output_schema, **self.job.side_outputs}
         if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
             # A late-events sink also commits batches without late rows (no files).
             schemas[LATE_EVENTS_TAG] = self._late_schema()
         for output, sinks in self.job.sinks.items():
-            out = StagedOutput(self.storage, staged.get(output, []), schemas[output])
+            out = StagedOutput(storage, staged.get(output, []), schemas[output],
+                               lineage=props.get(PROP_QUERY_ID, ""))
             for sink in sinks:
                 sink.commit(spark, batch_id, out)
-        self.storage.write(marker, b"")
-        self.storage.delete_dir(f"{STAGING_DIR}/batch-{batch_id}")
 
     def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
                started: float) -> BatchStats:
@@ -569,13 +727,22 @@ class KeyedJobDriver:
     def savepoint(self, target: str,
                   format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
         """A savepoint of the last committed state, the latest completed checkpoint, in
-        ``target``; returns the path or URL of its ``_metadata``. The job keeps running: the
-        checkpoint's files are duplicated (native, see
-        :func:`~keyedstate.checkpoint.savepoint.write_native_savepoint`) or rewritten
-        (canonical) while the batch lock is held, so no batch completes a checkpoint and
-        subsumes it meanwhile (a batch in flight finishes first). A ``target`` holding a
-        savepoint raises :class:`SnapshotExistsError` before anything is written."""
+        ``target``; returns the path or URL of its ``_metadata``. The job keeps running.
+
+        Step 1. Refuse a ``target`` holding a savepoint (:class:`SnapshotExistsError`) before
+            anything is written.
+        Step 2. Under the batch lock (a batch in flight finishes first, and no checkpoint
+            completes and subsumes the latest meanwhile): commit the latest checkpoint's
+            output if that has not happened yet (idempotent), so that the savepoint's batch
+            is complete in state and in output.
+        Step 3. Duplicate the checkpoint's files (native, see
+            :func:`~keyedstate.checkpoint.savepoint.write_native_savepoint`) or rewrite them
+            (canonical), and carry Spark's offset log up to its batch
+            (:mod:`keyedstate.spark.carry`): a job restored from it in any Spark checkpoint
+            location resumes its source exactly after that batch.
+        """
         fmt = SnapshotFormat(str(format).lower())
+        # Step 1.
         check_savepoint_target(CheckpointStorage(target, self.config.storage_options))
         with self._lock:
             latest = self.coordinator.latest_completed
@@ -584,19 +751,44 @@ class KeyedJobDriver:
                     "no checkpoint completed yet: nothing to take a savepoint of; wait for the "
                     "first batch"
                 )
+            # Step 2.
+            if int(latest.metadata.properties.get("batch_id", -1)) >= 0:
+                self._commit_with_retries(self.job.stream.df.sparkSession, latest)
+            # Step 3.
             source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
+            attach = carry(source, self.config.storage_options, committed=True)
             if fmt is SnapshotFormat.NATIVE:
-                return write_native_savepoint(source, target, self.config.storage_options)
+                return write_native_savepoint(source, target, self.config.storage_options,
+                                              attach=attach)
             from keyedstate.checkpoint.canonical import write_canonical_savepoint
 
-            return write_canonical_savepoint(source, target, self.config.storage_options)
+            return write_canonical_savepoint(source, target, self.config.storage_options,
+                                             attach=attach)
 
     def drain(self, spark: Any) -> None:
-        """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint."""
+        """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint.
+
+        The drain is a batch of its own, as Spark's no-data batches are: it takes the next
+        batch id ``D``, its output is committed under ``D``, and ``D`` is recorded in Spark's
+        offset log as a done batch that read nothing (its offsets are the previous batch's,
+        replacing a plan Spark made for ``D`` and never ran). So a job restored from the
+        drained state, in this Spark checkpoint location or with the log a savepoint carries,
+        resumes at ``D + 1`` with nothing skipped or read twice.
+        """
         empty = spark.createDataFrame([], self.job.stream.df.schema)
         with self._lock:
-            self._run(empty, self.last_batch_id + 1, time.perf_counter(), drain=True)
-
+            batch_id = self.last_batch_id + 1
+            offsets = (OffsetLog.at(self.spark_checkpoint_location, self.config.storage_options)
+                       if self.spark_checkpoint_location else None)
+            if offsets is None or self.last_batch_id not in offsets.batches(OFFSETS):
+                # Nothing to resume after: the drained job never ran a batch in this location.
+                log.warning("drain: %s has no batch %d to follow; a job restored from the "
+                            "drained state starts its source afresh",
+                            self.spark_checkpoint_location or "the job", self.last_batch_id)
+                offsets = None
+            self._run_with_retries(empty, batch_id, time.perf_counter(), drain=True)
+            if offsets is not None:
+                offsets.record_no_data_batch(batch_id)
 
 def _is_transient_failure(exc: BaseException) -> bool:
     """Whether a failed batch failed on storage errors a later run may not meet: a

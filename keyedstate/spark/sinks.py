@@ -25,6 +25,8 @@ class StagedOutput:
     storage: CheckpointStorage
     paths: list[str]
     schema: pa.Schema
+    #: the Spark query the batch id belongs to ("" if unknown): output is named by it
+    lineage: str = ""
 
     def urls(self) -> list[str]:
         return [self.storage.url_of(p) for p in self.paths]

@@ -1,0 +1,172 @@
+"""Spark's source positions: the offset log of a streaming query, carried with savepoints.
+
+Structured Streaming keeps a query's source positions in its checkpoint location (the
+``spark_checkpoint_location`` of :meth:`~keyedstate.spark.job.KeyedProcessJob.start`)::
+
+    metadata              {"id": "<query id>"}: the query's identity, kept across restarts
+    offsets/<B>           the source offsets batch B reads up to (written before B runs)
+    commits/<B>           batch B is done (written after ``foreachBatch`` returned)
+    sources/<n>/...       per-source logs (the file source's list of seen files, the rate
+                          source's start time)
+
+A batch id means something only within one such log. A keyedstate checkpoint records the batch
+it covers; for it to be restored with Flink's guarantee (the source resumes exactly after the
+snapshot's batch), the log must come along. So a savepoint carries a copy of the log up to its
+batch (:func:`capture`), and a job restored from it in a new checkpoint location seeds that
+location with the copy before Spark starts (:func:`seed`). Nothing here imports pyspark: the
+log is read and written as files, through fsspec (``s3a://`` is read as ``s3://``).
+
+Spark's own stateful operators keep state under ``state/``: it is not carried (keyedstate
+holds the job's state); a query with such operators upstream of ``key_by`` restores only in
+its own location.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from keyedstate.checkpoint.savepoint import CONTEXT_DIR
+from keyedstate.checkpoint.storage import CheckpointStorage
+from keyedstate.errors import ConfigurationError
+
+log = logging.getLogger("keyedstate")
+
+#: Files and directories of a Spark checkpoint location.
+QUERY_METADATA = "metadata"
+OFFSETS = "offsets"
+COMMITS = "commits"
+SOURCES = "sources"
+#: Where a savepoint keeps its copy of the log (relative to the savepoint's root).
+SOURCE_LOG_DIR = f"{CONTEXT_DIR}/spark-source"
+#: ``_metadata`` properties: the copy's directory, and the query id the batch ids belong to.
+PROP_SOURCE_LOG = "spark_source_log"
+PROP_QUERY_ID = "spark_query_id"
+
+
+def _storage(location: str, storage_options: Mapping[str, Any] | None) -> CheckpointStorage:
+    """The location through fsspec: Spark's Hadoop name ``s3a://`` is s3fs's ``s3://``; the
+    job's storage options apply to a remote location (a local one takes none)."""
+    url = "s3://" + location[len("s3a://"):] if location.startswith("s3a://") else location
+    local = "://" not in url or url.startswith("file://")
+    return CheckpointStorage(url, None if local else storage_options)
+
+
+def _is_log_file(relative: str) -> bool:
+    """Hadoop writes a hidden ``.<name>.crc`` beside each file on a local disk; it is
+    optional on read, and a copy never needs it (a stale one would fail the read)."""
+    return not any(part.startswith(".") for part in relative.split("/"))
+
+
+@dataclass(frozen=True)
+class OffsetLog:
+    """A Spark checkpoint location, or a snapshot's copy of one (the same layout)."""
+
+    storage: CheckpointStorage
+
+    @classmethod
+    def at(cls, location: str, storage_options: Mapping[str, Any] | None = None) -> OffsetLog:
+        return cls(_storage(location, storage_options))
+
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    def batches(self, folder: str) -> list[int]:
+        """Batch ids with a file in ``offsets`` or ``commits``, ascending."""
+        return sorted(int(name.rsplit("/", 1)[-1]) for name in self.storage.list_files(folder)
+                      if _is_log_file(name) and name.rsplit("/", 1)[-1].isdigit())
+
+    def query_id(self) -> str | None:
+        """The query's id (Spark writes it when the query first starts)."""
+        if not self.storage.exists(QUERY_METADATA):
+            return None
+        return str(json.loads(self.storage.read(QUERY_METADATA).decode().strip())["id"])
+
+    def last_committed(self) -> int:
+        """The last batch Spark recorded as done, -1 if none."""
+        committed = self.batches(COMMITS)
+        return committed[-1] if committed else -1
+
+    def _replace(self, relative: str, data: bytes) -> None:
+        folder, _, name = relative.rpartition("/")
+        self.storage.delete([f"{folder}/.{name}.crc"])
+        self.storage.write(relative, data)
+
+    def record_no_data_batch(self, batch_id: int) -> None:
+        """Record ``batch_id`` as a done batch that read nothing (what Spark writes for its
+        no-data batches): its offsets are the previous batch's, so the next batch reads from
+        where that one ended. A plan Spark wrote for ``batch_id`` and never ran is replaced.
+        Used for a drain, which consumes a batch id of its own."""
+        previous = batch_id - 1
+        self._replace(f"{OFFSETS}/{batch_id}", self.storage.read(f"{OFFSETS}/{previous}"))
+        self._replace(f"{COMMITS}/{batch_id}", self.storage.read(f"{COMMITS}/{previous}"))
+
+
+def capture(source: OffsetLog, batch_id: int, target: CheckpointStorage,
+            folder: str = SOURCE_LOG_DIR) -> dict[str, str]:
+    """Copy ``source``'s log up to ``batch_id`` into ``target/folder`` (a savepoint being
+    written) and return the ``_metadata`` properties naming the copy.
+
+    Copied: the query id, ``offsets`` and ``commits`` of batches up to ``batch_id`` (a plan for
+    a later batch is left out: the restored query plans it again), every source log. The
+    snapshot's batch is complete in state, so the copy records it as done even when Spark had
+    not yet written ``commits/<batch_id>`` (a savepoint taken while the batch committed).
+    Raises :class:`ConfigurationError` when the log lacks the batch's offsets.
+    """
+    offsets = source.batches(OFFSETS)
+    if batch_id not in offsets:
+        raise ConfigurationError(
+            f"{source.url} has no offsets of batch {batch_id}: it is not the Spark checkpoint "
+            f"location of the job whose snapshot covers batch {batch_id}"
+        )
+    committed = source.batches(COMMITS)
+    files = [f for f in source.storage.list_files() if _is_log_file(f)]
+    keep = [f for f in files if f == QUERY_METADATA or f.startswith(SOURCES + "/")
+            or _batch_file(f, OFFSETS, batch_id) or _batch_file(f, COMMITS, batch_id)]
+    for relative in keep:
+        target.write(f"{folder}/{relative}", source.storage.read(relative))
+    if batch_id not in committed:
+        template = (source.storage.read(f"{COMMITS}/{committed[-1]}") if committed
+                    else b'v1\n{"nextBatchWatermarkMs":0}')
+        target.write(f"{folder}/{COMMITS}/{batch_id}", template)
+    props = {PROP_SOURCE_LOG: folder}
+    query_id = source.query_id()
+    if query_id:
+        props[PROP_QUERY_ID] = query_id
+    return props
+
+
+def _batch_file(relative: str, folder: str, up_to: int) -> bool:
+    head, _, name = relative.rpartition("/")
+    return head == folder and name.isdigit() and int(name) <= up_to
+
+
+def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> None:
+    """Make ``location`` (a new job's Spark checkpoint location) resume exactly after
+    ``batch_id`` by copying ``carried`` (a snapshot's copy of the log) into it.
+
+    Idempotent: a location already seeded from the same copy (a start that crashed before the
+    first checkpoint; Spark may have planned batches after ``batch_id`` since, none of them
+    done) is left as it is; one without the query's ``metadata`` (empty, or a seed cut short:
+    ``metadata`` is written last) is written again. A location holding another query's log
+    raises :class:`ConfigurationError`: Spark would resume from positions the state does not
+    match."""
+    current = location.query_id()
+    if current is not None:
+        if current == carried.query_id() and location.last_committed() <= batch_id:
+            return
+        raise ConfigurationError(
+            f"the Spark checkpoint location {location.url} holds another query's source "
+            f"positions (query {current}, batches done up to {location.last_committed()}), "
+            f"not those of the restored snapshot (query {carried.query_id()}, batch "
+            f"{batch_id}); start the restored job with a new, empty spark_checkpoint_location"
+        )
+    files = [f for f in carried.storage.list_files() if _is_log_file(f)]
+    # The query metadata last: a location with it and without offsets would be a new query.
+    for relative in sorted(files, key=lambda f: f == QUERY_METADATA):
+        location.storage.write(relative, carried.storage.read(relative))
+    log.info("seeded the Spark checkpoint location %s from %s: the query resumes after "
+             "batch %d", location.url, carried.url, batch_id)

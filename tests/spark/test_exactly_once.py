@@ -1,0 +1,218 @@
+"""Exactly once at the edges of the commit protocol, on real Spark: a storage error after the
+checkpoint commit, a drained savepoint restored, a savepoint of a batch whose sinks had not
+committed, a restore into a new Spark checkpoint location. Every test compares the output with
+pandas over the input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from keyedstate.checkpoint.faults import FaultPlan
+from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.cli import main
+from keyedstate.config import JobConfig
+from keyedstate.errors import SourcePositionsError, TransientStorageError
+from keyedstate.spark.job import key_by
+from keyedstate.spark.offsets import OffsetLog
+from keyedstate.spark.sinks import ParquetSink, StagedOutput
+from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
+from tests.spark.test_job import SCHEMA, check_against_pandas, write_files
+
+pytestmark = pytest.mark.spark
+
+
+def start(spark: Any, root: str, ckpt: str = "ckpt", location: str = "spark",
+          sink: Any = None, listener: Any = None, **config: Any) -> Any:
+    """A RunningTotals job over ``root/input`` (one file per batch) into ``sink`` (default a
+    ParquetSink at ``root/out``); returns the query after every available file was
+    processed."""
+    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA)
+    job.sink(sink or ParquetSink(os.path.join(root, "out")))
+    config.setdefault("checkpoint_dir", os.path.join(root, ckpt))
+    query = job.start(JobConfig(parallelism=2, **config), trigger={"availableNow": True},
+                      spark_checkpoint_location=os.path.join(root, location))
+    if listener is not None:
+        query.add_listener(listener)
+    query.await_termination()
+    return query
+
+
+def check_totals(root: str) -> pd.DataFrame:
+    """Each user's last output row holds the count and total over the whole input, and no
+    (user, batch) appears twice: nothing lost, nothing doubled, whatever the batch ids."""
+    events = pd.read_parquet(os.path.join(root, "input"))
+    out = pd.read_parquet(os.path.join(root, "out"))
+    assert not out.duplicated(["user_id", "batch_id"]).any()
+    last = out.sort_values("batch_id").groupby("user_id").last()
+    expected = events.groupby("user_id")["amount"].agg(["size", "sum"])
+    assert sorted(last.index) == sorted(expected.index)
+    assert (last["count"] == expected.loc[last.index, "size"]).all(), "counts differ from pandas"
+    assert ((last["total"] - expected.loc[last.index, "sum"]).abs() < 1e-6).all()
+    return out
+
+
+# -- 1. a storage error after the checkpoint committed --------------------------------------------
+
+def test_storage_errors_after_the_commit_retry_the_sink_commit_not_the_batch(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    plan = FaultPlan(tmp_path / "faults.json")
+    # batch 1's sink-commit marker fails twice (one attempt per call): its checkpoint is
+    # complete, so only the commit may be retried
+    plan.add("write", "internal", match="commits/batch-1-", times=2)
+    query = start(spark, root, checkpoint_dir=plan.url(os.path.join(root, "ckpt")),
+                  storage_options=plan.storage_options("file"), transfer_attempts=1)
+    query.stop()
+    assert sum("commits/batch-1-" in f["path"] for f in plan.fired()) == 2
+    check_against_pandas(root)
+    assert [(s.batch_id, s.attempts) for s in query.stats] == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_a_listener_failing_after_the_commit_never_reruns_the_batch(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    failed: list[int] = []
+
+    def listener(stats: Any) -> None:
+        if stats.batch_id == 1 and not failed:
+            failed.append(1)
+            raise TransientStorageError("listener: the metrics store is throttled")
+
+    with pytest.raises(Exception, match="metrics store is throttled"):
+        start(spark, root, listener=listener)
+    query = start(spark, root)
+    query.stop()
+    check_against_pandas(root)
+    assert query.stats[0].batch_id == 1 and query.stats[0].skipped_replay
+
+
+# -- 2. a drained savepoint ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("location", ["spark", "spark-2"], ids=["same-location", "new-location"])
+def test_drained_savepoint_restores_without_losing_the_next_batch(spark, tmp_path, location):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    first = start(spark, root)
+    savepoint = first.stop(drain=True, savepoint=os.path.join(root, "sp"))
+    drain_batch = first.stats[-1].batch_id
+    assert drain_batch == 2, "the drain is a batch of its own"
+    assert OffsetLog.at(os.path.join(root, "spark")).last_committed() == drain_batch
+    write_files(os.path.join(root, "input"), 1, first=2)
+    second = start(spark, root, ckpt="ckpt-2", location=location, restore_path=savepoint)
+    second.stop()
+    processed = [s.batch_id for s in second.stats if not s.skipped_replay]
+    assert processed == [3], "the file after the drain is batch 3, processed once"
+    check_totals(root)
+
+
+# -- 3. a savepoint of a batch whose sinks had not committed -------------------------------------
+
+class FailingSink(ParquetSink):
+    """Fails the commit of one batch, once: a driver that stops between checkpoint commit and
+    sink commit."""
+
+    def __init__(self, path: str, batch_id: int, marker: str) -> None:
+        super().__init__(path)
+        self.batch_id = batch_id
+        self.marker = marker
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        if batch_id == self.batch_id and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("driver stopped between checkpoint commit and sink commit")
+        super().commit(spark, batch_id, staged)
+
+
+def test_running_jobs_savepoint_commits_its_batch_first(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    sink = FailingSink(os.path.join(root, "out"), 1, str(tmp_path / "failed"))
+    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA).sink(sink)
+    query = job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2),
+                      trigger={"availableNow": True},
+                      spark_checkpoint_location=os.path.join(root, "spark"))
+    with pytest.raises(Exception, match="driver stopped"):
+        query.await_termination()
+    assert not os.path.exists(os.path.join(root, "out")) or len(
+        pd.read_parquet(os.path.join(root, "out")).batch_id.unique()) == 1
+    # batch 1 is checkpointed, its output not committed; the savepoint commits it first
+    query.driver.savepoint(os.path.join(root, "sp"))
+    check_against_pandas(root)
+
+
+@pytest.mark.parametrize("fmt", ["native", "canonical"])
+def test_offline_savepoint_carries_uncommitted_output_and_the_restore_commits_it(spark, tmp_path,
+                                                                                 fmt):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    failing = FailingSink(os.path.join(root, "out"), 1, str(tmp_path / "failed"))
+    with pytest.raises(Exception, match="driver stopped"):
+        start(spark, root, sink=failing)
+    # an offline savepoint of the job's directory, after the driver is gone
+    result = CliRunner().invoke(main, ["savepoint", "create", os.path.join(root, "ckpt"),
+                                       os.path.join(root, "sp"), "--format", fmt, "--json"])
+    assert result.exit_code == 0, result.output
+    savepoint = json.loads(result.output)["savepoint"]
+    carried = resolve_snapshot(savepoint).metadata.properties
+    assert "staged" in carried and carried["batch_id"] == "1"
+    write_files(os.path.join(root, "input"), 1, first=2)
+    shutil.rmtree(os.path.join(root, "spark"))  # a new place: the positions come from the savepoint
+    query = start(spark, root, ckpt="ckpt-2", location="spark-2", restore_path=savepoint)
+    query.stop()
+    assert [s.batch_id for s in query.stats] == [2]
+    check_against_pandas(root)
+
+
+# -- 4. a restore into a new Spark checkpoint location -------------------------------------------
+
+def test_savepoint_restored_in_a_new_location_resumes_after_its_batch(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    savepoint = start(spark, root).stop(savepoint=os.path.join(root, "sp"))
+    write_files(os.path.join(root, "input"), 2, first=2)
+    query = start(spark, root, ckpt="ckpt-2", location="spark-2", restore_path=savepoint)
+    query.stop()
+    assert [s.batch_id for s in query.stats] == [2, 3]
+    check_against_pandas(root)
+    # restarting the restored job in its own location goes on from there
+    write_files(os.path.join(root, "input"), 1, first=4)
+    again = start(spark, root, ckpt="ckpt-2", location="spark-2", restore_path=savepoint)
+    again.stop()
+    assert [s.batch_id for s in again.stats] == [4]
+    check_against_pandas(root)
+
+
+def test_restore_without_source_positions_is_refused_unless_told_to_ignore_them(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    start(spark, root).stop()
+    shutil.rmtree(os.path.join(root, "spark"))  # the job's source positions are gone
+    with pytest.raises(SourcePositionsError, match="source-positions=ignore"):
+        start(spark, root, ckpt="ckpt-2", location="spark-2",
+              restore_path=os.path.join(root, "ckpt"))
+    assert not os.path.exists(os.path.join(root, "ckpt-2", "chk-1")), "nothing was started"
+    query = start(spark, root, ckpt="ckpt-3", location="spark-3",
+                  restore_path=os.path.join(root, "ckpt"), source_positions="ignore")
+    query.stop()
+    assert [s.batch_id for s in query.stats] == [0, 1], "the input is read again, as asked"
+
+
+def test_restart_with_the_spark_location_deleted_is_refused(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    start(spark, root).stop()
+    shutil.rmtree(os.path.join(root, "spark"))
+    with pytest.raises(SourcePositionsError, match="is empty"):
+        start(spark, root)
+    check_against_pandas(root)
