@@ -95,6 +95,30 @@ def test_a_listener_failing_after_the_commit_never_reruns_the_batch(spark, tmp_p
     assert query.stats[0].batch_id == 1 and query.stats[0].skipped_replay
 
 
+def test_readme_idempotent_callback_sink_is_exactly_once_across_a_replay(spark, tmp_path):
+    """The README's callback sink, called again for a batch after a crash that followed its
+    write (before the sink-commit marker): the batch's rows are there once."""
+    from pyspark.sql import functions as F
+
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    calls: list[int] = []
+
+    def upsert_batch(df: Any, batch_id: int) -> None:  # as in the README
+        (df.withColumn("batch_id", F.lit(batch_id))
+           .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+           .partitionBy("batch_id").parquet(os.path.join(root, "out")))
+        calls.append(batch_id)
+        if batch_id == 1 and calls.count(1) == 1:
+            raise RuntimeError("driver crash after the callback wrote batch 1")
+
+    with pytest.raises(Exception, match="driver crash after the callback"):
+        start(spark, root, sink=upsert_batch)
+    start(spark, root, sink=upsert_batch).stop()
+    assert calls == [0, 1, 1, 2], "batch 1 is handed to the callback again, with the same rows"
+    check_against_pandas(root)
+
+
 # -- 2. a drained savepoint ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("location", ["spark", "spark-2"], ids=["same-location", "new-location"])
