@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from keyedstate.checkpoint.savepoint import CONTEXT_DIR
 from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.errors import ConfigurationError
+from keyedstate.errors import SourcePositionsError
 
 log = logging.getLogger("keyedstate")
 
@@ -105,33 +105,42 @@ class OffsetLog:
         self._replace(f"{COMMITS}/{batch_id}", self.storage.read(f"{COMMITS}/{previous}"))
 
 
-def capture(source: OffsetLog, batch_id: int, target: CheckpointStorage,
-            folder: str = SOURCE_LOG_DIR) -> dict[str, str]:
-    """Copy ``source``'s log up to ``batch_id`` into ``target/folder`` (a savepoint being
-    written) and return the ``_metadata`` properties naming the copy.
+def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
+             folder: str = "") -> None:
+    """Copy ``source``'s log up to ``batch_id`` into ``target`` (under ``folder``).
 
-    Copied: the query id, ``offsets`` and ``commits`` of batches up to ``batch_id`` (a plan for
-    a later batch is left out: the restored query plans it again), every source log. The
-    snapshot's batch is complete in state, so the copy records it as done even when Spark had
-    not yet written ``commits/<batch_id>`` (a savepoint taken while the batch committed).
-    Raises :class:`ConfigurationError` when the log lacks the batch's offsets.
-    """
-    offsets = source.batches(OFFSETS)
-    if batch_id not in offsets:
-        raise ConfigurationError(
+    Copied: every source log, ``offsets`` and ``commits`` of batches up to ``batch_id`` (a
+    plan for a later batch, or a later batch of a job that went on, is left out: the query
+    resumes after ``batch_id`` and plans again), and the query id last (a location with it and
+    without offsets would be a new query). The batch is complete in keyedstate's state, so the
+    copy records it as done even when Spark had not yet written ``commits/<batch_id>`` (a
+    snapshot taken while the batch committed). Raises :class:`SourcePositionsError` when the
+    log lacks the batch's offsets."""
+    if batch_id not in source.batches(OFFSETS):
+        raise SourcePositionsError(
             f"{source.url} has no offsets of batch {batch_id}: it is not the Spark checkpoint "
             f"location of the job whose snapshot covers batch {batch_id}"
         )
     committed = source.batches(COMMITS)
     files = [f for f in source.storage.list_files() if _is_log_file(f)]
-    keep = [f for f in files if f == QUERY_METADATA or f.startswith(SOURCES + "/")
-            or _batch_file(f, OFFSETS, batch_id) or _batch_file(f, COMMITS, batch_id)]
+    keep = [f for f in files if f.startswith(SOURCES + "/") or _batch_file(f, OFFSETS, batch_id)
+            or _batch_file(f, COMMITS, batch_id)]
+    prefix = f"{folder}/" if folder else ""
     for relative in keep:
-        target.write(f"{folder}/{relative}", source.storage.read(relative))
+        target.write(prefix + relative, source.storage.read(relative))
     if batch_id not in committed:
         template = (source.storage.read(f"{COMMITS}/{committed[-1]}") if committed
                     else b'v1\n{"nextBatchWatermarkMs":0}')
-        target.write(f"{folder}/{COMMITS}/{batch_id}", template)
+        target.write(f"{prefix}{COMMITS}/{batch_id}", template)
+    if source.storage.exists(QUERY_METADATA):
+        target.write(prefix + QUERY_METADATA, source.storage.read(QUERY_METADATA))
+
+
+def capture(source: OffsetLog, batch_id: int, target: CheckpointStorage,
+            folder: str = SOURCE_LOG_DIR) -> dict[str, str]:
+    """Copy ``source``'s log up to ``batch_id`` into ``target/folder`` (a savepoint being
+    written, :func:`copy_log`) and return the ``_metadata`` properties naming the copy."""
+    copy_log(source, batch_id, target, folder)
     props = {PROP_SOURCE_LOG: folder}
     query_id = source.query_id()
     if query_id:
@@ -146,27 +155,25 @@ def _batch_file(relative: str, folder: str, up_to: int) -> bool:
 
 def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> None:
     """Make ``location`` (a new job's Spark checkpoint location) resume exactly after
-    ``batch_id`` by copying ``carried`` (a snapshot's copy of the log) into it.
+    ``batch_id`` by copying ``carried`` (a snapshot's copy of the log, or the location of the
+    job that wrote it) into it, up to that batch (:func:`copy_log`).
 
     Idempotent: a location already seeded from the same copy (a start that crashed before the
     first checkpoint; Spark may have planned batches after ``batch_id`` since, none of them
     done) is left as it is; one without the query's ``metadata`` (empty, or a seed cut short:
     ``metadata`` is written last) is written again. A location holding another query's log
-    raises :class:`ConfigurationError`: Spark would resume from positions the state does not
+    raises :class:`SourcePositionsError`: Spark would resume from positions the state does not
     match."""
     current = location.query_id()
     if current is not None:
         if current == carried.query_id() and location.last_committed() <= batch_id:
             return
-        raise ConfigurationError(
+        raise SourcePositionsError(
             f"the Spark checkpoint location {location.url} holds another query's source "
             f"positions (query {current}, batches done up to {location.last_committed()}), "
             f"not those of the restored snapshot (query {carried.query_id()}, batch "
             f"{batch_id}); start the restored job with a new, empty spark_checkpoint_location"
         )
-    files = [f for f in carried.storage.list_files() if _is_log_file(f)]
-    # The query metadata last: a location with it and without offsets would be a new query.
-    for relative in sorted(files, key=lambda f: f == QUERY_METADATA):
-        location.storage.write(relative, carried.storage.read(relative))
+    copy_log(carried, batch_id, location.storage)
     log.info("seeded the Spark checkpoint location %s from %s: the query resumes after "
              "batch %d", location.url, carried.url, batch_id)

@@ -217,6 +217,24 @@ def test_savepoint_restored_in_a_new_location_resumes_after_its_batch(spark, tmp
     check_against_pandas(root)
 
 
+def test_older_checkpoint_restored_in_a_new_location_resumes_after_its_own_batch(spark,
+                                                                               tmp_path):
+    """The old job went on after the checkpoint: the new location is seeded only up to the
+    checkpoint's batch, so the batch after it is processed again from that state."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    start(spark, root, num_retained=2).stop()
+    ids = sorted(int(n.split("-")[1]) for n in os.listdir(os.path.join(root, "ckpt"))
+                 if n.startswith("chk-"))
+    older = resolve_snapshot(os.path.join(root, "ckpt", f"chk-{ids[0]}"))
+    assert older.metadata.properties["batch_id"] == "1"
+    query = start(spark, root, ckpt="ckpt-2", location="spark-2",
+                  restore_path=os.path.join(root, "ckpt", f"chk-{ids[0]}"))
+    query.stop()
+    assert [s.batch_id for s in query.stats] == [2]
+    check_against_pandas(root)
+
+
 def test_restore_without_source_positions_is_refused_unless_told_to_ignore_them(spark, tmp_path):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 2)
