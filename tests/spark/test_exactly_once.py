@@ -217,6 +217,25 @@ def test_savepoint_restored_in_a_new_location_resumes_after_its_batch(spark, tmp
     check_against_pandas(root)
 
 
+@pytest.mark.s3
+def test_savepoint_on_s3_carries_its_positions_to_a_new_location(spark, s3_bucket, tmp_path):
+    """Checkpoints and savepoints on the local S3 server: the context files go through the
+    store too (written, listed, read back by the restoring driver)."""
+    url, options = s3_bucket
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    first = start(spark, root, checkpoint_dir=f"{url}/ckpt", storage_options=options)
+    savepoint = first.stop(savepoint=f"{url}/sp")
+    carried = resolve_snapshot(savepoint, options).metadata.properties
+    assert carried["spark_source_log"] == "context/spark-source"
+    write_files(os.path.join(root, "input"), 1, first=2)
+    query = start(spark, root, location="spark-2", checkpoint_dir=f"{url}/ckpt-2",
+                  storage_options=options, restore_path=savepoint)
+    query.stop()
+    assert [s.batch_id for s in query.stats] == [2]
+    check_against_pandas(root)
+
+
 def test_older_checkpoint_restored_in_a_new_location_resumes_after_its_own_batch(spark,
                                                                                tmp_path):
     """The old job went on after the checkpoint: the new location is seeded only up to the
