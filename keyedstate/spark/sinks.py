@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from keyedstate.checkpoint.storage import CheckpointStorage, connect
 
@@ -38,8 +39,24 @@ class Sink(ABC):
         """Make the batch's output visible; idempotent by ``batch_id``."""
 
 
+def read_staged(staged: StagedOutput) -> pa.Table:
+    """The batch's output as one Arrow table of ``staged.schema``, read in this process through
+    the staging storage's filesystem (any fsspec URL, S3 included)."""
+    tables = [pq.read_table(pa.BufferReader(staged.storage.read(relative)))
+              for relative in sorted(staged.paths)]
+    if not tables:
+        return staged.schema.empty_table()
+    return pa.concat_tables(tables).cast(staged.schema)
+
+
 class CallbackSink(Sink):
-    """Calls ``fn(dataframe, batch_id)`` with the batch's output as a Spark DataFrame."""
+    """Calls ``fn(dataframe, batch_id)`` with the batch's output as a Spark DataFrame of the
+    declared schema (also when the batch has no output rows).
+
+    The staged files are read by the driver (:func:`read_staged`, through the checkpoint
+    storage's fsspec filesystem, so any storage works), and the DataFrame is made from that
+    one Arrow table: the whole output of a batch goes through the driver's memory once. For
+    outputs too large for the driver, use a :class:`ParquetSink` and read its files."""
 
     def __init__(self, fn: Callable[[Any, int], None]) -> None:
         self.fn = fn
@@ -47,9 +64,7 @@ class CallbackSink(Sink):
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         from keyedstate.spark.schema import to_spark_schema
 
-        spark_schema = to_spark_schema(staged.schema)
-        df = (spark.read.schema(spark_schema).parquet(*staged.urls()) if staged.paths
-              else spark.createDataFrame([], spark_schema))
+        df = spark.createDataFrame(read_staged(staged), schema=to_spark_schema(staged.schema))
         self.fn(df, batch_id)
 
 

@@ -69,11 +69,13 @@ def run_job(spark: Any, root: str, fn: Any, parallelism: int, backend: str = "ro
     return query
 
 
-def check_against_pandas(root: str) -> pd.DataFrame:
-    """Every output row equals the running totals over the input files up to its batch, and
-    each (user, batch) appears exactly once: nothing lost, nothing doubled."""
+def check_against_pandas(root: str, out: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every output row (``out``, default: the ParquetSink's files in ``<root>/out``) equals
+    the running totals over the input files up to its batch, and each (user, batch) appears
+    exactly once: nothing lost, nothing doubled."""
     files = sorted(os.listdir(os.path.join(root, "input")))
-    out = pd.read_parquet(os.path.join(root, "out"))
+    if out is None:
+        out = pd.read_parquet(os.path.join(root, "out"))
     assert not out.duplicated(["user_id", "batch_id"]).any()
     seen: list[pd.DataFrame] = []
     expected_rows = 0
