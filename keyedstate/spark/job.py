@@ -76,7 +76,7 @@ from keyedstate.spark.runtime import (
     run_subtask,
 )
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
-from keyedstate.spark.sinks import CallbackSink, Sink, StagedOutput
+from keyedstate.spark.sinks import CallbackSink, Sink, StagedOutput, streaming_query_id
 
 log = logging.getLogger("keyedstate")
 
@@ -522,8 +522,9 @@ class KeyedJobDriver:
         if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
             # A late-events sink also commits batches without late rows (no files).
             schemas[LATE_EVENTS_TAG] = self._late_schema()
+        lineage = streaming_query_id(spark)  # "" when drain commits outside a batch
         for output, sinks in self.job.sinks.items():
-            out = StagedOutput(self.storage, staged.get(output, []), schemas[output])
+            out = StagedOutput(self.storage, staged.get(output, []), schemas[output], lineage)
             for sink in sinks:
                 sink.commit(spark, batch_id, out)
         self.storage.write(marker, b"")
