@@ -158,30 +158,26 @@ class ChaosSink(ParquetSink):
         self.run_dir = run_dir
         self.faults = faults
         self.last = last
+        self._batch_id = -1
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         faults = self.faults
         if faults is not None and self.output == "main":
             faults.crash(batch_id, "sink-before")
-            if faults.due(batch_id, "sink-mid") and staged.paths:
-                self._commit_first_file(batch_id, staged)
-                faults.crash(batch_id, "sink-mid")
+        self._batch_id = batch_id
         super().commit(spark, batch_id, staged)
         self._ledger(batch_id, staged)
         if faults is not None and self.last:
             faults.crash(batch_id, "sink-after")
 
-    def _commit_first_file(self, batch_id: int, staged: StagedOutput) -> None:
-        """What a commit interrupted half-way leaves: the batch's old files gone, one new."""
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(self.path)
-        fs.makedirs(root, exist_ok=True)
-        prefix = f"batch-{batch_id:010d}-part-"
-        for existing in fs.ls(root, detail=False):
-            if existing.rstrip("/").rsplit("/", 1)[-1].startswith(prefix):
-                fs.rm_file(existing)
-        fs.pipe_file(f"{root}/{prefix}00000.parquet", staged.storage.read(sorted(staged.paths)[0]))
+    def _publish(self, target: CheckpointStorage, written: str, name: str,
+                 manifest: bytes) -> None:
+        """"sink-mid": what a commit interrupted half-way leaves, every part written to the
+        sink's temporary directory (an object store: to the batch directory) and the batch
+        not published yet."""
+        if self.faults is not None and self.output == "main":
+            self.faults.crash(self._batch_id, "sink-mid")
+        super()._publish(target, written, name, manifest)
 
     def _ledger(self, batch_id: int, staged: StagedOutput) -> None:
         import hashlib

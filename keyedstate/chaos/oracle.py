@@ -199,18 +199,25 @@ def _timer_row(key: str, b: int, kind: str, ts: int, count: int, total: int | No
 
 # -- comparing outputs ------------------------------------------------------------------------
 
-_SINK_FILE = re.compile(r"^batch-(\d+)-part-\d+\.parquet$")
+#: a ParquetSink's batch directory (``<lineage>-batch-<B>``) and the parts in it; what a
+#: reader of the directory sees (``_temporary/`` and ``_SUCCESS`` are hidden by their ``_``)
+_SINK_BATCH_DIR = re.compile(r"^(?:[^_.].*-)?batch-(\d+)$")
+_SINK_PART = re.compile(r"^part-\d+\.parquet$")
 
 
 def read_sink(directory: str) -> pd.DataFrame:
-    """Every row a ParquetSink committed, with the batch id of its file (``_file_batch``);
+    """Every row a ParquetSink committed, with the batch id of its directory (``_file_batch``);
     timestamps as int64 microseconds."""
     frames = []
     if os.path.isdir(directory):
         for name in sorted(os.listdir(directory)):
-            m = _SINK_FILE.match(name)
-            if m:
-                table = pq.read_table(os.path.join(directory, name))
+            m = _SINK_BATCH_DIR.match(name)
+            if not m or not os.path.isdir(os.path.join(directory, name)):
+                continue
+            for part in sorted(os.listdir(os.path.join(directory, name))):
+                if not _SINK_PART.match(part):
+                    continue
+                table = pq.read_table(os.path.join(directory, name, part))
                 for i, f in enumerate(table.schema):
                     if pa.types.is_timestamp(f.type):
                         table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))

@@ -90,12 +90,13 @@ def file_checksum(local_path: str) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(local_dir: str) -> None:
-    """Make a rename in ``local_dir`` durable: without it a power loss may undo the rename of
-    ``_metadata`` after the checkpoint was reported complete. Not every platform can open a
-    directory (Windows); there the rename is as durable as the OS makes it."""
+def fsync_path(local_path: str) -> None:
+    """Make a local file's bytes, or a rename in a local directory, durable: without it a
+    power loss may undo the rename of ``_metadata`` after the checkpoint was reported complete.
+    Not every platform can open a directory (Windows); there the rename is as durable as the
+    OS makes it."""
     try:
-        fd = os.open(local_dir, os.O_RDONLY)
+        fd = os.open(local_path, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -522,7 +523,7 @@ class CheckpointStorage:
                 if os.path.exists(tmp):
                     os.remove(tmp)
                 raise
-            _fsync_dir(os.path.dirname(path))
+            fsync_path(os.path.dirname(path))
         else:
             def put() -> None:
                 self.ensure_parent(path)

@@ -1,31 +1,50 @@
 """Sinks: where a batch's output goes once its checkpoint is committed.
 
 A sink's :meth:`Sink.commit` may be called more than once for the same batch (a driver that
-crashed after the checkpoint commit re-commits on restart), so it must be idempotent by batch
-id: the built-in :class:`ParquetSink` replaces the batch's files; a :class:`CallbackSink`
-passes the batch id to user code, which must be idempotent by it (Spark's ``foreachBatch``
-contract).
+crashed after the checkpoint commit re-commits on restart), so it must be idempotent by the
+batch's lineage and id (:class:`StagedOutput`): the built-in :class:`ParquetSink` publishes a
+batch once and skips a replay; a :class:`CallbackSink` passes the batch id to user code, which
+must be idempotent by it (Spark's ``foreachBatch`` contract).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from keyedstate.checkpoint.storage import CheckpointStorage, connect
+from keyedstate.checkpoint.storage import CheckpointStorage, duplicate_object, fsync_path
+from keyedstate.checkpoint.transfer import parallel_map
+from keyedstate.errors import ConfigurationError, MissingCheckpointFileError
+
+#: ParquetSink layout: ``<path>/<lineage>-batch-<B:010d>/part-<n:05d>.parquet`` and ``_SUCCESS``
+SUCCESS_FILE = "_SUCCESS"
+#: where a commit on a local disk writes a batch before renaming it into place; hidden from
+#: Spark, pyarrow and pandas by its leading underscore
+TEMPORARY_DIR = "_temporary"
+_LINEAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
 class StagedOutput:
-    """One output of one batch, staged as Parquet files in checkpoint storage."""
+    """One output of one batch, staged as Parquet files in checkpoint storage.
+
+    ``lineage`` names the sequence of batch ids the batch belongs to: a batch is identified by
+    ``(lineage, batch id)``. The driver passes the Spark streaming query's id (a uuid, kept
+    across restarts from one Spark checkpoint location and carried by savepoints; a new query's
+    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches are then told apart by their id alone."""
 
     storage: CheckpointStorage
     paths: list[str]
     schema: pa.Schema
-    #: the Spark query the batch id belongs to ("" if unknown): output is named by it
     lineage: str = ""
 
     def urls(self) -> list[str]:
@@ -37,11 +56,27 @@ class Sink(ABC):
 
     @abstractmethod
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        """Make the batch's output visible; idempotent by ``batch_id``."""
+        """Make the batch's output visible; idempotent by ``(staged.lineage, batch_id)``."""
+
+
+def read_staged(staged: StagedOutput) -> pa.Table:
+    """The batch's output as one Arrow table of ``staged.schema``, read in this process through
+    the staging storage's filesystem (any fsspec URL, S3 included)."""
+    tables = [pq.read_table(pa.BufferReader(staged.storage.read(relative)))
+              for relative in sorted(staged.paths)]
+    if not tables:
+        return staged.schema.empty_table()
+    return pa.concat_tables(tables).cast(staged.schema)
 
 
 class CallbackSink(Sink):
-    """Calls ``fn(dataframe, batch_id)`` with the batch's output as a Spark DataFrame."""
+    """Calls ``fn(dataframe, batch_id)`` with the batch's output as a Spark DataFrame of the
+    declared schema (also when the batch has no output rows).
+
+    The staged files are read by the driver (:func:`read_staged`, through the checkpoint
+    storage's fsspec filesystem, so any storage works), and the DataFrame is made from that
+    one Arrow table: the whole output of a batch goes through the driver's memory once. For
+    outputs too large for the driver, use a :class:`ParquetSink` and read its files."""
 
     def __init__(self, fn: Callable[[Any, int], None]) -> None:
         self.fn = fn
@@ -49,18 +84,42 @@ class CallbackSink(Sink):
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         from keyedstate.spark.schema import to_spark_schema
 
-        spark_schema = to_spark_schema(staged.schema)
-        df = (spark.read.schema(spark_schema).parquet(*staged.urls()) if staged.paths
-              else spark.createDataFrame([], spark_schema))
+        df = spark.createDataFrame(read_staged(staged), schema=to_spark_schema(staged.schema))
         self.fn(df, batch_id)
 
 
-class ParquetSink(Sink):
-    """Exactly-once Parquet files: ``<path>/batch-<id>-part-<n>.parquet``, any fsspec URL.
+def batch_dir_name(lineage: str, batch_id: int) -> str:
+    """The directory of one batch in a :class:`ParquetSink`: ``<lineage>-batch-<B:010d>``
+    (``batch-<B:010d>`` when the lineage is unknown)."""
+    if lineage and not _LINEAGE.match(lineage):
+        raise ConfigurationError(
+            f"batch lineage {lineage!r} can't name a directory: use letters, digits, '_', '.' "
+            f"and '-', not starting with '_', '.' or '-'"
+        )
+    name = f"batch-{batch_id:010d}"
+    return f"{lineage}-{name}" if lineage else name
 
-    A commit first deletes any file of the same batch (a replay), then copies the staged files
-    in (a server-side or local copy when both are on one filesystem). A batch with no output
-    rows writes no file.
+
+class ParquetSink(Sink):
+    """Exactly-once Parquet files, any fsspec URL: one directory per batch,
+    ``<path>/<lineage>-batch-<B:010d>/part-<n:05d>.parquet``, with a ``_SUCCESS`` file listing
+    the parts. Batches of other lineages (other jobs writing to ``path``) are never touched; a
+    batch with no output rows writes nothing.
+
+    A commit whose batch is already published does nothing (a replay). Otherwise, on a local
+    disk (:meth:`_commit_by_rename`) the parts and ``_SUCCESS`` are written into
+    ``<path>/_temporary/`` and the batch directory appears by one atomic rename: a reader of
+    ``path`` sees every part of a batch or none. On an object store (no rename,
+    :meth:`_commit_by_marker`) the parts are copied into the batch directory one by one, and
+    ``_SUCCESS`` is written last: a reader sees a batch's parts appear one by one (and a
+    crashed commit's parts until the restarted job commits the batch again); a batch is
+    complete when its ``_SUCCESS`` exists. Parts are copied by the store itself (a reflink or
+    kernel copy on one disk, a server-side copy on one object store), else streamed.
+
+    Reading everything: ``pd.read_parquet(path)``, ``pyarrow.dataset.dataset(path)``,
+    ``spark.read.option("recursiveFileLookup", "true").parquet(path)`` (Spark reads nested
+    directories only as ``key=value`` partitions) or DuckDB ``read_parquet('<path>/*/*.parquet')``
+    (``**`` would also read ``_temporary/``). See docs/spark.md, *Exactly once*.
     """
 
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -68,17 +127,116 @@ class ParquetSink(Sink):
         self.storage_options = storage_options or {}
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        # Listings drive the replay cleanup below: never from a stale cache (see connect).
-        fs, root = connect(self.path, self.storage_options)
-        fs.makedirs(root, exist_ok=True)
-        prefix = f"batch-{batch_id:010d}-part-"
-        for existing in fs.ls(root, detail=False):
-            if existing.rstrip("/").rsplit("/", 1)[-1].startswith(prefix):
-                fs.rm_file(existing)
-        source = staged.storage
-        for n, relative in enumerate(sorted(staged.paths)):
-            target = f"{root}/{prefix}{n:05d}.parquet"
-            if type(fs) is type(source.fs):
-                fs.copy(source.path(relative), target)
-            else:
-                fs.pipe_file(target, source.read(relative))
+        if not staged.paths:
+            return
+        name = batch_dir_name(staged.lineage, batch_id)
+        target = CheckpointStorage(self.path, self.storage_options)
+        if target.is_local:
+            self._commit_by_rename(target, name, batch_id, staged)
+        else:
+            self._commit_by_marker(target, name, batch_id, staged)
+
+    def _commit_by_rename(self, target: CheckpointStorage, name: str, batch_id: int,
+                          staged: StagedOutput) -> None:
+        """Step 1. The batch directory exists: an earlier commit published it whole (the
+            rename is atomic); nothing to do.
+        Step 2. Delete what crashed commits of this batch left in ``_temporary/``.
+        Step 3. Copy the parts into ``_temporary/<name>-<uuid>/``; fsync them.
+        Step 4. :meth:`_publish`: ``_SUCCESS`` in there, then one rename to ``<path>/<name>``.
+        """
+        # Step 1.
+        if os.path.isdir(target.path(name)):
+            return
+        # Step 2.
+        temporary = target.path(TEMPORARY_DIR)
+        for entry in _list_local(temporary):
+            if entry.startswith(f"{name}-"):
+                shutil.rmtree(os.path.join(temporary, entry), ignore_errors=True)
+        # Step 3.
+        written = f"{TEMPORARY_DIR}/{name}-{uuid.uuid4().hex}"
+        files = self._copy_parts(target, written, staged)
+        for part in files:
+            fsync_path(target.path(f"{written}/{part}"))
+        # Step 4.
+        self._publish(target, written, name, _manifest(staged, batch_id, files))
+
+    def _commit_by_marker(self, target: CheckpointStorage, name: str, batch_id: int,
+                          staged: StagedOutput) -> None:
+        """Step 1. ``<name>/_SUCCESS`` exists: the batch is complete; nothing to do.
+        Step 2. Delete objects under ``<name>/`` that are not parts of this commit (a crashed
+            commit of other staged files: only possible without a lineage).
+        Step 3. Copy the parts into ``<name>/`` (a crashed commit's parts are overwritten).
+        Step 4. :meth:`_publish`: ``<name>/_SUCCESS``, the batch's last object.
+        """
+        # Step 1.
+        if target.exists(f"{name}/{SUCCESS_FILE}"):
+            return
+        # Step 2.
+        parts = {f"{name}/{_part_name(n)}" for n in range(len(staged.paths))}
+        target.delete([p for p in target.list_files(name) if p not in parts])
+        # Step 3.
+        files = self._copy_parts(target, name, staged)
+        # Step 4.
+        self._publish(target, name, name, _manifest(staged, batch_id, files))
+
+    def _publish(self, target: CheckpointStorage, written: str, name: str,
+                 manifest: bytes) -> None:
+        """The step that makes the batch visible and complete: ``_SUCCESS`` (``manifest``) in
+        ``written``, the directory holding the parts; when that is a temporary directory
+        (local disk), it is then renamed to ``name`` in one atomic step, durably."""
+        target.write(f"{written}/{SUCCESS_FILE}", manifest)
+        if written == name:
+            return
+        fsync_path(target.path(f"{written}/{SUCCESS_FILE}"))
+        fsync_path(target.path(written))
+        try:
+            os.rename(target.path(written), target.path(name))
+        except OSError:
+            if not os.path.isdir(target.path(name)):
+                raise
+            # Another commit of the batch published it first (never within one driver).
+            shutil.rmtree(target.path(written), ignore_errors=True)
+        fsync_path(target.root)
+
+    @staticmethod
+    def _copy_parts(target: CheckpointStorage, directory: str,
+                    staged: StagedOutput) -> dict[str, int]:
+        """Copy the staged files to ``<directory>/part-<n>.parquet`` (n in staged-path order,
+        so a replay writes the same names); returns ``{part name: size}``."""
+        relatives = sorted(staged.paths)
+        sizes = staged.storage.sizes(relatives)
+        missing = [r for r in relatives if sizes[r] is None]
+        if missing:
+            raise MissingCheckpointFileError(
+                f"staged output {staged.storage.url_of(missing[0])} is missing; it was deleted "
+                f"outside keyedstate. Restore from another checkpoint or savepoint"
+            )
+
+        def copy(item: tuple[int, str]) -> tuple[str, int]:
+            n, relative = item
+            size = sizes[relative]
+            assert size is not None
+            # Never a hard link on one disk: output files must not share an inode with the
+            # staged file (or with another sink's copy) that a later write could change.
+            duplicate_object(staged.storage, relative, target, f"{directory}/{_part_name(n)}",
+                             size, link=False)
+            return _part_name(n), size
+
+        return dict(parallel_map(copy, list(enumerate(relatives)), target.transfer.threads))
+
+
+def _part_name(n: int) -> str:
+    return f"part-{n:05d}.parquet"
+
+
+def _manifest(staged: StagedOutput, batch_id: int, files: dict[str, int]) -> bytes:
+    return json.dumps({"lineage": staged.lineage, "batch_id": batch_id,
+                       "files": [{"name": k, "size": v} for k, v in sorted(files.items())]}
+                      ).encode()
+
+
+def _list_local(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []

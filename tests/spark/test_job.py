@@ -53,11 +53,11 @@ def write_files(directory: str, files: int, events: int = 1500, users: int = 150
 
 
 def run_job(spark: Any, root: str, fn: Any, parallelism: int, backend: str = "rocksdb",
-            extra_sinks: tuple[Any, ...] = (), **config: Any) -> Any:
+            extra_sinks: tuple[Any, ...] = (), out: str | None = None, **config: Any) -> Any:
     events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
               .parquet(os.path.join(root, "input")))
     job = key_by(events, "user_id").process(fn, COUNT_SCHEMA)
-    job.sink(ParquetSink(os.path.join(root, "out")))
+    job.sink(ParquetSink(out or os.path.join(root, "out")))
     for sink in extra_sinks:
         job.sink(sink)
     query = job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"),
@@ -69,11 +69,13 @@ def run_job(spark: Any, root: str, fn: Any, parallelism: int, backend: str = "ro
     return query
 
 
-def check_against_pandas(root: str) -> pd.DataFrame:
-    """Every output row equals the running totals over the input files up to its batch, and
-    each (user, batch) appears exactly once: nothing lost, nothing doubled."""
+def check_against_pandas(root: str, out: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every output row (``out``, default: the ParquetSink's files in ``<root>/out``) equals
+    the running totals over the input files up to its batch, and each (user, batch) appears
+    exactly once: nothing lost, nothing doubled."""
     files = sorted(os.listdir(os.path.join(root, "input")))
-    out = pd.read_parquet(os.path.join(root, "out"))
+    if out is None:
+        out = pd.read_parquet(os.path.join(root, "out"))
     assert not out.duplicated(["user_id", "batch_id"]).any()
     seen: list[pd.DataFrame] = []
     expected_rows = 0
@@ -316,6 +318,32 @@ def test_driver_crash_between_checkpoint_and_sink_commit(spark, tmp_path):
     pd.testing.assert_frame_equal(
         out.sort_values(["batch_id", "user_id"]).reset_index(drop=True),
         out2.sort_values(["batch_id", "user_id"]).reset_index(drop=True))
+
+
+def test_two_jobs_writing_to_one_parquet_sink_path_keep_all_their_batches(spark, tmp_path):
+    """Two jobs (own checkpoint directories and Spark checkpoint locations: batch ids from 0
+    in both) share one output path: each one's batches are in directories named by its
+    streaming query's id, and neither touches the other's."""
+    import pyarrow.dataset as ds
+
+    out = str(tmp_path / "out")
+    queries = {}
+    for job, seed in (("a", 1), ("b", 2)):
+        write_files(str(tmp_path / job / "input"), 2, seed=seed)
+        queries[job] = run_job(spark, str(tmp_path / job), RunningTotals(), parallelism=2,
+                               out=out)
+    assert len(pd.read_parquet(out)) == sum(  # every row of both jobs
+        pd.read_parquet(str(tmp_path / job / "input" / name)).user_id.nunique()
+        for job in queries for name in os.listdir(tmp_path / job / "input"))
+    lineages = {job: str(q.query.id) for job, q in queries.items()}
+    assert lineages["a"] != lineages["b"]
+    assert sorted(d for d in os.listdir(out) if not d.startswith("_")) == sorted(
+        f"{lineage}-batch-{b:010d}" for lineage in lineages.values() for b in (0, 1))
+    files = ds.dataset(out, format="parquet").files
+    for job, lineage in lineages.items():
+        mine = [f for f in files if os.path.basename(os.path.dirname(f)).startswith(lineage)]
+        check_against_pandas(str(tmp_path / job),
+                             pd.concat(pd.read_parquet(f) for f in mine).reset_index(drop=True))
 
 
 def test_restart_from_other_snapshot_into_used_directory_is_refused(spark, tmp_path):
