@@ -373,8 +373,9 @@ def gc(directory: str, apply: bool, as_json: bool, storage_options: str | None) 
     for entry in report.to_json()["files"]:
         table.add_row(entry["path"], human_bytes(entry["size"]))
     out.print(table)
-    verb = f"deleted {deleted}" if apply else "found"
-    out.print(f"{verb} {len(report.files)} files, {human_bytes(report.bytes)}"
+    verb = "deleted" if apply else "found"
+    out.print(f"{verb} {deleted if apply else len(report.files)} files, "
+              f"{human_bytes(report.bytes)}"
               + ("" if apply or not report.files else "; run with --apply to delete them"))
 
 

@@ -110,6 +110,13 @@ def _touch(path: str, data: bytes = b"x") -> str:
     return path
 
 
+def test_checkpoints_list_of_a_missing_directory_fails_with_a_clear_error(tmp_path):
+    code, text = invoke("checkpoints", "list", str(tmp_path / "no-such-job"))
+    assert code != 0 and "does not exist" in text
+    os.makedirs(tmp_path / "empty")
+    assert invoke_json("checkpoints", "list", str(tmp_path / "empty")) == []
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gc_lists_and_with_apply_deletes_only_unreferenced_files(tmp_path, backend):
     root = str(tmp_path / "job")
@@ -139,8 +146,9 @@ def test_gc_lists_and_with_apply_deletes_only_unreferenced_files(tmp_path, backe
     assert all(os.path.exists(p) for p in garbage | kept | referenced)  # listing deletes nothing
     code, text = invoke("gc", root)
     assert code == 0 and "--apply" in text
-    applied = invoke_json("gc", root, "--apply")
-    assert applied["deleted"] == len(garbage)
+    code, text = invoke("gc", root, "--apply")
+    assert code == 0 and f"deleted {len(garbage)} files" in " ".join(text.split()), text
+    assert invoke_json("gc", root)["files"] == []
     assert not any(os.path.exists(p) for p in garbage)
     assert all(os.path.exists(p) for p in kept | referenced)
     assert not os.path.exists(f"{root}/chk-1")  # emptied folders go too

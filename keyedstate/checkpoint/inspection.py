@@ -64,6 +64,7 @@ from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
+    NoCheckpointError,
     UnsafePathError,
     UnsupportedFormatVersionError,
 )
@@ -113,10 +114,13 @@ def list_checkpoints(directory: str, storage_options: Mapping[str, Any] | None =
                      ) -> list[dict[str, Any]]:
     """One :func:`describe` object per committed checkpoint of a job's checkpoint directory,
     ascending by id (for a savepoint directory: the savepoint). A checkpoint whose
-    ``_metadata`` can't be read is listed as ``{"id": N, "error": "..."}``."""
+    ``_metadata`` can't be read is listed as ``{"id": N, "error": "..."}``; a directory that
+    does not exist raises :class:`NoCheckpointError` (an empty one lists nothing)."""
     storage = CheckpointStorage(directory, storage_options)
     if storage.exists(METADATA_FILE):
         return [describe(resolve_snapshot(directory, storage_options))]
+    if not storage.call(f"checking {storage.url}", lambda: storage.fs.exists(storage.root)):
+        raise NoCheckpointError(f"{directory} does not exist: no checkpoints to list")
     out: list[dict[str, Any]] = []
     for checkpoint_id in storage.checkpoint_ids():
         path = storage.metadata_path(checkpoint_id)
