@@ -54,6 +54,7 @@ from keyedstate.checkpoint.metadata import (
     SnapshotFormat,
     StreamHandle,
     checkpoint_dir_name,
+    checkpoint_id_of_commit_marker,
     checkpoint_id_of_shared_file,
     commit_marker,
 )
@@ -74,7 +75,6 @@ OTHER_FILES = "(other files)"
 
 _CHK_DIR = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
 _STAGED = re.compile(rf"^{STAGING_DIR}/batch-(\d+)/")
-_COMMIT = re.compile(rf"^{COMMITS_DIR}/batch-(\d+)-{CHECKPOINT_DIR_PREFIX}(\d+)$")
 
 
 # -- listings ------------------------------------------------------------------------------------
@@ -387,8 +387,8 @@ def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = Non
             if m and int(m.group(1)) <= latest_batch and p not in waiting:
                 garbage.append(p)
         for p in storage.list_files(COMMITS_DIR):
-            m = _COMMIT.match(p)
-            if m and int(m.group(2)) < lowest:
+            marked = checkpoint_id_of_commit_marker(p)
+            if marked is not None and marked < lowest:
                 garbage.append(p)
     sizes = {p: int(storage.fs.size(storage.path(p))) for p in garbage}
     return GarbageReport(storage, latest, sorted(garbage), sizes)

@@ -64,7 +64,16 @@ def staging_dir(batch_id: int) -> str:
 
 def commit_marker(batch_id: int, checkpoint_id: int) -> str:
     """Written once the sinks committed the output of ``batch_id``'s checkpoint."""
-    return f"{COMMITS_DIR}/batch-{batch_id}-chk-{checkpoint_id}"
+    return f"{COMMITS_DIR}/batch-{batch_id}-{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"
+
+
+_COMMIT_MARKER_RE = re.compile(rf"^{COMMITS_DIR}/batch-(\d+)-{CHECKPOINT_DIR_PREFIX}(\d+)$")
+
+
+def checkpoint_id_of_commit_marker(relative: str) -> int | None:
+    """The checkpoint id a :func:`commit_marker` path names, None for any other path."""
+    m = _COMMIT_MARKER_RE.match(relative)
+    return int(m.group(2)) if m else None
 
 
 def checkpoint_dir_name(checkpoint_id: int) -> str:

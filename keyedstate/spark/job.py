@@ -43,6 +43,7 @@ from keyedstate.checkpoint.metadata import (
     COMMITS_DIR,
     SPARK_OFFSETS_DIR,
     SnapshotFormat,
+    checkpoint_id_of_commit_marker,
     commit_marker,
     staging_dir,
 )
@@ -670,6 +671,18 @@ class KeyedJobDriver:
         self._commit_output(spark, self.storage, props)
         self.storage.write(marker, b"")
         self.storage.delete_dir(staging_dir(int(props["batch_id"])))
+        self._retire_markers()
+
+    def _retire_markers(self) -> None:
+        """Delete the sink-commit markers of checkpoints no longer retained: only a retained
+        checkpoint's marker is ever consulted (a replay of its batch, a savepoint of it)."""
+        retained = [c.checkpoint_id for c in self.coordinator.retained]
+        if not retained:
+            return
+        stale = [p for p in self.storage.list_files(COMMITS_DIR)
+                 if (marked := checkpoint_id_of_commit_marker(p)) is not None
+                 and marked < min(retained)]
+        self.storage.delete(stale)
 
     def _commit_output(self, spark: Any, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:

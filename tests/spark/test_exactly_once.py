@@ -77,6 +77,15 @@ def test_storage_errors_after_the_commit_retry_the_sink_commit_not_the_batch(spa
     assert [(s.batch_id, s.attempts) for s in query.stats] == [(0, 1), (1, 1), (2, 1)]
 
 
+def test_commit_markers_are_retired_with_their_checkpoints(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 4)
+    start(spark, root, num_retained=2).stop()
+    markers = sorted(os.listdir(os.path.join(root, "ckpt", "commits")))
+    retained = sorted(n for n in os.listdir(os.path.join(root, "ckpt")) if n.startswith("chk-"))
+    assert len(markers) == 2 and [m.split("-", 2)[2] for m in markers] == retained
+
+
 def test_a_listener_failing_after_the_commit_never_reruns_the_batch(spark, tmp_path):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 3)
