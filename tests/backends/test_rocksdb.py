@@ -898,3 +898,52 @@ def test_lazy_map_iteration_writes_to_its_own_instance(storage: CheckpointStorag
         clock.advance(6_000)  # 11 s after the put, 6 s after the refresh: still live
         kb.set_current_key(a)
         assert dict(attrs.items()) == {"x": 1, "y": 2}
+
+
+def test_every_method_as_first_access_after_a_key_switch_uses_that_keys_instance(
+        storage: CheckpointStorage, local_dir: str) -> None:
+    """A state is rebound to the current key's instance when it computes its key; a method
+    that took the bound ``put`` / ``delete`` before computing the key would use the previous
+    key's instance. The chaos soak (seed 1) found it: a map ``remove`` as the first access of
+    a key, right after a key of another instance, deleted nothing, so the entry stayed (and
+    later puts added to its old value)."""
+    with _sharded(storage, local_dir) as kb:
+        keys = [k for k in range(200) if KEYS.key_group(k, MAX_P) in kb.key_group_range]
+        a = next(k for k in keys if kb.instance_of(KEYS.key_group(k, MAX_P)).index == 0)
+        b = next(k for k in keys if kb.instance_of(KEYS.key_group(k, MAX_P)).index == 1)
+        value = _state(kb, ValueStateDescriptor("v", "bigint"))
+        lst = _state(kb, ListStateDescriptor("l", "bigint"))
+        map_ = _state(kb, MapStateDescriptor("m", "string", "bigint"))
+        # (what, its state, set-up under the key, the method under test, check of what it did)
+        cases: list[tuple[str, Any, Any, Any, Any]] = [
+            ("value.update", value, lambda: value.update(1), lambda: value.update(2),
+             lambda: value.value() == 2),
+            ("value.clear", value, lambda: value.update(1), value.clear,
+             lambda: value.value() is None),
+            ("list.add", lst, lambda: lst.add(1), lambda: lst.add(2), lambda: lst.get() == [1, 2]),
+            ("list.add_all", lst, lambda: lst.add(1), lambda: lst.add_all([2]),
+             lambda: lst.get() == [1, 2]),
+            ("list.update", lst, lambda: lst.add(1), lambda: lst.update([3]),
+             lambda: lst.get() == [3]),
+            ("list.clear", lst, lambda: lst.add(1), lst.clear, lambda: lst.get() == []),
+            ("map.put", map_, lambda: map_.put("x", 1), lambda: map_.put("x", 2),
+             lambda: dict(map_.items()) == {"x": 2}),
+            ("map.put_all", map_, lambda: map_.put("x", 1), lambda: map_.put_all({"x": 2}),
+             lambda: dict(map_.items()) == {"x": 2}),
+            ("map.remove", map_, lambda: map_.put("x", 1), lambda: map_.remove("x"),
+             lambda: dict(map_.items()) == {}),
+            ("map.clear", map_, lambda: map_.put("x", 1), map_.clear,
+             lambda: dict(map_.items()) == {}),
+        ]
+        for name, state, set_up, method, check in cases:
+            for this, other in [(a, b), (b, a)]:
+                kb.set_current_key(this)
+                state.clear()
+                set_up()
+                kb.set_current_key(other)
+                state.clear()  # the state is now bound to the other key's instance
+                kb.set_current_key(this)
+                method()  # the first access under this key
+                assert check(), f"{name} after a switch to instance " \
+                                f"{kb.instance_of(KEYS.key_group(this, MAX_P)).index}"
+                _check_instances(kb)

@@ -476,7 +476,9 @@ class RocksDBMapState(RocksDBState, MapState[Any, Any]):
         self._commit(batch)
 
     def remove(self, key: Any) -> None:
-        self._native(self._delete, self._key() + self._user_ser(key))
+        # The key first: computing it rebinds ``_delete`` to the current key's instance.
+        full = self._key() + self._user_ser(key)
+        self._native(self._delete, full)
 
     def contains(self, key: Any) -> bool:
         return self._read(self._key() + self._user_ser(key)) is not None
