@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -49,9 +49,10 @@ from keyedstate.checkpoint.metadata import (
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
-from keyedstate.errors import BatchFailedError, KeyedStateError, OutputSchemaError
+from keyedstate.errors import BatchFailedError, OutputSchemaError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
+from keyedstate.spark.failures import NO_KEY, subtask_failed
 from keyedstate.spark.function import Context, KeyedProcessFunction, Row
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
@@ -229,7 +230,8 @@ def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
     raise OutputSchemaError(f"watermark column must be a timestamp or integer (ms), got {column.type}")
 
 
-def _rows_to_table(rows: list[Row], schema: pa.Schema, where: str) -> pa.Table:
+def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
+                   keys: Sequence[tuple[int, Any]] = ()) -> pa.Table:
     if not rows:
         return schema.empty_table()
     try:
@@ -242,7 +244,7 @@ def _rows_to_table(rows: list[Row], schema: pa.Schema, where: str) -> pa.Table:
                                     schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
         raise OutputSchemaError(
-            f"{where}: output rows do not match the declared schema {schema}: {exc}"
+            f"output {output!r}: output rows do not match the declared schema {schema}: {exc}"
         ) from exc
 
 
@@ -275,20 +277,19 @@ class _Emitter:
             self.rows.extend(result)
 
 
-def _call(where: str, key: Any, fn: Any, *args: Any) -> Iterable[Row] | None:
+def _call(ctx: Context, key: Any, fn: Any, *args: Any) -> Iterable[Row] | None:
+    """Call the user's ``fn`` (for ``key``, or :data:`NO_KEY`); what it raises fails the
+    subtask with the function's traceback (:func:`~keyedstate.spark.failures.subtask_failed`)."""
     try:
         result = fn(*args)
         return list(result) if result is not None else None
-    except KeyedStateError as exc:
-        raise BatchFailedError(f"{where}, key {key!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
-        raise BatchFailedError(
-            f"{where}, key {key!r}: the function raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise subtask_failed(ctx.batch_id, ctx.subtask_index, "the function raised", exc, key,
+                             user_code=True) from exc
 
 
-def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: _Emitter,
-                 where: str) -> int:
+def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: _Emitter
+                 ) -> int:
     fired = 0
     fn = plan.function
     for domain, now in ((TimeDomain.PROCESSING_TIME, ctx.processing_time),
@@ -297,7 +298,7 @@ def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out:
         for timer in backend.timer_service.pop_due(domain, now):
             backend.set_current_key_bytes(timer.key_bytes, timer.key_group)
             key = backend.get_current_key()
-            out.extend(key, _call(where, key, fn.on_timer, timer.timestamp, ctx))
+            out.extend(key, _call(ctx, key, fn.on_timer, timer.timestamp, ctx))
             fired += 1
     ctx.time_domain = None
     return fired
@@ -353,15 +354,17 @@ def _process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.Record
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                     ) -> Iterator[pa.RecordBatch]:
     """One subtask of one batch, given its index (Spark-independent: tests and profiling call
-    it directly with the routed Arrow batches)."""
-    where = f"batch {plan.batch_id}, subtask {index}"
+    it directly with the routed Arrow batches). Whatever fails raises
+    :class:`~keyedstate.errors.BatchFailedError` carrying the failure to the driver
+    (:mod:`keyedstate.spark.failures`)."""
     # Step 1. State at the last committed checkpoint.
     try:
         backend, reused, restore_s = _acquire(plan, index)
-    except KeyedStateError as exc:
-        raise BatchFailedError(
-            f"{where}: restoring the state failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise subtask_failed(plan.batch_id, index, "restoring the state failed with", exc) \
+            from exc
     token = uuid.uuid4().hex
+    step = "processing the rows failed with"
     try:
         started = time.perf_counter()
         input_batches = [b for b in batches if b.num_rows]
@@ -372,9 +375,9 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
                       processing_time=time.time_ns() // 1_000_000)
         fn = plan.function
         out = _Emitter()
-        _call(where, None, fn.open, ctx)
+        _call(ctx, NO_KEY, fn.open, ctx)
         # Step 2. Timers due at the watermark reached by the previous batch, and now.
-        fired = _fire_timers(plan, backend, ctx, out, where)
+        fired = _fire_timers(plan, backend, ctx, out)
         # Step 3. Late rows.
         late = 0
         max_event_time = None
@@ -396,29 +399,35 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
             for key, kg, start, length in _key_runs(table, plan.key_columns):
                 backend.set_current_key(key, kg)
                 rows = user_table.slice(start, length).drop_columns([KG_COLUMN])
-                out.extend(key, _call(where, key, fn.process_key, key, rows, ctx))
+                out.extend(key, _call(ctx, key, fn.process_key, key, rows, ctx))
         if plan.drain:
-            fired += _fire_timers(plan, backend, ctx, out, where)
-        _call(where, None, fn.close)
+            fired += _fire_timers(plan, backend, ctx, out)
+        _call(ctx, NO_KEY, fn.close)
         process_s = time.perf_counter() - started
         # Step 5. Stage outputs (invisible until the driver commits).
+        step = "staging the output failed with"
         staged: dict[str, str] = {}
-        main = _rows_to_table(out.rows, plan.output_schema, where)
+        main = _rows_to_table(out.rows, plan.output_schema, "main", out.keys)
         if (path := _stage(plan, index, "main", main)) is not None:
             staged["main"] = path
         for tag, rows in ctx.side_outputs.items():
             schema = plan.side_output_schemas.get(tag)
             if schema is None:
-                raise BatchFailedError(f"{where}: side output {tag!r} was not declared on the job")
-            if (path := _stage(plan, index, tag, _rows_to_table(rows, schema, where))) is not None:
+                raise OutputSchemaError(
+                    f"side output {tag!r} is not declared on the job; declared: "
+                    f"{sorted(plan.side_output_schemas)}")
+            if (path := _stage(plan, index, tag, _rows_to_table(rows, schema, tag))) is not None:
                 staged[tag] = path
         # Step 6. Snapshot.
+        step = "the snapshot failed with"
         result = backend.snapshot(plan.checkpoint_id,
                                   plan.storage.location(plan.checkpoint_id, index),
                                   full=plan.full_snapshot)
         handle = result.materialize()
-    except BaseException:
+    except BaseException as exc:
         backend.close()
+        if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
+            raise subtask_failed(plan.batch_id, index, step, exc) from exc
         raise
     _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
                group=plan.largest_group)

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keyedstate.config import JobConfig
-from keyedstate.errors import ConfigurationError
+from keyedstate.errors import BatchFailedError, ConfigurationError
 from keyedstate.spark.job import key_by
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from tests.spark.jobs import (
@@ -148,7 +148,7 @@ def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp
     run_job(spark, root, RunningTotals(), parallelism=parallelism)
     write_files(os.path.join(root, "input"), 1, first=1)
     bad_key = pd.read_parquet(os.path.join(root, "input", "part-001.parquet")).user_id.iloc[0]
-    with pytest.raises(Exception) as failure:
+    with pytest.raises(BatchFailedError) as failure:
         run_job(spark, root, FailOnKey(bad_key), parallelism=parallelism)
     text = str(failure.value)
     assert "batch 1" in text and "subtask" in text and bad_key in text
@@ -307,8 +307,10 @@ def test_driver_crash_between_checkpoint_and_sink_commit(spark, tmp_path):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 3)
     crash = CrashBeforeSinkCommit(os.path.join(root, "out2"), str(tmp_path / "crashed"))
-    with pytest.raises(Exception, match="driver crash"):
+    with pytest.raises(BatchFailedError, match="^batch 1: RuntimeError: driver crash") as failure:
         run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
+    # the sink's own frame, not the driver's
+    assert 'test_job.py", line' in str(failure.value) and "in commit" in str(failure.value)
     query = run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
     assert query.stats[0].skipped_replay, "batch 1 must be replayed from its checkpoint"
     out = check_against_pandas(root)
