@@ -26,12 +26,15 @@ Nothing here is visible to readers until the driver commits the checkpoint and t
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
+import operator
 import os
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Iterable, Iterator, Sequence
 
 import msgspec
@@ -232,20 +235,104 @@ def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
                    keys: Sequence[tuple[int, Any]] = ()) -> pa.Table:
+    """The rows a function emitted to ``output`` as a table of its declared ``schema``.
+
+    A dict row has exactly the schema's fields: one it lacks is an error (emit ``None`` for a
+    null: a DDL schema's fields are all nullable, so "nullable" would let any typo through),
+    and so is one the schema does not declare (a misspelled name would be dropped silently).
+    A tuple row has one value per field, in the schema's order. Raises
+    :class:`OutputSchemaError` naming the output, the row, its key (``keys``: the index of
+    the first row of each key, in order, from :class:`_Emitter`) and the field.
+
+    The checks run in C, no Python bytecode per row: every row is a dict, the union of their
+    fields is the schema's (none extra), and each has as many fields as the schema (none
+    missing); only a failure walks the rows in Python, to say which one. Measured on 100,000
+    dict rows: 34 -> 46 ms with 4 fields, 295 -> 340 ms with 20 (docs/spark.md).
+    """
     if not rows:
         return schema.empty_table()
-    try:
-        if isinstance(rows[0], dict):
+    if isinstance(rows[0], dict):
+        same = (all(map(isinstance, rows, repeat(dict)))
+                and set().union(*rows) == set(schema.names)
+                and set(map(len, rows)) == {len(schema)})
+        if not same:
+            raise _field_error(rows, schema, output, keys)
+        try:
             return pa.Table.from_pylist(rows, schema=schema)
-        columns = list(zip(*rows))
-        if len(columns) != len(schema):
-            raise ValueError(f"rows have {len(columns)} fields, the schema has {len(schema)}")
-        return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)],
-                                    schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-        raise OutputSchemaError(
-            f"output {output!r}: output rows do not match the declared schema {schema}: {exc}"
-        ) from exc
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise _value_error(rows, schema, output, keys, exc) from exc
+    same = (all(map(isinstance, rows, repeat((tuple, list))))
+            and set(map(len, rows)) == {len(schema)})
+    if not same:
+        raise _field_error(rows, schema, output, keys)
+    arrays = []
+    for field, column in zip(schema, zip(*rows)):
+        try:
+            arrays.append(pa.array(column, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise _value_error(rows, schema, output, keys, exc) from exc
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _row_name(output: str, index: int, keys: Sequence[tuple[int, Any]]) -> str:
+    """``output 'main', row 3 (key 'u1')``: the key is the one whose rows ``index`` is among."""
+    at = bisect.bisect_right([start for start, _ in keys], index) - 1
+    key = f" (key {keys[at][1]!r})" if at >= 0 else ""
+    return f"output {output!r}, row {index}{key}"
+
+
+def _field_error(rows: list[Row], schema: pa.Schema, output: str,
+                 keys: Sequence[tuple[int, Any]]) -> OutputSchemaError:
+    """The first row whose fields differ from the schema's (or the first row of another
+    kind than the first one), and how."""
+    names = schema.names
+    name_set = set(names)
+    declared = f"the schema declares {', '.join(names)}"
+    first_is_dict = isinstance(rows[0], dict)
+    for i, row in enumerate(rows):
+        where = _row_name(output, i, keys)
+        if first_is_dict != isinstance(row, dict) or not isinstance(row, (dict, tuple, list)):
+            return OutputSchemaError(
+                f"{where} is a {type(row).__name__}, the first row a "
+                f"{type(rows[0]).__name__}: emit dicts or tuples, one kind per output")
+        if isinstance(row, dict):
+            extra = [f for f in row if f not in name_set]
+            missing = [f for f in names if f not in row]
+            if extra:
+                return OutputSchemaError(
+                    f"{where}: field {extra[0]!r} is not in the output schema ({declared}); "
+                    f"a misspelled name, or a field to declare")
+            if missing:
+                return OutputSchemaError(
+                    f"{where}: field {missing[0]!r} is missing ({declared}); every field must "
+                    f"be given, None for a null")
+        elif len(row) != len(names):
+            return OutputSchemaError(
+                f"{where} has {len(row)} values, the schema {len(names)} fields ({declared})")
+    raise AssertionError("no row differs from the schema")  # the caller saw one
+
+
+def _value_error(rows: list[Row], schema: pa.Schema, output: str,
+                 keys: Sequence[tuple[int, Any]], exc: Exception) -> OutputSchemaError:
+    """Which field of which row holds a value its type can't take (pyarrow names neither)."""
+    for position, field in enumerate(schema):
+        get = (operator.itemgetter(field.name) if isinstance(rows[0], dict)
+               else operator.itemgetter(position))
+        try:
+            pa.array(map(get, rows), type=field.type, size=len(rows))
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            pass
+        for i, row in enumerate(rows):
+            try:
+                pa.array([get(row)], type=field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError,
+                    OverflowError) as err:
+                return OutputSchemaError(
+                    f"{_row_name(output, i, keys)}: field {field.name!r} is {field.type}, "
+                    f"got {get(row)!r} ({err})")
+    return OutputSchemaError(f"output {output!r}: the rows do not match the schema {schema}: "
+                             f"{exc}")
 
 
 def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | None:
@@ -269,10 +356,11 @@ class _Emitter:
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
+        #: (index of the key's first row, key), in row order
         self.keys: list[tuple[int, Any]] = []
 
     def extend(self, key: Any, result: Iterable[Row] | None) -> None:
-        if result is not None:
+        if result:
             self.keys.append((len(self.rows), key))
             self.rows.extend(result)
 

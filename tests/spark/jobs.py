@@ -78,6 +78,13 @@ class WrongOutput(RunningTotals):
         return [{"user_id": key, "count": "not a number", "total": 0.0, "batch_id": 0}]
 
 
+class MisspelledOutput(RunningTotals):
+    """Emits ``totl`` for ``total``: once silently dropped (and ``total`` written as null)."""
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        return [{"user_id": key, "count": 1, "totl": 0.0, "batch_id": ctx.batch_id}]
+
+
 def _executor_jvm_pid() -> int:
     """The executor JVM above this Python worker (worker -> pyspark daemon -> JVM)."""
     pid = os.getpid()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from typing import Any
@@ -24,6 +25,7 @@ from tests.spark.jobs import (
     COUNT_SCHEMA,
     FailOnKey,
     KillWorkerOnce,
+    MisspelledOutput,
     PerElementTotals,
     RunningTotals,
     WrongOutput,
@@ -158,11 +160,22 @@ def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp
     check_against_pandas(root)
 
 
-def test_output_not_matching_schema_stops_with_clear_error(spark, tmp_path):
+@pytest.mark.parametrize(("fn", "complaint"), [
+    (WrongOutput(), "field 'count' is int64, got 'not a number'"),
+    (MisspelledOutput(), "field 'totl' is not in the output schema"),
+])
+def test_output_not_matching_schema_stops_with_clear_error(spark, tmp_path, fn, complaint):
+    """The error names the batch, the subtask, the output, the row's key and the field; a
+    misspelled field is an error, not a column of nulls."""
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 1)
-    with pytest.raises(Exception, match="OutputSchemaError|declared schema"):
-        run_job(spark, root, WrongOutput(), parallelism=2)
+    with pytest.raises(BatchFailedError) as failure:
+        run_job(spark, root, fn, parallelism=2)
+    text = str(failure.value)
+    assert re.match(r"batch 0, subtask \d: staging the output failed with OutputSchemaError: "
+                    r"output 'main', row 0 \(key 'u\d{4}'\): ", text), text
+    assert complaint in text
+    assert not os.path.exists(os.path.join(root, "out"))
 
 
 def test_missing_key_column(spark):
