@@ -105,6 +105,10 @@ class BatchFailedError(KeyedStateError, RuntimeError):
         self.user_traceback = user_traceback
 
 
+class StopTimeoutError(KeyedStateError, TimeoutError):
+    """A stop waited longer than its timeout for the batch in flight; the job keeps running."""
+
+
 class SnapshotExistsError(CheckpointError, FileExistsError):
     """The target directory already holds a savepoint; keyedstate never overwrites one."""
 

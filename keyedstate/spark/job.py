@@ -77,7 +77,7 @@ from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.failures import batch_failure, find_task_failure, for_spark
 from keyedstate.spark.function import KeyedProcessFunction
 from keyedstate.spark.offsets import OFFSETS, PROP_QUERY_ID, OffsetLog, seed
-from keyedstate.spark.query import KeyedQuery
+from keyedstate.spark.query import KeyedQuery, StopGate
 from keyedstate.spark.runtime import (
     KG_COLUMN,
     MIN_WATERMARK,
@@ -247,6 +247,8 @@ class KeyedJobDriver:
         #: what stopped the query: the error of the batch that failed, for the query's methods
         #: to raise (:class:`~keyedstate.spark.query.KeyedQuery`)
         self.failure: KeyedStateError | None = None
+        #: every batch passes it first: a stop waits there for no batch to run keyedstate work
+        self.gate = StopGate()
         self._open()
 
     # -- start-up ------------------------------------------------------------------------------
@@ -468,13 +470,18 @@ class KeyedJobDriver:
     # -- one batch -----------------------------------------------------------------------------
 
     def process_batch(self, df: Any, batch_id: int) -> None:
-        """The ``foreachBatch`` function (steps in the module docstring). A failure is kept in
-        :attr:`failure` and goes to Spark as a short error: Spark's own exception is no place
-        for a user's traceback."""
+        """The ``foreachBatch`` function (steps in the module docstring). A batch passes the
+        stop gate first (:class:`~keyedstate.spark.query.StopGate`: while the query stops, it
+        is not run). A failure is kept in :attr:`failure` and goes to Spark as a short error:
+        Spark's own exception is no place for a user's traceback."""
+        self.gate.enter(batch_id)
         try:
             with self._lock:
                 self._process_batch(df, batch_id)
         except Exception as exc:
+            cut_off = self.gate.cut_off(batch_id)
+            if cut_off is not None:
+                raise cut_off from None
             self.failure = batch_failure(exc, batch_id)
             raise for_spark(self.failure) from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -53,6 +54,23 @@ class FailOnKey(RunningTotals):
         if key == self.bad_key:
             raise ValueError(f"cannot handle {key}")
         return super().process_key(key, rows, ctx)
+
+
+class SlowBatch(RunningTotals):
+    """Takes ``seconds`` longer in batch ``batch_id`` (in ``open``, each subtask), after writing
+    ``started-<batch>-<subtask>`` to ``marker_dir``: a batch to stop or interrupt mid-flight."""
+
+    def __init__(self, batch_id: int, seconds: float, marker_dir: str) -> None:
+        self.batch_id = batch_id
+        self.seconds = seconds
+        self.marker_dir = marker_dir
+
+    def open(self, ctx: Context) -> None:
+        super().open(ctx)
+        if ctx.batch_id == self.batch_id:
+            open(os.path.join(self.marker_dir, f"started-{ctx.batch_id}-{ctx.subtask_index}"),
+                 "w").close()
+            time.sleep(self.seconds)
 
 
 class KillWorkerOnce(RunningTotals):
