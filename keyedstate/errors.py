@@ -91,7 +91,22 @@ class OutputSchemaError(KeyedStateError, TypeError):
 
 
 class BatchFailedError(KeyedStateError, RuntimeError):
-    """Processing one micro-batch failed; names the batch, subtask and (where known) the key."""
+    """Processing one micro-batch failed. The message names the batch, the subtask and the key
+    where known, the error, and ends with the traceback of the user's code that raised (the
+    function's frames, not the runtime's); the same are attributes, None where unknown:
+    ``batch_id``, ``subtask``, ``key`` (the key's ``repr``) and ``user_traceback``."""
+
+    def __init__(self, message: str, *, batch_id: int | None = None, subtask: int | None = None,
+                 key: str | None = None, user_traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.batch_id = batch_id
+        self.subtask = subtask
+        self.key = key
+        self.user_traceback = user_traceback
+
+
+class StopTimeoutError(KeyedStateError, TimeoutError):
+    """A stop waited longer than its timeout for the batch in flight; the job keeps running."""
 
 
 class SnapshotExistsError(CheckpointError, FileExistsError):

@@ -4,8 +4,9 @@ The only package that imports pyspark (lazily: importing it does not start Spark
 """
 
 from keyedstate.spark.function import Context, KeyedProcessFunction, TimerService
-from keyedstate.spark.job import BatchStats, KeyedProcessJob, KeyedQuery, KeyedStream, key_by
+from keyedstate.spark.job import BatchStats, KeyedProcessJob, KeyedStream, key_by
 from keyedstate.spark.processor import SavepointReader, SavepointWriter
+from keyedstate.spark.query import KeyedQuery
 from keyedstate.spark.session import local_session
 from keyedstate.spark.sinks import CallbackSink, ParquetSink, Sink
 

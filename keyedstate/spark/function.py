@@ -89,8 +89,10 @@ class KeyedProcessFunction:
     Contract: ``open`` is called once per subtask and batch before any other method, with the
     state registered there valid for the whole batch; ``close`` after the last one. Instances
     are pickled to the executors (with cloudpickle), so keep them small: state belongs in
-    descriptors, not attributes. Exceptions stop the query with an error naming the batch,
-    subtask and key; the last committed checkpoint stays intact.
+    descriptors, not attributes. Exceptions stop the query with a ``BatchFailedError`` naming
+    the batch, subtask and key, with the traceback from the method's frame down; the last
+    committed checkpoint stays intact. Output rows have exactly the declared fields (``None``
+    for a null), see docs/spark.md.
     """
 
     def open(self, ctx: Context) -> None:

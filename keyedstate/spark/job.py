@@ -68,14 +68,17 @@ from keyedstate.errors import (
     CheckpointProtocolError,
     ConfigurationError,
     JobDrainedError,
+    KeyedStateError,
     NoCheckpointError,
     SourcePositionsError,
     TransientStorageError,
 )
 from keyedstate.keygroups import check_parallelism
 from keyedstate.spark.carry import carry, output_committed, source_log_of
+from keyedstate.spark.failures import batch_failure, find_task_failure, for_spark
 from keyedstate.spark.function import KeyedProcessFunction
 from keyedstate.spark.offsets import OFFSETS, PROP_QUERY_ID, OffsetLog, seed
+from keyedstate.spark.query import KeyedQuery, StopGate
 from keyedstate.spark.runtime import (
     KG_COLUMN,
     MIN_WATERMARK,
@@ -242,6 +245,11 @@ class KeyedJobDriver:
         #: that no checkpoint completes (and subsumes it) meanwhile; re-entrant, so that a
         #: listener (called at the end of a batch) may take a savepoint
         self._lock = threading.RLock()
+        #: what stopped the query: the error of the batch that failed, for the query's methods
+        #: to raise (:class:`~keyedstate.spark.query.KeyedQuery`)
+        self.failure: KeyedStateError | None = None
+        #: every batch passes it first: a stop waits there for no batch to run keyedstate work
+        self.gate = StopGate()
         self._open()
 
     # -- start-up ------------------------------------------------------------------------------
@@ -463,9 +471,20 @@ class KeyedJobDriver:
     # -- one batch -----------------------------------------------------------------------------
 
     def process_batch(self, df: Any, batch_id: int) -> None:
-        """The ``foreachBatch`` function (steps in the module docstring)."""
-        with self._lock:
-            self._process_batch(df, batch_id)
+        """The ``foreachBatch`` function (steps in the module docstring). A batch passes the
+        stop gate first (:class:`~keyedstate.spark.query.StopGate`: while the query stops, it
+        is not run). A failure is kept in :attr:`failure` and goes to Spark as a short error:
+        Spark's own exception is no place for a user's traceback."""
+        self.gate.enter(batch_id)
+        try:
+            with self._lock:
+                self._process_batch(df, batch_id)
+        except Exception as exc:
+            cut_off = self.gate.cut_off(batch_id)
+            if cut_off is not None:
+                raise cut_off from None
+            self.failure = batch_failure(exc, batch_id)
+            raise for_spark(self.failure) from None
 
     def _process_batch(self, df: Any, batch_id: int) -> None:
         started = time.perf_counter()
@@ -805,71 +824,14 @@ class KeyedJobDriver:
 
 def _is_transient_failure(exc: BaseException) -> bool:
     """Whether a failed batch failed on storage errors a later run may not meet: a
-    :class:`TransientStorageError` raised here or in a Spark task (seen in its message)."""
+    :class:`TransientStorageError` raised here or in a Spark task."""
     if isinstance(exc, TransientStorageError):
         return True
-    cause = _batch_failure(exc)
-    return cause is not None and cause.startswith(TransientStorageError.__name__)
+    task = find_task_failure(exc)
+    return task is not None and task.error == TransientStorageError.__name__
 
 
 def _batch_failure(exc: BaseException) -> str | None:
-    """The keyedstate error message inside a Spark task failure, if there is one."""
-    text = str(exc)
-    marker = "keyedstate.errors."
-    at = text.rfind(marker)
-    if at < 0:
-        return None
-    return text[at + len(marker):].split("\n", 1)[0]
-
-
-class KeyedQuery:
-    """A running keyed job: the Spark ``StreamingQuery`` plus keyedstate's statistics."""
-
-    def __init__(self, query: Any, driver: KeyedJobDriver) -> None:
-        self.query = query
-        self.driver = driver
-
-    @property
-    def stats(self) -> list[BatchStats]:
-        return self.driver.stats
-
-    @property
-    def last_progress(self) -> dict[str, Any]:
-        """Spark's last progress with keyedstate's last checkpoint statistics."""
-        last = self.driver.stats[-1] if self.driver.stats else None
-        return {"spark": self.query.lastProgress,
-                "keyedstate": None if last is None else last.__dict__}
-
-    def add_listener(self, listener: Callable[[BatchStats], None]) -> None:
-        self.driver.listeners.append(listener)
-
-    def process_all_available(self) -> None:
-        self.query.processAllAvailable()
-
-    def await_termination(self, timeout: float | None = None) -> bool | None:
-        return self.query.awaitTermination(timeout)
-
-    def trigger_savepoint(self, target: str,
-                          format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
-        """Take a savepoint of the running job in ``target`` without stopping it (Flink's
-        ``flink savepoint``): the state as of the last completed checkpoint. Returns the path
-        or URL of its ``_metadata``. See :meth:`KeyedJobDriver.savepoint`."""
-        return self.driver.savepoint(target, format)
-
-    def stop(self, *, drain: bool = False, savepoint: str | None = None,
-             format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str | None:
-        """Stop after the batch in flight. With ``drain``, fire every timer first (the last
-        checkpoint then marks the job finished). With ``savepoint``, take a savepoint there
-        (``format`` native or canonical; after the drain, if both) and return its
-        ``_metadata`` path. A ``savepoint`` target that already holds one is refused
-        (:class:`SnapshotExistsError`) before the job is stopped."""
-        if savepoint:
-            check_savepoint_target(CheckpointStorage(savepoint, self.driver.config.storage_options))
-        self.query.stop()
-        exc = self.query.exception()
-        if exc is not None:
-            raise BatchFailedError(f"the query had failed: {exc}")
-        spark = self.driver.job.stream.df.sparkSession
-        if drain:
-            self.driver.drain(spark)
-        return self.driver.savepoint(savepoint, format) if savepoint else None
+    """The message of a Spark task's failure inside ``exc``, if there is one."""
+    task = find_task_failure(exc)
+    return None if task is None else task.describe()

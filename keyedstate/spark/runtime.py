@@ -26,13 +26,16 @@ Nothing here is visible to readers until the driver commits the checkpoint and t
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
+import operator
 import os
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from itertools import repeat
+from typing import Any, Iterable, Iterator, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -49,9 +52,10 @@ from keyedstate.checkpoint.metadata import (
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
-from keyedstate.errors import BatchFailedError, KeyedStateError, OutputSchemaError
+from keyedstate.errors import BatchFailedError, OutputSchemaError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
+from keyedstate.spark.failures import NO_KEY, subtask_failed
 from keyedstate.spark.function import Context, KeyedProcessFunction, Row
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
@@ -229,21 +233,106 @@ def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
     raise OutputSchemaError(f"watermark column must be a timestamp or integer (ms), got {column.type}")
 
 
-def _rows_to_table(rows: list[Row], schema: pa.Schema, where: str) -> pa.Table:
+def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
+                   keys: Sequence[tuple[int, Any]] = ()) -> pa.Table:
+    """The rows a function emitted to ``output`` as a table of its declared ``schema``.
+
+    A dict row has exactly the schema's fields: one it lacks is an error (emit ``None`` for a
+    null: a DDL schema's fields are all nullable, so "nullable" would let any typo through),
+    and so is one the schema does not declare (a misspelled name would be dropped silently).
+    A tuple row has one value per field, in the schema's order. Raises
+    :class:`OutputSchemaError` naming the output, the row, its key (``keys``: the index of
+    the first row of each key, in order, from :class:`_Emitter`) and the field.
+
+    The checks run in C, no Python bytecode per row: every row is a dict, the union of their
+    fields is the schema's (none extra), and each has as many fields as the schema (none
+    missing); only a failure walks the rows in Python, to say which one. Measured on 100,000
+    dict rows: 34 -> 46 ms with 4 fields, 295 -> 340 ms with 20 (docs/spark.md).
+    """
     if not rows:
         return schema.empty_table()
-    try:
-        if isinstance(rows[0], dict):
+    if isinstance(rows[0], dict):
+        same = (all(map(isinstance, rows, repeat(dict)))
+                and set().union(*rows) == set(schema.names)
+                and set(map(len, rows)) == {len(schema)})
+        if not same:
+            raise _field_error(rows, schema, output, keys)
+        try:
             return pa.Table.from_pylist(rows, schema=schema)
-        columns = list(zip(*rows))
-        if len(columns) != len(schema):
-            raise ValueError(f"rows have {len(columns)} fields, the schema has {len(schema)}")
-        return pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)],
-                                    schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-        raise OutputSchemaError(
-            f"{where}: output rows do not match the declared schema {schema}: {exc}"
-        ) from exc
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise _value_error(rows, schema, output, keys, exc) from exc
+    same = (all(map(isinstance, rows, repeat((tuple, list))))
+            and set(map(len, rows)) == {len(schema)})
+    if not same:
+        raise _field_error(rows, schema, output, keys)
+    arrays = []
+    for field, column in zip(schema, zip(*rows)):
+        try:
+            arrays.append(pa.array(column, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise _value_error(rows, schema, output, keys, exc) from exc
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _row_name(output: str, index: int, keys: Sequence[tuple[int, Any]]) -> str:
+    """``output 'main', row 3 (key 'u1')``: the key is the one whose rows ``index`` is among."""
+    at = bisect.bisect_right([start for start, _ in keys], index) - 1
+    key = f" (key {keys[at][1]!r})" if at >= 0 else ""
+    return f"output {output!r}, row {index}{key}"
+
+
+def _field_error(rows: list[Row], schema: pa.Schema, output: str,
+                 keys: Sequence[tuple[int, Any]]) -> OutputSchemaError:
+    """The first row whose fields differ from the schema's (or the first row of another
+    kind than the first one), and how."""
+    names = schema.names
+    name_set = set(names)
+    declared = f"the schema declares {', '.join(names)}"
+    first_is_dict = isinstance(rows[0], dict)
+    for i, row in enumerate(rows):
+        where = _row_name(output, i, keys)
+        if first_is_dict != isinstance(row, dict) or not isinstance(row, (dict, tuple, list)):
+            return OutputSchemaError(
+                f"{where} is a {type(row).__name__}, the first row a "
+                f"{type(rows[0]).__name__}: emit dicts or tuples, one kind per output")
+        if isinstance(row, dict):
+            extra = [f for f in row if f not in name_set]
+            missing = [f for f in names if f not in row]
+            if extra:
+                return OutputSchemaError(
+                    f"{where}: field {extra[0]!r} is not in the output schema ({declared}); "
+                    f"a misspelled name, or a field to declare")
+            if missing:
+                return OutputSchemaError(
+                    f"{where}: field {missing[0]!r} is missing ({declared}); every field must "
+                    f"be given, None for a null")
+        elif len(row) != len(names):
+            return OutputSchemaError(
+                f"{where} has {len(row)} values, the schema {len(names)} fields ({declared})")
+    raise AssertionError("no row differs from the schema")  # the caller saw one
+
+
+def _value_error(rows: list[Row], schema: pa.Schema, output: str,
+                 keys: Sequence[tuple[int, Any]], exc: Exception) -> OutputSchemaError:
+    """Which field of which row holds a value its type can't take (pyarrow names neither)."""
+    for position, field in enumerate(schema):
+        get = (operator.itemgetter(field.name) if isinstance(rows[0], dict)
+               else operator.itemgetter(position))
+        try:
+            pa.array(map(get, rows), type=field.type, size=len(rows))
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            pass
+        for i, row in enumerate(rows):
+            try:
+                pa.array([get(row)], type=field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError,
+                    OverflowError) as err:
+                return OutputSchemaError(
+                    f"{_row_name(output, i, keys)}: field {field.name!r} is {field.type}, "
+                    f"got {get(row)!r} ({err})")
+    return OutputSchemaError(f"output {output!r}: the rows do not match the schema {schema}: "
+                             f"{exc}")
 
 
 def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | None:
@@ -267,28 +356,28 @@ class _Emitter:
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
+        #: (index of the key's first row, key), in row order
         self.keys: list[tuple[int, Any]] = []
 
     def extend(self, key: Any, result: Iterable[Row] | None) -> None:
-        if result is not None:
+        if result:
             self.keys.append((len(self.rows), key))
             self.rows.extend(result)
 
 
-def _call(where: str, key: Any, fn: Any, *args: Any) -> Iterable[Row] | None:
+def _call(ctx: Context, key: Any, fn: Any, *args: Any) -> Iterable[Row] | None:
+    """Call the user's ``fn`` (for ``key``, or :data:`NO_KEY`); what it raises fails the
+    subtask with the function's traceback (:func:`~keyedstate.spark.failures.subtask_failed`)."""
     try:
         result = fn(*args)
         return list(result) if result is not None else None
-    except KeyedStateError as exc:
-        raise BatchFailedError(f"{where}, key {key!r}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
-        raise BatchFailedError(
-            f"{where}, key {key!r}: the function raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise subtask_failed(ctx.batch_id, ctx.subtask_index, "the function raised", exc, key,
+                             user_code=True) from exc
 
 
-def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: _Emitter,
-                 where: str) -> int:
+def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: _Emitter
+                 ) -> int:
     fired = 0
     fn = plan.function
     for domain, now in ((TimeDomain.PROCESSING_TIME, ctx.processing_time),
@@ -297,7 +386,7 @@ def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out:
         for timer in backend.timer_service.pop_due(domain, now):
             backend.set_current_key_bytes(timer.key_bytes, timer.key_group)
             key = backend.get_current_key()
-            out.extend(key, _call(where, key, fn.on_timer, timer.timestamp, ctx))
+            out.extend(key, _call(ctx, key, fn.on_timer, timer.timestamp, ctx))
             fired += 1
     ctx.time_domain = None
     return fired
@@ -353,15 +442,17 @@ def _process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.Record
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                     ) -> Iterator[pa.RecordBatch]:
     """One subtask of one batch, given its index (Spark-independent: tests and profiling call
-    it directly with the routed Arrow batches)."""
-    where = f"batch {plan.batch_id}, subtask {index}"
+    it directly with the routed Arrow batches). Whatever fails raises
+    :class:`~keyedstate.errors.BatchFailedError` carrying the failure to the driver
+    (:mod:`keyedstate.spark.failures`)."""
     # Step 1. State at the last committed checkpoint.
     try:
         backend, reused, restore_s = _acquire(plan, index)
-    except KeyedStateError as exc:
-        raise BatchFailedError(
-            f"{where}: restoring the state failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise subtask_failed(plan.batch_id, index, "restoring the state failed with", exc) \
+            from exc
     token = uuid.uuid4().hex
+    step = "processing the rows failed with"
     try:
         started = time.perf_counter()
         input_batches = [b for b in batches if b.num_rows]
@@ -372,9 +463,9 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
                       processing_time=time.time_ns() // 1_000_000)
         fn = plan.function
         out = _Emitter()
-        _call(where, None, fn.open, ctx)
+        _call(ctx, NO_KEY, fn.open, ctx)
         # Step 2. Timers due at the watermark reached by the previous batch, and now.
-        fired = _fire_timers(plan, backend, ctx, out, where)
+        fired = _fire_timers(plan, backend, ctx, out)
         # Step 3. Late rows.
         late = 0
         max_event_time = None
@@ -396,29 +487,35 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
             for key, kg, start, length in _key_runs(table, plan.key_columns):
                 backend.set_current_key(key, kg)
                 rows = user_table.slice(start, length).drop_columns([KG_COLUMN])
-                out.extend(key, _call(where, key, fn.process_key, key, rows, ctx))
+                out.extend(key, _call(ctx, key, fn.process_key, key, rows, ctx))
         if plan.drain:
-            fired += _fire_timers(plan, backend, ctx, out, where)
-        _call(where, None, fn.close)
+            fired += _fire_timers(plan, backend, ctx, out)
+        _call(ctx, NO_KEY, fn.close)
         process_s = time.perf_counter() - started
         # Step 5. Stage outputs (invisible until the driver commits).
+        step = "staging the output failed with"
         staged: dict[str, str] = {}
-        main = _rows_to_table(out.rows, plan.output_schema, where)
+        main = _rows_to_table(out.rows, plan.output_schema, "main", out.keys)
         if (path := _stage(plan, index, "main", main)) is not None:
             staged["main"] = path
         for tag, rows in ctx.side_outputs.items():
             schema = plan.side_output_schemas.get(tag)
             if schema is None:
-                raise BatchFailedError(f"{where}: side output {tag!r} was not declared on the job")
-            if (path := _stage(plan, index, tag, _rows_to_table(rows, schema, where))) is not None:
+                raise OutputSchemaError(
+                    f"side output {tag!r} is not declared on the job; declared: "
+                    f"{sorted(plan.side_output_schemas)}")
+            if (path := _stage(plan, index, tag, _rows_to_table(rows, schema, tag))) is not None:
                 staged[tag] = path
         # Step 6. Snapshot.
+        step = "the snapshot failed with"
         result = backend.snapshot(plan.checkpoint_id,
                                   plan.storage.location(plan.checkpoint_id, index),
                                   full=plan.full_snapshot)
         handle = result.materialize()
-    except BaseException:
+    except BaseException as exc:
         backend.close()
+        if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
+            raise subtask_failed(plan.batch_id, index, step, exc) from exc
         raise
     _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
                group=plan.largest_group)

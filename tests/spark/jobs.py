@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -55,6 +56,23 @@ class FailOnKey(RunningTotals):
         return super().process_key(key, rows, ctx)
 
 
+class SlowBatch(RunningTotals):
+    """Takes ``seconds`` longer in batch ``batch_id`` (in ``open``, each subtask), after writing
+    ``started-<batch>-<subtask>`` to ``marker_dir``: a batch to stop or interrupt mid-flight."""
+
+    def __init__(self, batch_id: int, seconds: float, marker_dir: str) -> None:
+        self.batch_id = batch_id
+        self.seconds = seconds
+        self.marker_dir = marker_dir
+
+    def open(self, ctx: Context) -> None:
+        super().open(ctx)
+        if ctx.batch_id == self.batch_id:
+            open(os.path.join(self.marker_dir, f"started-{ctx.batch_id}-{ctx.subtask_index}"),
+                 "w").close()
+            time.sleep(self.seconds)
+
+
 class KillWorkerOnce(RunningTotals):
     """Kills its own Python worker (SIGKILL) in the first attempt of one batch, mid-batch,
     after it has updated some state: the retried task must start from committed state."""
@@ -76,6 +94,13 @@ class KillWorkerOnce(RunningTotals):
 class WrongOutput(RunningTotals):
     def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
         return [{"user_id": key, "count": "not a number", "total": 0.0, "batch_id": 0}]
+
+
+class MisspelledOutput(RunningTotals):
+    """Emits ``totl`` for ``total``: once silently dropped (and ``total`` written as null)."""
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        return [{"user_id": key, "count": 1, "totl": 0.0, "batch_id": ctx.batch_id}]
 
 
 def _executor_jvm_pid() -> int:

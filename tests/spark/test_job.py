@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from typing import Any
@@ -17,13 +18,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keyedstate.config import JobConfig
-from keyedstate.errors import ConfigurationError
+from keyedstate.errors import BatchFailedError, ConfigurationError
 from keyedstate.spark.job import key_by
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from tests.spark.jobs import (
     COUNT_SCHEMA,
     FailOnKey,
     KillWorkerOnce,
+    MisspelledOutput,
     PerElementTotals,
     RunningTotals,
     WrongOutput,
@@ -150,7 +152,7 @@ def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp
     run_job(spark, root, RunningTotals(), parallelism=parallelism)
     write_files(os.path.join(root, "input"), 1, first=1)
     bad_key = pd.read_parquet(os.path.join(root, "input", "part-001.parquet")).user_id.iloc[0]
-    with pytest.raises(Exception) as failure:
+    with pytest.raises(BatchFailedError) as failure:
         run_job(spark, root, FailOnKey(bad_key), parallelism=parallelism)
     text = str(failure.value)
     assert "batch 1" in text and "subtask" in text and bad_key in text
@@ -160,11 +162,22 @@ def test_user_function_error_names_batch_subtask_and_key_then_resumes(spark, tmp
     check_against_pandas(root)
 
 
-def test_output_not_matching_schema_stops_with_clear_error(spark, tmp_path):
+@pytest.mark.parametrize(("fn", "complaint"), [
+    (WrongOutput(), "field 'count' is int64, got 'not a number'"),
+    (MisspelledOutput(), "field 'totl' is not in the output schema"),
+])
+def test_output_not_matching_schema_stops_with_clear_error(spark, tmp_path, fn, complaint):
+    """The error names the batch, the subtask, the output, the row's key and the field; a
+    misspelled field is an error, not a column of nulls."""
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 1)
-    with pytest.raises(Exception, match="OutputSchemaError|declared schema"):
-        run_job(spark, root, WrongOutput(), parallelism=2)
+    with pytest.raises(BatchFailedError) as failure:
+        run_job(spark, root, fn, parallelism=2)
+    text = str(failure.value)
+    assert re.match(r"batch 0, subtask \d: staging the output failed with OutputSchemaError: "
+                    r"output 'main', row 0 \(key 'u\d{4}'\): ", text), text
+    assert complaint in text
+    assert not os.path.exists(os.path.join(root, "out"))
 
 
 def test_missing_key_column(spark):
@@ -309,8 +322,10 @@ def test_driver_crash_between_checkpoint_and_sink_commit(spark, tmp_path):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 3)
     crash = CrashBeforeSinkCommit(os.path.join(root, "out2"), str(tmp_path / "crashed"))
-    with pytest.raises(Exception, match="driver crash"):
+    with pytest.raises(BatchFailedError, match="^batch 1: RuntimeError: driver crash") as failure:
         run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
+    # the sink's own frame, not the driver's
+    assert 'test_job.py", line' in str(failure.value) and "in commit" in str(failure.value)
     query = run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
     assert query.stats[0].skipped_replay, "batch 1 must be replayed from its checkpoint"
     out = check_against_pandas(root)
