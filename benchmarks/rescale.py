@@ -345,8 +345,11 @@ def restore_keyedstate(spark: Any, source: Source, parallelism: int, root: str,
             done_at.append(time.perf_counter())
 
     job = _keyed_job(spark, os.path.dirname(probe), sink, 1, on_batch)
+    # The restored job reads a probe file, a new source: the snapshot's source positions (the
+    # build's input) do not apply to it.
     config = JobConfig(checkpoint_dir=ckpt, parallelism=parallelism, backend="rocksdb",
-                       restore_path=source.path, local_dir=os.path.join(root, "local"))
+                       restore_path=source.path, local_dir=os.path.join(root, "local"),
+                       source_positions="ignore")
     started = time.perf_counter()
     query = job.start(config, spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})
