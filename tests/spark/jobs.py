@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 COUNT_SCHEMA = "user_id string, count bigint, total double, batch_id bigint"
@@ -129,3 +130,19 @@ class KillExecutorOnce(RunningTotals):
             open(marker, "w").close()
             os.kill(_executor_jvm_pid(), 9)
         return out
+
+
+class FailingSink(ParquetSink):
+    """Fails the commit of one batch, once: a driver that stops between checkpoint commit and
+    sink commit."""
+
+    def __init__(self, path: str, batch_id: int, marker: str) -> None:
+        super().__init__(path)
+        self.batch_id = batch_id
+        self.marker = marker
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        if batch_id == self.batch_id and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("driver stopped between checkpoint commit and sink commit")
+        super().commit(spark, batch_id, staged)

@@ -21,8 +21,8 @@ from keyedstate.config import JobConfig
 from keyedstate.errors import SourcePositionsError, TransientStorageError
 from keyedstate.spark.job import key_by
 from keyedstate.spark.offsets import OffsetLog
-from keyedstate.spark.sinks import ParquetSink, StagedOutput
-from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
+from keyedstate.spark.sinks import ParquetSink
+from tests.spark.jobs import COUNT_SCHEMA, FailingSink, RunningTotals
 from tests.spark.test_job import SCHEMA, check_against_pandas, write_files
 
 pytestmark = pytest.mark.spark
@@ -148,22 +148,6 @@ def test_drained_savepoint_restores_without_losing_the_next_batch(spark, tmp_pat
 
 
 # -- 3. a savepoint of a batch whose sinks had not committed -------------------------------------
-
-class FailingSink(ParquetSink):
-    """Fails the commit of one batch, once: a driver that stops between checkpoint commit and
-    sink commit."""
-
-    def __init__(self, path: str, batch_id: int, marker: str) -> None:
-        super().__init__(path)
-        self.batch_id = batch_id
-        self.marker = marker
-
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        if batch_id == self.batch_id and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            raise RuntimeError("driver stopped between checkpoint commit and sink commit")
-        super().commit(spark, batch_id, staged)
-
 
 def test_running_jobs_savepoint_commits_its_batch_first(spark, tmp_path):
     root = str(tmp_path)

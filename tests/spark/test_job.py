@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from keyedstate.config import JobConfig
 from keyedstate.errors import BatchFailedError, ConfigurationError
 from keyedstate.spark.job import key_by
-from keyedstate.spark.sinks import ParquetSink, StagedOutput
+from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import (
     COUNT_SCHEMA,
+    FailingSink,
     FailOnKey,
     KillWorkerOnce,
     MisspelledOutput,
@@ -303,29 +304,14 @@ def test_lost_metadata_of_the_only_checkpoint_fails_the_start(spark, tmp_path):
         run_job(spark, root, RunningTotals(), parallelism=2)
 
 
-class CrashBeforeSinkCommit(ParquetSink):
-    """Fails once, after the checkpoint of batch 1 committed and before its output is
-    visible: what a driver crash between the two commits leaves behind."""
-
-    def __init__(self, path: str, marker: str) -> None:
-        super().__init__(path)
-        self.marker = marker
-
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        if batch_id == 1 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            raise RuntimeError("driver crash between checkpoint commit and sink commit")
-        super().commit(spark, batch_id, staged)
-
-
 def test_driver_crash_between_checkpoint_and_sink_commit(spark, tmp_path):
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 3)
-    crash = CrashBeforeSinkCommit(os.path.join(root, "out2"), str(tmp_path / "crashed"))
-    with pytest.raises(BatchFailedError, match="^batch 1: RuntimeError: driver crash") as failure:
+    crash = FailingSink(os.path.join(root, "out2"), 1, str(tmp_path / "crashed"))
+    with pytest.raises(BatchFailedError, match="^batch 1: RuntimeError: driver stopped") as failure:
         run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
     # the sink's own frame, not the driver's
-    assert 'test_job.py", line' in str(failure.value) and "in commit" in str(failure.value)
+    assert 'jobs.py", line' in str(failure.value) and "in commit" in str(failure.value)
     query = run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(crash,))
     assert query.stats[0].skipped_replay, "batch 1 must be replayed from its checkpoint"
     out = check_against_pandas(root)
