@@ -684,6 +684,12 @@ class KeyedJobDriver:
         """Step 4: commit a completed checkpoint's output to the sinks (skipped when its
         marker says that happened), then write the marker and drop the staged files."""
         props = completed.metadata.properties
+        if "staged" not in props:
+            # A claimed snapshot: its output is not this job's to commit. Its own job committed
+            # it, or this job did at start from the copy the snapshot carried
+            # (_commit_carried_output); committing "nothing" for its batch on a replay would
+            # replace that output.
+            return
         marker = commit_marker(int(props["batch_id"]), completed.checkpoint_id)
         if self.storage.exists(marker):
             return

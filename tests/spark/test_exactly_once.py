@@ -11,6 +11,7 @@ import shutil
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -21,7 +22,7 @@ from keyedstate.config import JobConfig
 from keyedstate.errors import SourcePositionsError, TransientStorageError
 from keyedstate.spark.job import key_by
 from keyedstate.spark.offsets import OffsetLog
-from keyedstate.spark.sinks import ParquetSink
+from keyedstate.spark.sinks import ParquetSink, Sink, StagedOutput, read_staged
 from tests.spark.jobs import COUNT_SCHEMA, FailingSink, RunningTotals
 from tests.spark.test_job import SCHEMA, check_against_pandas, write_files
 
@@ -188,6 +189,45 @@ def test_offline_savepoint_carries_uncommitted_output_and_the_restore_commits_it
     query = start(spark, root, ckpt="ckpt-2", location="spark-2", restore_path=savepoint)
     query.stop()
     assert [s.batch_id for s in query.stats] == [2]
+    check_against_pandas(root)
+
+
+class BatchFiles(Sink):
+    """A sink idempotent by batch id that reads the staged rows, as a callback sink does:
+    ``<path>/batch-<B>.parquet`` written over on every commit of batch B. Fails the first
+    commit of ``fail_batch`` (a driver stopped between checkpoint commit and sink commit)."""
+
+    def __init__(self, path: str, fail_batch: int = -1, marker: str = "") -> None:
+        self.path = path
+        self.fail_batch = fail_batch
+        self.marker = marker
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        if batch_id == self.fail_batch and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("driver stopped between checkpoint commit and sink commit")
+        os.makedirs(self.path, exist_ok=True)
+        pq.write_table(read_staged(staged), os.path.join(self.path, f"batch-{batch_id}.parquet"))
+
+
+def test_claimed_savepoint_of_an_uncommitted_batch_keeps_its_output_when_spark_replays_it(
+        spark, tmp_path):
+    """CLAIM, in the Spark location of the crashed job: Spark runs the savepoint's batch again
+    (the crash came before it recorded the batch), and the replay must not commit the claimed
+    checkpoint's output: it has none of its own (the carried output was committed at start)."""
+    root = str(tmp_path)
+    out = os.path.join(root, "out")
+    write_files(os.path.join(root, "input"), 2)
+    with pytest.raises(Exception, match="driver stopped"):
+        start(spark, root, sink=BatchFiles(out, 1, str(tmp_path / "failed")))
+    result = CliRunner().invoke(main, ["savepoint", "create", os.path.join(root, "ckpt"),
+                                       os.path.join(root, "sp"), "--json"])
+    assert result.exit_code == 0, result.output
+    write_files(os.path.join(root, "input"), 1, first=2)
+    query = start(spark, root, ckpt="ckpt-2", restore_path=os.path.join(root, "sp"),
+                  restore_mode="CLAIM", sink=BatchFiles(out))
+    query.stop()
+    assert [(s.batch_id, s.skipped_replay) for s in query.stats] == [(1, True), (2, False)]
     check_against_pandas(root)
 
 
