@@ -250,6 +250,10 @@ class KeyedJobDriver:
         self.failure: KeyedStateError | None = None
         #: every batch passes it first: a stop waits there for no batch to run keyedstate work
         self.gate = StopGate()
+        #: the checkpoint whose output is being committed (under the lock), None otherwise: a
+        #: savepoint taken from inside that commit (a sink's, on the batch thread) carries the
+        #: output rather than commit it again under the running commit
+        self._committing: int | None = None
         self._open()
 
     # -- start-up ------------------------------------------------------------------------------
@@ -693,9 +697,13 @@ class KeyedJobDriver:
         marker = commit_marker(int(props["batch_id"]), completed.checkpoint_id)
         if self.storage.exists(marker):
             return
-        self._commit_output(spark, self.storage, props)
-        self.storage.write(marker, b"")
-        self.storage.delete_dir(staging_dir(int(props["batch_id"])))
+        self._committing = completed.checkpoint_id
+        try:
+            self._commit_output(spark, self.storage, props)
+            self.storage.write(marker, b"")
+            self.storage.delete_dir(staging_dir(int(props["batch_id"])))
+        finally:
+            self._committing = None
         self._retire_markers()
 
     def _retire_markers(self) -> None:
@@ -772,7 +780,11 @@ class KeyedJobDriver:
         Step 2. Under the batch lock (a batch in flight finishes first, and no checkpoint
             completes and subsumes the latest meanwhile): commit the latest checkpoint's
             output if that has not happened yet (idempotent), so that the savepoint's batch
-            is complete in state and in output.
+            is complete in state and in output. Called from inside that commit (a sink's
+            ``commit`` on the batch thread: the lock is re-entrant), the commit is left to
+            finish on its own and the savepoint carries the output instead, as one of a
+            stopped driver does: a second commit would delete the staged files under the
+            first.
         Step 3. Duplicate the checkpoint's files (native, see
             :func:`~keyedstate.checkpoint.savepoint.write_native_savepoint`) or rewrite them
             (canonical), and carry Spark's offset log up to its batch
@@ -790,11 +802,13 @@ class KeyedJobDriver:
                     "first batch"
                 )
             # Step 2.
-            if int(latest.metadata.properties.get("batch_id", -1)) >= 0:
+            committing = self._committing == latest.checkpoint_id
+            if int(latest.metadata.properties.get("batch_id", -1)) >= 0 and not committing:
                 self._commit_with_retries(self.job.stream.df.sparkSession, latest)
             # Step 3.
             source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
-            attach = carry(source, self.config.storage_options, committed=True)
+            attach = carry(source, self.config.storage_options,
+                           committed=None if committing else True)
             if fmt is SnapshotFormat.NATIVE:
                 return write_native_savepoint(source, target, self.config.storage_options,
                                               attach=attach)

@@ -231,6 +231,52 @@ def test_claimed_savepoint_of_an_uncommitted_batch_keeps_its_output_when_spark_r
     check_against_pandas(root)
 
 
+class SavepointInSink(BatchFiles):
+    """Takes a savepoint of the running job from inside its commit of one batch, before it
+    reads the batch's staged rows (a sink that checkpoints an external system with the job)."""
+
+    def __init__(self, path: str, batch_id: int, target: str) -> None:
+        super().__init__(path)
+        self.batch_id = batch_id
+        self.target = target
+        self.driver: Any = None
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        if batch_id == self.batch_id and not os.path.exists(self.target):
+            self.driver.savepoint(self.target)
+        super().commit(spark, batch_id, staged)
+
+
+def test_savepoint_from_inside_a_sink_commit_carries_the_batch_and_the_commit_goes_on(
+        spark, tmp_path):
+    root = str(tmp_path)
+    out = os.path.join(root, "out")
+    write_files(os.path.join(root, "input"), 2)
+    sink = SavepointInSink(out, 1, os.path.join(root, "sp"))
+    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA).sink(sink)
+    driver = job.driver(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2),
+                        os.path.join(root, "spark"))
+    sink.driver = driver
+    query = (events.writeStream.foreachBatch(driver.process_batch)
+             .option("checkpointLocation", os.path.join(root, "spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()  # the commit the savepoint interrupted finished
+    check_against_pandas(root)
+    # The savepoint covers batch 1, whose commit was under way: it carries the output.
+    carried = resolve_snapshot(os.path.join(root, "sp")).metadata.properties
+    assert carried["batch_id"] == "1" and "staged" in carried
+    shutil.rmtree(out)
+    write_files(os.path.join(root, "input"), 1, first=2)
+    restored = start(spark, root, ckpt="ckpt-2", location="spark-2",
+                     restore_path=os.path.join(root, "sp"), sink=BatchFiles(out))
+    restored.stop()
+    assert [s.batch_id for s in restored.stats] == [2]
+    assert sorted(os.listdir(out)) == ["batch-1.parquet", "batch-2.parquet"], \
+        "the carried batch 1, then batch 2"
+
+
 # -- 4. a restore into a new Spark checkpoint location -------------------------------------------
 
 def test_savepoint_restored_in_a_new_location_resumes_after_its_batch(spark, tmp_path):
