@@ -7,6 +7,10 @@ Semantics it encodes (Flink's, as keyedstate documents them):
 - batch ``b`` starts with the watermark of batches ``< b`` (max event time - delay) and the
   logical time ``logical_now(b)``; processing-time timers due at that time fire first, then
   event-time timers due at the watermark, each in timestamp order;
+- batch ids are Spark's: batch ``b`` reads the input file the plan's schedule names (file
+  ``b`` until a drain); a **drain** (``stop --drain``) is a batch of its own that reads no
+  file: processing-time timers due at its logical time fire, then every event-time timer (the
+  watermark is +infinity for it), and the watermark the next batch starts with is unchanged;
 - rows with an event time before the watermark are late: side output, not processed;
 - each key's rows are processed in ``seq`` order; TTL entries are live while
   ``last_access + ttl > now``; ``OnReadAndWrite`` refreshes an entry's time when it is read;
@@ -25,7 +29,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -92,17 +96,32 @@ def read_batch(generated: str, batch_id: int) -> pd.DataFrame:
 
 
 class Oracle:
-    """Steps the expected job batch by batch (:meth:`step`), from empty state."""
+    """Steps the expected job batch by batch (:meth:`step`), from empty state.
 
-    def __init__(self, generated: str) -> None:
+    ``schedule``: ``(batch id, input file or None for a drain)`` of every batch
+    (:meth:`keyedstate.chaos.plan.Plan.schedule`); without one, batch ``b`` reads file ``b``."""
+
+    def __init__(self, generated: str,
+                 schedule: Sequence[tuple[int, int | None]] | None = None) -> None:
         self.generated = generated
         self.state = OracleState()
+        self.files: dict[int, int | None] | None = dict(schedule) if schedule is not None \
+            else None
 
     def snapshot(self) -> OracleState:
         return copy.deepcopy(self.state)
 
-    def run(self, batches: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Outputs (main rows, late rows) of batches ``0..batches-1``."""
+    def file_of(self, b: int) -> int | None:
+        """The input file batch ``b`` reads (None: a drain)."""
+        return b if self.files is None else self.files[b]
+
+    def run(self, batches: int | None = None
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Outputs (main rows, late rows) of batches ``0..batches-1`` (default: the whole
+        schedule)."""
+        if batches is None:
+            assert self.files is not None, "run() without a schedule needs a batch count"
+            batches = len(self.files)
         main: list[dict[str, Any]] = []
         late: list[dict[str, Any]] = []
         for b in range(batches):
@@ -115,18 +134,23 @@ class Oracle:
         st = self.state
         assert b == st.batch_id + 1, (b, st.batch_id)
         now = logical_now(b)
+        file = self.file_of(b)
         out: list[dict[str, Any]] = []
-        # Timers: processing time first, then event time, each in timestamp order.
+        # Timers: processing time first, then event time, each in timestamp order; a drain
+        # fires every event-time timer.
         for ts, key in sorted(t for t in st.proc_timers if t[0] <= now):
             st.proc_timers.discard((ts, key))
             ks = st.keys[key]
             out.append(_timer_row(key, b, "ptimer", ts, ks.count or 0, ks.total))
-        for ts, key in sorted(t for t in st.event_timers if t[0] <= st.watermark):
+        for ts, key in sorted(t for t in st.event_timers if file is None or t[0] <= st.watermark):
             st.event_timers.discard((ts, key))
             ks = st.keys[key]
             ks.etimer = None
             out.append(_timer_row(key, b, "etimer", ts, ks.count or 0, None))
-        df = read_batch(self.generated, b)
+        if file is None:  # a drain: no input, the watermark stays (nothing moved it)
+            st.batch_id = b
+            return out, []
+        df = read_batch(self.generated, file)
         is_late = df["ts_ms"] < st.watermark
         late = [{"batch_id": b, "seq": int(r.seq), "key": r.key, "ts_us": int(r.ts_us),
                  "value": int(r.value)} for r in df[is_late].itertuples()]
@@ -199,32 +223,53 @@ def _timer_row(key: str, b: int, kind: str, ts: int, count: int, total: int | No
 
 # -- comparing outputs ------------------------------------------------------------------------
 
-#: a ParquetSink's batch directory (``<lineage>-batch-<B>``) and the parts in it; what a
-#: reader of the directory sees (``_temporary/`` and ``_SUCCESS`` are hidden by their ``_``)
-_SINK_BATCH_DIR = re.compile(r"^(?:[^_.].*-)?batch-(\d+)$")
-_SINK_PART = re.compile(r"^part-\d+\.parquet$")
+#: a ParquetSink's batch, named by its directory (``[<lineage>-]batch-<B>/part-<n>.parquet``)
+#: or, before the sink named batches by query id, by its files
+#: (``batch-<B>-part-<n>.parquet``, one directory: kept runs of then are judged again)
+_SINK_FILE = re.compile(r"^batch-(\d+)-part-\d+\.parquet$")
+_SINK_BATCH_DIR = re.compile(r"^(?:(.+)-)?batch-(\d+)$")
 
 
 def read_sink(directory: str) -> pd.DataFrame:
-    """Every row a ParquetSink committed, with the batch id of its directory (``_file_batch``);
-    timestamps as int64 microseconds."""
+    """Every row of every Parquet file a reader of ``directory`` sees (recursively; names
+    starting with ``_`` or ``.`` are hidden, as pandas and pyarrow hide them), with the batch
+    id its file or directory names (``_file_batch``, -1: none) and the lineage its directory
+    names (``_lineage``, "" if none); timestamps as int64 microseconds.
+
+    Either layout of :class:`~keyedstate.spark.sinks.ParquetSink`: a directory per batch
+    named by its query id (lineage), or files of every batch in one directory (before
+    2d83c89). Columns a file lacks (another job's output) are null."""
     frames = []
-    if os.path.isdir(directory):
-        for name in sorted(os.listdir(directory)):
-            m = _SINK_BATCH_DIR.match(name)
-            if not m or not os.path.isdir(os.path.join(directory, name)):
+    for folder, subfolders, names in os.walk(directory):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(("_", ".")))
+        in_dir = _SINK_BATCH_DIR.match(os.path.basename(folder)) if folder != directory \
+            else None
+        for name in sorted(names):
+            if name.startswith(("_", ".")) or not name.endswith(".parquet"):
                 continue
-            for part in sorted(os.listdir(os.path.join(directory, name))):
-                if not _SINK_PART.match(part):
-                    continue
-                table = pq.read_table(os.path.join(directory, name, part))
-                for i, f in enumerate(table.schema):
-                    if pa.types.is_timestamp(f.type):
-                        table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))
-                df = table.to_pandas()
-                df["_file_batch"] = int(m.group(1))
-                frames.append(df)
+            in_name = _SINK_FILE.match(name)
+            table = pq.read_table(os.path.join(folder, name))
+            for i, f in enumerate(table.schema):
+                if pa.types.is_timestamp(f.type):
+                    table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))
+            df = table.to_pandas()
+            df["_file_batch"] = int(in_name.group(1)) if in_name else \
+                int(in_dir.group(2)) if in_dir else -1
+            df["_lineage"] = (in_dir.group(1) or "") if in_dir else ""
+            frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def split_jobs(rows: pd.DataFrame, column: str, tag: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rows of one output path written by two jobs: (rows without ``column``, rows with
+    ``column == tag``), the other job's column dropped from both."""
+    if not len(rows) or column not in rows.columns:
+        return rows, rows.iloc[0:0]
+    mine = rows[column].isna()
+    other = rows[column] == tag
+    unknown = rows[~mine & ~other]
+    return (pd.concat([rows[mine], unknown]).drop(columns=[column]),
+            rows[other].drop(columns=[column]))
 
 
 @dataclass
@@ -301,11 +346,13 @@ def compare_rows(expected: list[dict[str, Any]], actual: pd.DataFrame, identity:
     return c
 
 
-def compare_main(expected: list[dict[str, Any]], out_dir: str) -> Comparison:
-    actual = read_sink(out_dir)
+def compare_main(expected: list[dict[str, Any]], out: str | pd.DataFrame) -> Comparison:
+    """The main output (a sink's directory, or rows :func:`read_sink` read) against the
+    expected rows: each once, with its values, in its batch's file."""
+    actual = read_sink(out) if isinstance(out, str) else out
     if len(actual):
         wrong_file = actual[actual["_file_batch"] != actual["batch_id"]]
-        actual = actual.drop(columns=["_file_batch"])
+        actual = actual.drop(columns=["_file_batch", "_lineage"])
     else:
         wrong_file = actual
     fix = [{**r, "ts": -1 if r["ts"] is None else r["ts"]} for r in expected]
