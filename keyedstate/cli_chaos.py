@@ -22,8 +22,9 @@ _err = Console(stderr=True)
 @click.option("--master", default="local-cluster[2,1,1024]", show_default=True,
               help="Spark master; executor kills need local-cluster[E,C,M].")
 @click.option("--faults-per-kind", type=int, default=None,
-              help="Faults of each kind (worker, executor, driver, abort, savepoint) "
-                   "[default: batches / 10].")
+              help="Faults of each kind (worker, executor, driver, abort; storage: of each "
+                   "of its 3 points; savepoint: of each of the 4 job ends) [default: batches / "
+                   "10; needs 9 per fault + 2 batches].")
 @click.option("--rows", "rows_per_batch", default=120, show_default=True,
               help="Input rows per batch.")
 @click.option("--keys", default=400, show_default=True, help="Distinct keys.")
@@ -72,6 +73,15 @@ def _print(report: object) -> None:
              ("final state (state processor API)",
               f"{r['state'].get('expected', 0)} entries, {r['state'].get('violations')} differ"),
              ("corruption drills", json.dumps(r["drills"].get("outcomes", {}))),
+             ("positions drills (refused / run)",
+              f"{r['drills'].get('positions', {}).get('refused')} / "
+              f"{r['drills'].get('positions', {}).get('count')}"),
+             ("job ends (planned: taken by)",
+              ", ".join(f"{b['planned']}: {b['via']}" for b in r.get("boundaries", []))),
+             ("second job in the shared output path",
+              f"{r.get('shared_output', {}).get('second_job', {}).get('violations')} "
+              f"violations; soak rows lost "
+              f"{sum(r.get('shared_output', {}).get('soak_rows_lost_in_those_batches', {}).values())}"),
              ("orphans after gc / missing files",
               f"{r['checkpoint_dirs'].get('orphans_after_gc')} / "
               f"{len(r['checkpoint_dirs'].get('referenced_but_missing', []))}"),

@@ -16,6 +16,13 @@ A drill works on a **copy** of a job's checkpoint directory (the real job never 
    latest checkpoint was intact where it mattered, or recovery **fell back** to an older
    retained checkpoint and the batch replays from there, which its recovery notes say).
    Output that differs from the oracle is **silent wrong state**: a violation.
+
+A **positions drill** (:func:`positions_drill`) works on a copy of a job's savepoint: without
+its ``context/`` (Spark's offset log and any uncommitted output it carries), restored in a
+new Spark checkpoint location, the start must be refused with
+:class:`~keyedstate.errors.SourcePositionsError` and leave nothing behind: no file in the new
+checkpoint directory, the new location or the output, the savepoint not claimed. A job that
+starts would read its source again from the beginning.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from keyedstate.checkpoint.metadata import CLAIM_MARKER_FILE
+from keyedstate.checkpoint.savepoint import CONTEXT_DIR
 from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.errors import KeyedStateError
+from keyedstate.errors import KeyedStateError, SourcePositionsError
 
 #: a drill's outcomes; only ``silent-wrong`` is a violation
 OUTCOMES = ("error", "fallback", "restored", "silent-wrong")
@@ -130,7 +139,7 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
                 build_job: Callable[..., Any]) -> dict[str, Any]:
     """Run the job's planned drill (``job.drill``) on a copy of its checkpoint directory and
     return :meth:`DrillResult.to_json`."""
-    from keyedstate.chaos.driver import job_config
+    from keyedstate.chaos.driver import job_config, spark_location
     from keyedstate.chaos.workload import INPUT_DDL, input_file_name
 
     drill = job.drill
@@ -145,7 +154,7 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     # The batch Spark delivers next (its latest batch is recorded), or in a replay drill
     # that batch again (a crash before Spark recorded it), then the next one.
     nxt = dmg.batch_id + 1
-    if nxt >= plan.batches:
+    if plan.file_of_batch(nxt) is None:
         result.batches = [dmg.batch_id]
     else:
         result.batches = [dmg.batch_id, nxt] if drill["replay"] else [nxt]
@@ -156,16 +165,15 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     generated = os.path.join(run_dir, "generated")
     try:
         static = spark.read.schema(INPUT_DDL).parquet(
-            os.path.join(generated, input_file_name(result.batches[0])))
-        driver = build_job(static, None, out, None).driver(
-            cfg, os.path.join(run_dir, "spark-offsets"))
+            os.path.join(generated, input_file_name(_file(plan, result.batches[0]))))
+        driver = build_job(static, None, out, None).driver(cfg, spark_location(run_dir, job))
         latest = driver.coordinator.latest_completed
         result.restored_checkpoint = latest.checkpoint_id if latest is not None else None
         result.recovery_notes = list(driver.coordinator.recovery_notes)
         processed = []
         for batch in result.batches:
             df = spark.read.schema(INPUT_DDL).parquet(
-                os.path.join(generated, input_file_name(batch)))
+                os.path.join(generated, input_file_name(_file(plan, batch))))
             driver.process_batch(df, batch)
             if not driver.stats[-1].skipped_replay:
                 processed.append(batch)
@@ -178,7 +186,7 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
         return result.to_json()
     from keyedstate.chaos.oracle import compare_main
 
-    expected = [r for b in processed for r in oracle_rows(generated, b)]
+    expected = [r for b in processed for r in oracle_rows(generated, b, plan.schedule())]
     comparison = compare_main(expected, os.path.join(out, "main"))
     if comparison.violations:
         result.outcome = "silent-wrong"
@@ -189,17 +197,69 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     return result.to_json()
 
 
-_oracle_cache: dict[str, tuple[Any, dict[int, list[dict[str, Any]]]]] = {}
+def _file(plan: Any, batch: int) -> int:
+    file = plan.file_of_batch(batch)
+    assert file is not None, f"batch {batch} reads no input file"
+    return int(file)
 
 
-def oracle_rows(generated: str, batch: int) -> list[dict[str, Any]]:
-    """The oracle's main output of one batch (one oracle kept per input, advanced as asked)."""
+def positions_drill(spark: Any, plan: Any, run_dir: str, job: Any,
+                    build_job: Callable[..., Any]) -> dict[str, Any]:
+    """Restore ``job``'s savepoint, without its ``context/``, in a new checkpoint directory
+    and a new Spark checkpoint location, as the next job would (its restore mode): judged in
+    the module docstring. Returns ``outcome`` (``refused``, ``started`` or ``other-error``),
+    ``error``, ``left`` (files written), ``claimed`` and ``violation``."""
+    from keyedstate.chaos.driver import job_config
+    from keyedstate.chaos.workload import INPUT_DDL, input_file_name
+
+    following = plan.jobs[job.index + 1]
+    scratch = os.path.join(run_dir, "drills", f"positions-{job.index:03d}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    savepoint = os.path.join(scratch, "savepoint")
+    copy_job_dir(plan.savepoint_dir(job.index), plan.storage_options, savepoint)
+    shutil.rmtree(os.path.join(savepoint, CONTEXT_DIR))
+    written = {name: os.path.join(scratch, name) for name in ("ckpt", "spark", "out")}
+    cfg = job_config(plan, run_dir, following, following.parallelism).replace(
+        checkpoint_dir=written["ckpt"], restore_path=savepoint, storage_options={},
+        local_dir=os.path.join(run_dir, "local"))
+    result: dict[str, Any] = {"outcome": "refused", "mode": following.restore_mode,
+                              "format": job.savepoint_format, "error": ""}
+    try:
+        static = spark.read.schema(INPUT_DDL).parquet(
+            os.path.join(run_dir, "generated", input_file_name(0)))
+        build_job(static, None, written["out"], None).driver(cfg, written["spark"])
+        result["outcome"] = "started"
+    except SourcePositionsError as exc:
+        result["error"] = _error_text(exc)
+    except Exception as exc:  # noqa: BLE001 - judged below
+        result["outcome"] = "other-error"
+        result["error"] = _error_text(exc)
+    result["left"] = sorted(os.path.relpath(os.path.join(folder, name), scratch)
+                            for path in written.values()
+                            for folder, _, names in os.walk(path) for name in names)[:20]
+    result["claimed"] = os.path.exists(os.path.join(savepoint, CLAIM_MARKER_FILE))
+    result["violation"] = (result["outcome"] != "refused" or bool(result["left"])
+                           or result["claimed"])
+    if not result["violation"]:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+_oracle_cache: dict[tuple[str, tuple[tuple[int, int | None], ...] | None],
+                    tuple[Any, dict[int, list[dict[str, Any]]]]] = {}
+
+
+def oracle_rows(generated: str, batch: int,
+                schedule: list[tuple[int, int | None]] | None = None) -> list[dict[str, Any]]:
+    """The oracle's main output of one batch (one oracle kept per input and schedule,
+    advanced as asked; without a schedule batch ``b`` reads file ``b``)."""
     from keyedstate.chaos.oracle import Oracle
 
-    entry = _oracle_cache.get(generated)
+    key = (generated, tuple(schedule) if schedule is not None else None)
+    entry = _oracle_cache.get(key)
     if entry is None or entry[0].state.batch_id >= batch and batch not in entry[1]:
-        entry = (Oracle(generated), {})
-        _oracle_cache[generated] = entry
+        entry = (Oracle(generated, schedule), {})
+        _oracle_cache[key] = entry
     oracle, rows = entry
     while oracle.state.batch_id < batch:
         b = oracle.state.batch_id + 1

@@ -2,17 +2,23 @@
 the controller (:mod:`keyedstate.chaos.runner`) starts, kills and starts again.
 
 It runs the plan's jobs from the one ``progress.json`` names, one streaming query per job
-(``availableNow`` over the input files of the job's batches, one file per batch), and:
+(``availableNow`` over the input files of the job's batches, one file per batch, in the job's
+Spark checkpoint location), and:
 
-1. installs the driver-side crash points (:func:`install_driver_hooks`): SIGKILL of itself
-   after each step of the checkpoint commit (``CheckpointCoordinator._complete_steps`` yields
-   after each), around the sink commit and before the staging clean-up; a failing
-   ``_metadata`` write (an aborted checkpoint). Nothing in keyedstate is changed: the hooks
-   wrap its classes in this process only;
-2. restarts the query in this process after an injected abort, at a new parallelism;
-3. at a job boundary: stops with a savepoint, runs a corruption drill on a copy of the job's
-   checkpoint directory, checks the directory (:func:`check_job_dir`: gc, then no orphan and
-   no missing file), and moves on to the next job, which restores the savepoint in its mode;
+1. installs the driver-side faults (:func:`install_driver_hooks`): SIGKILL of itself after
+   each step of the checkpoint commit (``CheckpointCoordinator._complete_steps`` yields after
+   each), around the sink commit and before the staging clean-up; a failing ``_metadata``
+   write (an aborted checkpoint); transient storage errors after the checkpoint commit (the
+   sink-commit marker write, the staging delete; a batch listener is added per query). Nothing
+   in keyedstate is changed: the hooks wrap its classes in this process only;
+2. restarts the query in this process after an injected abort or a storage error that outlasted
+   the commit retries, at a new parallelism;
+3. at a job boundary (:mod:`keyedstate.chaos.boundary`): ends the job as planned (a savepoint
+   at the stop, after a drain, from inside the sink commit, or offline after a crash), runs a
+   corruption drill on a copy of the job's checkpoint directory and a positions drill on a copy
+   of the savepoint, checks the directory (:func:`check_job_dir`: gc, then no orphan and no
+   missing file), runs the second job if it is due, and moves on to the next job, which
+   restores the savepoint in its mode;
 4. after the last job: reads the final state with the state processor API
    (:class:`~keyedstate.spark.processor.SavepointReader`) into ``final/``.
 
@@ -21,6 +27,7 @@ Everything it does is appended to ``events.jsonl`` (one JSON object per line).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -29,12 +36,11 @@ import signal
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow.parquet as pq
 
-from keyedstate.chaos import drills
-from keyedstate.chaos.plan import MAX_PARALLELISM, Job, Plan
+from keyedstate.chaos.plan import MAX_PARALLELISM, TOLERABLE_FAILED, Job, Plan
 from keyedstate.chaos.workload import (
     DRIVER_PID_FILE,
     INJECTED,
@@ -48,9 +54,18 @@ from keyedstate.chaos.workload import (
     publish_input,
 )
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator
-from keyedstate.checkpoint.metadata import COMPLETED_MARKER_FILE, METADATA_FILE, CheckpointMetadata
+from keyedstate.checkpoint.metadata import (
+    COMMITS_DIR,
+    COMPLETED_MARKER_FILE,
+    METADATA_FILE,
+    STAGING_DIR,
+    CheckpointMetadata,
+    commit_marker,
+    staging_dir,
+)
 from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
+from keyedstate.errors import TransientStorageError
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 
 PROGRESS_FILE = "progress.json"
@@ -90,15 +105,43 @@ def _die() -> None:
 
 # -- driver-side faults --------------------------------------------------------------------------
 
+#: where a ``crash`` job end kills the driver: the main sink's commit of the job's last batch,
+#: before anything (its checkpoint is complete, its output not committed)
+BOUNDARY_CRASH = "boundary-crash"
+
+
+def boundary_crash_id(plan: Plan, job: Job) -> str:
+    return f"boundary-{job.index:03d}-b{plan.end_batch(job)}"
+
+
 class DriverFaults:
-    """The plan's driver-side faults, each fired once (marker first)."""
+    """The plan's driver-side faults, each fired once (marker first); storage errors fire
+    their ``times`` first calls in this driver."""
 
     def __init__(self, run_dir: str, plan: Plan) -> None:
         self.run_dir = run_dir
         self.by_point: dict[tuple[int, str], dict[str, Any]] = {
             (f["batch"], f["point"]): f for f in plan.driver_faults}
-        #: off while a drill runs batches of its own (the hooks are process-wide)
+        for job in plan.jobs[:-1]:
+            if job.stop == "crash":
+                batch = plan.end_batch(job)
+                self.by_point[(batch, BOUNDARY_CRASH)] = {
+                    "id": boundary_crash_id(plan, job), "batch": batch, "kind": "boundary",
+                    "point": BOUNDARY_CRASH}
+        self.storage: dict[tuple[int, str], dict[str, Any]] = {
+            (f["batch"], f["point"]): f for f in plan.storage_faults}
+        self._storage_failed: dict[str, int] = {}
+        #: off while a drill, the second job or a directory check runs (the hooks are
+        #: process-wide)
         self.paused = False
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        paused, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = paused
 
     def due(self, batch: int, point: str) -> dict[str, Any] | None:
         fault = self.by_point.get((batch, point))
@@ -112,6 +155,24 @@ class DriverFaults:
         if fault is not None and claim_marker(self.run_dir, fault["id"], kind="kill_driver",
                                               at=point, batch=batch):
             _die()
+
+    def fail_storage(self, batch: int, point: str) -> None:
+        """Raise the :class:`TransientStorageError` an object store whose retries ran out
+        raises, if the plan has one at ``point`` of ``batch`` not yet raised ``times`` times
+        (a fault whose marker an earlier driver claimed is done)."""
+        fault = self.storage.get((batch, point))
+        if self.paused or fault is None:
+            return
+        failed = self._storage_failed.get(fault["id"], 0)
+        if failed >= fault["times"]:
+            return
+        if failed == 0 and not claim_marker(self.run_dir, fault["id"], kind="storage", at=point,
+                                            batch=batch, times=fault["times"]):
+            return
+        self._storage_failed[fault["id"]] = failed + 1
+        raise TransientStorageError(
+            f"{INJECTED} transient storage error at {point} of batch {batch}, {failed + 1} of "
+            f"{fault['times']} (fault {fault['id']})")
 
 
 def install_driver_hooks(faults: DriverFaults) -> None:
@@ -138,13 +199,64 @@ def install_driver_hooks(faults: DriverFaults) -> None:
 
     CheckpointStorage.write_metadata = failing_write_metadata  # type: ignore[method-assign]
     delete_dir = CheckpointStorage.delete_dir
+    staging = f"{STAGING_DIR}/batch-"
 
     def crashing_delete_dir(self: CheckpointStorage, relative: str) -> None:
-        if relative.startswith("staging/batch-"):
-            faults.crash(int(relative.rsplit("-", 1)[1]), "staging-cleanup")
+        if relative.startswith(staging):
+            batch = int(relative[len(staging):])
+            faults.crash(batch, "staging-cleanup")
+            faults.fail_storage(batch, "staging-delete")
         delete_dir(self, relative)
 
     CheckpointStorage.delete_dir = crashing_delete_dir  # type: ignore[method-assign]
+    write = CheckpointStorage.write
+    markers = f"{COMMITS_DIR}/batch-"
+
+    def failing_write(self: CheckpointStorage, relative: str, data: bytes) -> Any:
+        if relative.startswith(markers):
+            faults.fail_storage(int(relative[len(markers):].split("-", 1)[0]), "marker-write")
+        return write(self, relative, data)
+
+    CheckpointStorage.write = failing_write  # type: ignore[method-assign]
+
+
+class SinkSavepoint:
+    """A ``sink`` job end: the savepoint taken from inside the sink commit of the job's last
+    batch (the main sink's before it copies anything, or the last sink's after it copied
+    everything, :data:`~keyedstate.chaos.plan.SINK_SAVEPOINT_AT`), on the batch thread, with
+    :meth:`KeyedJobDriver.savepoint` (its lock is re-entrant). Once: not again when the
+    savepoint exists (a replay after a restart), nor from a commit the savepoint itself runs."""
+
+    def __init__(self, plan: Plan, run_dir: str, job: Job) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self.job = job
+        self.batch = plan.end_batch(job)
+        self.target = plan.savepoint_dir(job.index)
+        #: the query's :class:`KeyedJobDriver`, set before the query starts
+        self.driver: Any = None
+        self._taking = False
+
+    def take(self, batch_id: int, at: str) -> None:
+        if (at != self.job.sink_at or batch_id != self.batch or self.driver is None
+                or self._taking or CheckpointStorage(self.target, self.plan.storage_options)
+                .exists(METADATA_FILE)):
+            return
+        self._taking = True
+        try:
+            claim_marker(self.run_dir, via_marker(self.job, "sink"), at=at, batch=batch_id)
+            started = time.time()
+            self.driver.savepoint(self.target, self.job.savepoint_format)
+            log_event(self.run_dir, "sink-savepoint", job=self.job.index, batch_id=batch_id,
+                      at=at, seconds=time.time() - started)
+        finally:
+            self._taking = False
+
+
+def via_marker(job: Job, via: str) -> str:
+    """The marker that says how a job's savepoint was taken (``stop``, ``drain``, ``sink``,
+    ``cli``), claimed just before it is."""
+    return f"via-{job.index:03d}-{via}"
 
 
 class ChaosSink(ParquetSink):
@@ -152,22 +264,28 @@ class ChaosSink(ParquetSink):
     commit (``ledger/``): a batch committed twice must be committed with the same rows."""
 
     def __init__(self, path: str, output: str, run_dir: str, faults: DriverFaults | None,
-                 last: bool) -> None:
+                 last: bool, savepoint: SinkSavepoint | None = None) -> None:
         super().__init__(path)
         self.output = output
         self.run_dir = run_dir
         self.faults = faults
         self.last = last
+        self.savepoint = savepoint
         self._batch_id = -1
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         faults = self.faults
         if faults is not None and self.output == "main":
+            faults.crash(batch_id, BOUNDARY_CRASH)
             faults.crash(batch_id, "sink-before")
+            if self.savepoint is not None:
+                self.savepoint.take(batch_id, "main-before")
         self._batch_id = batch_id
         super().commit(spark, batch_id, staged)
         self._ledger(batch_id, staged)
         if faults is not None and self.last:
+            if self.savepoint is not None:
+                self.savepoint.take(batch_id, "last-after")
             faults.crash(batch_id, "sink-after")
 
     def _publish(self, target: CheckpointStorage, written: str, name: str,
@@ -204,17 +322,23 @@ def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int) -> JobConfi
         max_parallelism=MAX_PARALLELISM, num_retained=job.num_retained,
         restore_path=previous, restore_mode=RestoreMode(job.restore_mode or "NO_CLAIM"),
         watermark_column="ts", watermark_delay=dt.timedelta(milliseconds=WATERMARK_DELAY_MS),
-        late_events=LateEvents.SIDE_OUTPUT,
+        late_events=LateEvents.SIDE_OUTPUT, tolerable_failed_checkpoints=TOLERABLE_FAILED,
         local_dir=os.path.join(run_dir, "local"), storage_options=plan.storage_options)
 
 
-def build_job(df: Any, run_dir: str | None, out_dir: str, faults: DriverFaults | None) -> Any:
+def spark_location(run_dir: str, job: Job) -> str:
+    return os.path.join(run_dir, job.spark_location)
+
+
+def build_job(df: Any, run_dir: str | None, out_dir: str, faults: DriverFaults | None,
+              savepoint: SinkSavepoint | None = None) -> Any:
     from keyedstate.spark.job import key_by
 
     job = key_by(df, "key").process(ChaosFunction(run_dir), OUTPUT_DDL)
-    job.sink(ChaosSink(os.path.join(out_dir, "main"), "main", run_dir or out_dir, faults, False))
-    job.sink(ChaosSink(os.path.join(out_dir, "late"), "late", run_dir or out_dir, faults, True),
-             output=LATE_EVENTS_TAG)
+    job.sink(ChaosSink(os.path.join(out_dir, "main"), "main", run_dir or out_dir, faults, False,
+                       savepoint))
+    job.sink(ChaosSink(os.path.join(out_dir, "late"), "late", run_dir or out_dir, faults, True,
+                       savepoint), output=LATE_EVENTS_TAG)
     return job
 
 
@@ -230,27 +354,40 @@ def _injected_fault(exc: BaseException) -> str | None:
 def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, Any],
             faults: DriverFaults) -> Any:
     """Run ``job`` until every input file of its batches is processed; restart the query
-    after each injected abort. Returns the finished :class:`KeyedQuery`."""
+    after each injected abort or storage error. Returns the finished :class:`KeyedQuery`."""
+    from keyedstate.spark.job import KeyedQuery
+
     input_dir = os.path.join(run_dir, "input")
-    publish_input(os.path.join(run_dir, "generated"), input_dir, job.end_batch)
+    publish_input(os.path.join(run_dir, "generated"), input_dir, job.end_file)
+    location = spark_location(run_dir, job)
     while True:
         parallelism = progress["parallelism"] or job.parallelism
         cfg = job_config(plan, run_dir, job, parallelism)
         events = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
                   .parquet(input_dir))
         started = time.time()
-        query = build_job(events, run_dir, os.path.join(run_dir, "out"), faults).start(
-            cfg, trigger={"availableNow": True},
-            spark_checkpoint_location=os.path.join(run_dir, "spark-offsets"))
-        log_event(run_dir, "query-start", job=job.index, parallelism=parallelism,
-                  restore_mode=job.restore_mode, start_s=time.time() - started,
-                  recovery_notes=query.driver.coordinator.recovery_notes)
-        query.add_listener(lambda s: log_event(
+        hook = SinkSavepoint(plan, run_dir, job) if job.stop == "sink" else None
+        # KeyedProcessJob.start, with the driver in hand before the first batch runs (the
+        # sink savepoint and the listeners need it).
+        driver = build_job(events, run_dir, os.path.join(run_dir, "out"), faults, hook).driver(
+            cfg, location)
+        if hook is not None:
+            hook.driver = driver
+        # A listener that fails (an injected storage error) keeps the later ones from running.
+        driver.listeners.append(lambda s: faults.fail_storage(s.batch_id, "listener"))
+        driver.listeners.append(lambda s: log_event(
             run_dir, "batch", job=job.index, batch_id=s.batch_id,
             checkpoint_id=s.checkpoint_id, skipped=s.skipped_replay, rows_in=s.rows_in,
             rows_out=s.rows_out, duration_s=s.duration_s, restored=s.restored_subtasks,
             reused=s.reused_subtasks, restore_s=s.restore_s, full_bytes=s.full_bytes,
-            incremental_bytes=s.incremental_bytes))
+            incremental_bytes=s.incremental_bytes, attempts=s.attempts))
+        query = KeyedQuery(events.writeStream.foreachBatch(driver.process_batch)
+                           .option("checkpointLocation", location)
+                           .trigger(availableNow=True).start(), driver)
+        log_event(run_dir, "query-start", job=job.index, parallelism=parallelism,
+                  restore_mode=job.restore_mode, start_s=time.time() - started,
+                  spark_location=job.spark_location,
+                  recovery_notes=query.driver.coordinator.recovery_notes)
         try:
             query.await_termination()
             return query
@@ -282,6 +419,7 @@ def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[
     referenced: set[str] = set()
     missing: list[str] = []
     ids = storage.checkpoint_ids()
+    pending = ""
     for checkpoint_id in ids:
         path = storage.metadata_path(checkpoint_id)
         metadata = storage.read_metadata(path)
@@ -291,15 +429,22 @@ def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[
             verify_snapshot_files(ResolvedSnapshot(storage, path, metadata))
         except Exception as exc:  # noqa: BLE001 - reported, the run fails on it
             missing.append(f"{type(exc).__name__}: {exc}")
+        batch = int(metadata.properties.get("batch_id", -1))
+        if checkpoint_id == ids[-1] and "staged" in metadata.properties and not storage.exists(
+                commit_marker(batch, checkpoint_id)):
+            # The job ended between its latest checkpoint and that checkpoint's sink commit
+            # (a crash job end): its staged output waits, and its savepoint carries a copy.
+            pending = staging_dir(batch) + "/"
     # The completed-checkpoint marker belongs to the layout, like Spark's offsets.
     files = [p for p in storage.list_files()
              if not p.startswith("spark/") and p != COMPLETED_MARKER_FILE]
-    layout = [p for p in files if p.startswith("commits/") or p.endswith("/_claimed")]
+    layout = [p for p in files if p.startswith("commits/") or p.endswith("/_claimed")
+              or (pending and p.startswith(pending))]
     orphans = [p for p in files if p not in referenced and p not in layout]
     return {"directory": directory, "checkpoints": ids, "files": len(files),
             "referenced": len(referenced), "gc_collected": collected,
             "gc_bytes": report.bytes, "orphans": orphans[:20], "orphan_count": len(orphans),
-            "commit_markers": len(layout), "missing": missing,
+            "commit_markers": len(layout), "pending_output": pending, "missing": missing,
             "bytes": sum(int(storage.fs.size(storage.path(p))) for p in files)}
 
 
@@ -360,34 +505,26 @@ def main(argv: list[str] | None = None) -> int:
     log_event(run_dir, "driver-start", app_id=spark.sparkContext.applicationId,
               start_s=time.time() - started, job=progress["job"],
               parallelism=progress["parallelism"])
+    from keyedstate.chaos import boundary
+
     while progress["job"] < len(plan.jobs):
         job = plan.jobs[progress["job"]]
         _housekeeping(plan, job.index)
-        log_event(run_dir, "job-start", job=job.index, restore_mode=job.restore_mode)
-        query = run_job(spark, plan, run_dir, job, progress, faults)
-        last = job.index == len(plan.jobs) - 1
-        if last:
-            query.stop()
+        log_event(run_dir, "job-start", job=job.index, restore_mode=job.restore_mode,
+                  spark_location=job.spark_location)
+        if job.index == len(plan.jobs) - 1:
+            run_job(spark, plan, run_dir, job, progress, faults).stop()
             read_final_state(spark, plan, run_dir, job)
         else:
-            target = plan.savepoint_dir(job.index)
-            stopping = time.time()
-            if not CheckpointStorage(target, plan.storage_options).exists(METADATA_FILE):
-                query.stop(savepoint=target, format=job.savepoint_format)
-            else:
-                query.query.stop()
-            log_event(run_dir, "savepoint", job=job.index, target=target,
-                      format=job.savepoint_format, stop_s=time.time() - stopping,
-                      next_mode=plan.jobs[job.index + 1].restore_mode)
-            if job.drill is not None:
-                faults.paused = True
-                try:
-                    result = drills.spark_drill(spark, plan, run_dir, job, build_job)
-                finally:
-                    faults.paused = False
-                log_event(run_dir, "drill", job=job.index, **result)
-        log_event(run_dir, "job-check", job=job.index,
-                  **check_job_dir(plan, plan.job_dir(job.index)))
+            boundary.end_job(spark, plan, run_dir, job, progress, faults)
+        with faults.pause():
+            log_event(run_dir, "job-check", job=job.index,
+                      **check_job_dir(plan, plan.job_dir(job.index)))
+        second = plan.second_job
+        if second and second["after_job"] == job.index and not progress.get("second_done"):
+            boundary.run_second_job(spark, plan, run_dir, faults)
+            progress["second_done"] = True
+            write_progress(run_dir, progress)
         progress["job"] = job.index + 1
         progress["parallelism"] = None
         write_progress(run_dir, progress)

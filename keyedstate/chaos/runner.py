@@ -29,6 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from keyedstate.chaos.boundary import SECOND_DIR
 from keyedstate.chaos.driver import EVENTS_FILE
 from keyedstate.chaos.plan import Plan, make_plan
 from keyedstate.chaos.resources import (
@@ -73,12 +74,19 @@ class ChaosReport:
     seconds: float = 0.0
     drivers_started: int = 0
     planned: dict[str, int] = field(default_factory=dict)
+    #: the edges the plan draws: storage points, how jobs end, fresh Spark locations,
+    #: positions drills, the second job
+    planned_points: dict[str, int] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=dict)
     injected_by_point: dict[str, int] = field(default_factory=dict)
     recoveries: dict[str, Any] = field(default_factory=dict)
     exactly_once: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     drills: dict[str, Any] = field(default_factory=dict)
+    #: how each job ended, against the plan
+    boundaries: list[dict[str, Any]] = field(default_factory=list)
+    #: the second job's output in the soak's output path
+    shared_output: dict[str, Any] = field(default_factory=dict)
     checkpoint_dirs: dict[str, Any] = field(default_factory=dict)
     local_dirs: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
@@ -190,7 +198,9 @@ def run_chaos(config: ChaosConfig, log: Callable[[str], None] = print) -> ChaosR
         with open(os.path.join(run_dir, PLAN_FILE), "w") as f:
             json.dump(plan.to_json(), f, indent=1)
         report.planned = plan.planned_counts()
-        log(f"plan: {len(plan.jobs)} jobs, faults {report.planned}")
+        report.planned_points = plan.planned_points()
+        log(f"plan: {len(plan.jobs)} jobs, faults {report.planned}, edges "
+            f"{report.planned_points}")
         write_input(os.path.join(run_dir, "generated"), seed, config.batches,
                     config.rows_per_batch, config.keys)
         exclude = {s3.pid} if s3 is not None else set()
@@ -210,7 +220,9 @@ def run_chaos(config: ChaosConfig, log: Callable[[str], None] = print) -> ChaosR
     with open(os.path.join(run_dir, "report.json"), "w") as f:
         json.dump(report.to_json(), f, indent=2, default=str)
     if report.passed and not config.keep:
-        for name in ("ckpt", "input", "local", "spark-local", "spark-offsets", "drills"):
+        locations = {job.spark_location for job in plan.jobs}
+        for name in ("ckpt", "input", "local", "spark-local", "drills", SECOND_DIR,
+                     *locations):
             shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
     return report
 

@@ -1,8 +1,12 @@
 """The soak's verdict (step 4 of :func:`keyedstate.chaos.runner.run_chaos`): the outputs and the
 final state against the oracle, the ledger of sink commits, the drills, the checkpoint
-directory checks, the faults injected and the time to recover from each, the resource bounds.
-Everything is read from the run directory (``events.jsonl``, ``markers/``, ``out/``,
+directory checks, the faults injected and the time to recover from each, how each job ended,
+the second job's output in the shared path, the resource bounds. Everything is read from the
+run directory (``plan.json``, ``events.jsonl``, ``markers/``, ``out/``, ``second/``,
 ``final/``, ``ledger/``), so a kept run can be judged again.
+
+Batch ids are Spark's: the oracle follows the plan's schedule (a drain is a batch of its own
+that reads no file), so every batch's output, a drain's included, is compared row by row.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import statistics
 from typing import TYPE_CHECKING, Any, Callable
 
 from keyedstate.chaos import oracle as oracle_mod
+from keyedstate.chaos.boundary import EXPECTED_VIA, SECOND_DIR
 from keyedstate.chaos.driver import EVENTS_FILE, FINAL_DIR
 from keyedstate.chaos.plan import KINDS, Plan
-from keyedstate.chaos.workload import MARKERS_DIR
+from keyedstate.chaos.workload import MARKERS_DIR, SECOND_JOB_COLUMN, SECOND_JOB_TAG
 
 if TYPE_CHECKING:
     from keyedstate.chaos.runner import ChaosReport
@@ -72,9 +77,13 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
     generated = os.path.join(run_dir, "generated")
     # Exactly once: outputs and final state against the oracle.
     log("checking outputs and state against the oracle")
-    orc = oracle_mod.Oracle(generated)
-    main, late = orc.run(plan.batches)
-    main_cmp = oracle_mod.compare_main(main, os.path.join(run_dir, "out", "main"))
+    orc = oracle_mod.Oracle(generated, plan.schedule())
+    main, late = orc.run()
+    # The main output path is shared with the second job: its rows carry a column of their own.
+    rows, second_rows = oracle_mod.split_jobs(
+        oracle_mod.read_sink(os.path.join(run_dir, "out", "main")), SECOND_JOB_COLUMN,
+        SECOND_JOB_TAG)
+    main_cmp = oracle_mod.compare_main(main, rows)
     late_cmp = oracle_mod.compare_late(late, os.path.join(run_dir, "out", "late"))
     frames = {}
     final = os.path.join(run_dir, FINAL_DIR)
@@ -85,21 +94,24 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
         if os.path.exists(path):
             frames[name] = pd.read_parquet(path)
     state_cmp = oracle_mod.compare_state(oracle_mod.expected_state(orc.state),
-                                         oracle_mod.actual_state(frames, plan.batches - 1))
+                                         oracle_mod.actual_state(frames, plan.last_batch()))
     ledger = _ledger_conflicts(run_dir)
     drills = [e for e in events if e.get("event") == "drill"]
     silent = [d for d in drills if d.get("violation")]
     violations = (main_cmp.violations + late_cmp.violations + state_cmp.violations
                   + len(ledger) + len(silent))
+    drains = [b for b, f in plan.schedule() if f is None]
     report.exactly_once = {"violations": violations, "main_output": main_cmp.to_json(),
                            "late_events": late_cmp.to_json(), "ledger_conflicts": ledger,
-                           "drill_violations": len(silent)}
+                           "drill_violations": len(silent), "drain_batches": drains,
+                           "drain_rows": sum(1 for r in main if r["batch_id"] in drains)}
     report.state = {**state_cmp.to_json(), "read_through": "SavepointReader (state processor API)",
                     "found": sorted(frames)}
     if not frames:
         report.failures.append("the final state was never read (no final/)")
     if violations:
         report.failures.append(f"{violations} exactly-once violations")
+    _judge_second_job(plan, run_dir, events, main, rows, second_rows, report)
     # Faults injected, recoveries.
     _count_faults(plan, found, events, report)
     for kind, planned in report.planned.items():
@@ -119,6 +131,7 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
     if silent:
         report.failures.append(f"{len(silent)} corruption drills restored wrong state silently "
                                f"or failed without a keyedstate error")
+    _judge_boundaries(plan, run_dir, events, report)
     # Checkpoint directories: after gc, nothing unreferenced, nothing missing.
     checks = [e for e in events if e.get("event") == "job-check"]
     orphans = sum(c.get("orphan_count", 0) for c in checks)
@@ -151,6 +164,87 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
         report.failures.append(
             f"{report.local_dirs['max_entries_between_drivers']} working directories were left "
             f"by one dead driver (bound {LOCAL_DIRS_BOUND})")
+
+
+def _judge_second_job(plan: Plan, run_dir: str, events: list[dict[str, Any]],
+                      main: list[dict[str, Any]], rows: Any, second_rows: Any,
+                      report: ChaosReport) -> None:
+    """Two jobs, one output path: the second job's rows are exactly its own (against an
+    oracle of its input), and the soak's rows were judged above; when the soak lost rows of
+    the batch ids the second job used too, say so: a sink naming a batch's files by its
+    batch id alone lets one job replace another's output."""
+    if not plan.second_job:
+        return
+    ran = [e for e in events if e.get("event") == "second-job"]
+    if not ran:
+        report.failures.append("the second job never ran")
+        return
+    spec = plan.second_job
+    orc = oracle_mod.Oracle(os.path.join(run_dir, SECOND_DIR, "generated"))
+    expected = orc.run(spec["files"])[0]
+    cmp = oracle_mod.compare_main(expected, second_rows)
+    batches = sorted({int(b) for b in ran[-1].get("batches", [])})
+    want = {b: sum(1 for r in main if r["batch_id"] == b) for b in batches}
+    got = {b: int((rows["batch_id"] == b).sum()) if len(rows) else 0 for b in batches}
+    lost = {b: want[b] - got[b] for b in batches if got[b] < want[b]}
+    report.shared_output = {"second_job": cmp.to_json(), "query_id": ran[-1].get("query_id"),
+                            "second_job_batches": batches,
+                            "soak_rows_lost_in_those_batches": lost}
+    if cmp.violations:
+        report.failures.append(f"the second job's output in the shared path: {cmp.violations} "
+                               f"violations, {cmp.missing} rows missing (a later commit of the "
+                               f"soak's batch of the same id replaces them where a sink names "
+                               f"a batch's files by its id only): {cmp.examples[:2]}")
+    if lost:
+        report.failures.append(
+            f"two jobs, one output path: the soak's batches {sorted(lost)} lost "
+            f"{sum(lost.values())} rows where the second job committed its batches "
+            f"{batches} (ParquetSink names a batch's files by its batch id only; counted in "
+            f"the exactly-once violations above)")
+
+
+def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],
+                      report: ChaosReport) -> None:
+    """Every job ended as planned (its savepoint taken the planned way; a drain took the
+    batch after the job's last one), and every positions drill was refused cleanly."""
+    savepoints = {e["job"]: e for e in events if e.get("event") == "savepoint"}
+    positions = {e["job"]: e for e in events if e.get("event") == "positions-drill"}
+    boundaries = []
+    for job in plan.jobs[:-1]:
+        sp = savepoints.get(job.index, {})
+        following = plan.jobs[job.index + 1]
+        entry = {"job": job.index, "planned": job.stop + (f":{job.sink_at}" if job.sink_at
+                                                          else ""),
+                 "via": sp.get("via"), "format": job.savepoint_format,
+                 "next_mode": following.restore_mode,
+                 "fresh_location": following.spark_location != job.spark_location}
+        if job.stop == "drain":
+            entry["drain_batch"] = sp.get("drain_batch")
+            if sp and sp.get("drain_batch") != plan.end_batch(job) + 1:
+                report.failures.append(f"job {job.index}'s drain was batch "
+                                       f"{sp.get('drain_batch')}, not "
+                                       f"{plan.end_batch(job) + 1} (the batch after its last)")
+        if job.stop == "crash":
+            entry["carries_output"] = sp.get("carries_output")
+        if sp and sp.get("via") != EXPECTED_VIA[job.stop]:
+            report.failures.append(f"job {job.index} was to end by {job.stop}, its savepoint "
+                                   f"was taken by {sp.get('via')}")
+        if job.positions_drill:
+            drill = positions.get(job.index)
+            entry["positions_drill"] = drill.get("outcome") if drill else None
+            if drill is None:
+                report.failures.append(f"the positions drill of job {job.index} never ran")
+            elif drill.get("violation"):
+                report.failures.append(
+                    f"positions drill of job {job.index}: the savepoint without its context "
+                    f"was {drill.get('outcome')} ({drill.get('error', '')[:300]}), left "
+                    f"{drill.get('left')}, claimed {drill.get('claimed')}")
+        boundaries.append(entry)
+    report.boundaries = boundaries
+    report.drills["positions"] = {
+        "count": len(positions),
+        "refused": sum(1 for d in positions.values() if d.get("outcome") == "refused"
+                       and not d.get("violation"))}
 
 
 def _executor_heap_mib(master: str) -> int:
@@ -202,15 +296,15 @@ def _count_faults(plan: Plan, markers: dict[str, dict[str, Any]], events: list[d
     for sp in savepoints:
         # Stop with a savepoint, then from the next job's start to its first batch (the drill
         # and the directory check in between are the soak's, not the restart's).
-        next_batch = plan.jobs[sp["job"]].end_batch + 1
+        next_batch = plan.batch_of_file(plan.jobs[sp["job"]].end_file + 1)
         started = next((t for t, j in job_starts if j == sp["job"] + 1 and t > sp["time"]),
                        sp["time"])
         done = next((t for t, b in batch_events if b == next_batch and t > started), None)
         if done is not None:
             recover["savepoint"].append(sp.get("stop_s", 0.0) + done - started)
         mode = plan.jobs[sp["job"] + 1].restore_mode
-        point = f"savepoint:{sp.get('format')}->{mode}"
-        by_point[point] = by_point.get(point, 0) + 1
+        for point in (f"savepoint:{sp.get('format')}->{mode}", f"savepoint:via-{sp.get('via')}"):
+            by_point[point] = by_point.get(point, 0) + 1
     report.injected = injected
     report.injected_by_point = dict(sorted(by_point.items()))
     report.recoveries = {

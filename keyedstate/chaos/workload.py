@@ -283,6 +283,27 @@ class ChaosFunction(KeyedProcessFunction):
             _fire(fault)  # a subtask without rows: still mid-batch
 
 
+#: The second job writing into the soak's output path (:mod:`keyedstate.chaos.driver`) tags its
+#: rows in a column of its own; the soak's rows have no such column.
+SECOND_JOB_COLUMN, SECOND_JOB_TAG = "job", "second"
+SECOND_OUTPUT_DDL = f"{OUTPUT_DDL}, {SECOND_JOB_COLUMN} string"
+
+
+class SecondJobFunction(ChaosFunction):
+    """The soak's function for the second job: no faults, every row tagged
+    (:data:`SECOND_JOB_COLUMN`), so that a reader of the shared path tells the jobs apart."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Iterable[dict[str, Any]]:
+        return [{**r, SECOND_JOB_COLUMN: SECOND_JOB_TAG}
+                for r in super().process_key(key, rows, ctx)]
+
+    def on_timer(self, timestamp: int, ctx: Context) -> Iterable[dict[str, Any]]:
+        return [{**r, SECOND_JOB_COLUMN: SECOND_JOB_TAG} for r in super().on_timer(timestamp, ctx)]
+
+
 def _timer_row(ctx: Context, kind: str, timestamp: int, count: int, total: int | None
                ) -> dict[str, Any]:
     return {"key": ctx.current_key, "batch_id": ctx.batch_id, "kind": kind, "ts": timestamp,
