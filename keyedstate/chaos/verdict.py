@@ -172,7 +172,7 @@ def _judge_second_job(plan: Plan, run_dir: str, events: list[dict[str, Any]],
     """Two jobs, one output path: the second job's rows are exactly its own (against an
     oracle of its input), and the soak's rows were judged above; when the soak lost rows of
     the batch ids the second job used too, say so: a sink naming a batch's files by its
-    batch id alone lets one job replace another's output."""
+    batch id alone lets one job replace another's output (ParquetSink before 2d83c89)."""
     if not plan.second_job:
         return
     ran = [e for e in events if e.get("event") == "second-job"]
@@ -199,8 +199,8 @@ def _judge_second_job(plan: Plan, run_dir: str, events: list[dict[str, Any]],
         report.failures.append(
             f"two jobs, one output path: the soak's batches {sorted(lost)} lost "
             f"{sum(lost.values())} rows where the second job committed its batches "
-            f"{batches} (ParquetSink names a batch's files by its batch id only; counted in "
-            f"the exactly-once violations above)")
+            f"{batches} (a sink naming a batch's files by its batch id alone, as ParquetSink "
+            f"did before 2d83c89; counted in the exactly-once violations above)")
 
 
 def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],

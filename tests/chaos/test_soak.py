@@ -54,17 +54,11 @@ def test_shortened_soak_passes(tmp_path):
         env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert result.stderr.splitlines()[0].startswith(f"chaos seed {SEED}"), result.stderr[:500]
     report = json.loads(result.stdout)
-    shared = report["shared_output"]
-    lost = sum(shared["soak_rows_lost_in_those_batches"].values())
-    others = [f for f in report["failures"] if "exactly-once violations" not in f
-              and "two jobs, one output path" not in f and "the second job's output" not in f]
-    assert not others, (others, result.stderr[-2000:])
+    assert result.returncode == 0 and report["passed"], (report["failures"],
+                                                         result.stderr[-2000:])
     eo = report["exactly_once"]
-    main = eo["main_output"]
-    assert main["expected"] > 0 and eo["drain_rows"] > 0 and eo["drain_batches"]
-    assert (main["duplicated"], main["unexpected"], main["wrong_value"]) == (0, 0, 0), main
-    assert main["missing"] == lost, "every missing row is one the second job replaced"
-    assert eo["late_events"]["violations"] == 0 and eo["ledger_conflicts"] == []
+    assert eo["violations"] == 0 and eo["main_output"]["expected"] > 0
+    assert eo["drain_batches"] and eo["drain_rows"] > 0, "the drain's output, row by row"
     assert report["state"]["violations"] == 0 and report["state"]["expected"] > 0
     assert report["injected"] == report["planned"] == {
         "worker": 1, "executor": 1, "driver": 1, "abort": 1, "storage": 3, "savepoint": 4}
@@ -74,15 +68,11 @@ def test_shortened_soak_passes(tmp_path):
     assert report["boundaries"][0]["carries_output"] is True
     assert report["drills"]["positions"] == {"count": 2, "refused": 2}
     assert report["drills"]["count"] == 3 and not report["drills"]["violations"]
-    second = shared["second_job"]
-    assert second["expected"] > 0
-    assert (second["duplicated"], second["unexpected"], second["wrong_value"]) == (0, 0, 0)
+    # Two jobs, one output path: exactly its own rows for each (ParquetSink names a batch by
+    # its Spark query id since 2d83c89; before, each job replaced the other's batches 0-1).
+    shared = report["shared_output"]
+    assert shared["second_job"]["violations"] == 0 and shared["second_job"]["expected"] > 0
+    assert shared["soak_rows_lost_in_those_batches"] == {}
     assert report["checkpoint_dirs"]["orphans_after_gc"] == 0
     assert report["checkpoint_dirs"]["referenced_but_missing"] == []
     assert report["processes"]["stragglers"] == []
-    # Depends on ParquetSink naming a batch's output by its Spark query id (the sinks branch,
-    # cc8f5da "one directory per (lineage, batch)"): until it is merged, the second job's
-    # batch 0 replaces the soak's, and the soak's carried batch 1 (committed by the job after
-    # the crash) replaces the second job's, in the shared output path; the run fails on it.
-    assert lost == 0 and second["missing"] == 0 and eo["violations"] == 0
-    assert result.returncode == 0 and report["passed"]
