@@ -1,17 +1,21 @@
 """The chaos soak (``keyedstate chaos``): a keyed job with every state kind, TTL and both timer
 kinds runs for hundreds of micro-batches on ``local-cluster`` while Python workers, executor
-JVMs and the driver are killed, checkpoints are aborted and the job is stopped with savepoints
-and restarted in every restore mode at random parallelism; an independent oracle then checks
-that every output row appears exactly once with the right value and that the final state read
-through the state processor API is the oracle's. See ``docs/reliability.md``.
+JVMs and the driver are killed, checkpoints are aborted, storage calls fail after the checkpoint
+commit, and jobs end with savepoints (at a stop, after a drain, from inside the sink commit,
+offline after a crash) and restart in every restore mode at random parallelism, in the same or
+a fresh Spark checkpoint location, beside a second job writing into the same output path; an
+independent oracle then checks that every output row appears exactly once with the right value
+and that the final state read through the state processor API is the oracle's. See
+``docs/reliability.md``.
 
 - :mod:`~keyedstate.chaos.plan`: the seeded schedule;
 - :mod:`~keyedstate.chaos.workload`: input, the keyed function, executor-side faults;
 - :mod:`~keyedstate.chaos.driver`: the Spark application (killed and restarted);
+- :mod:`~keyedstate.chaos.boundary`: how a job ends, and the second job;
 - :mod:`~keyedstate.chaos.runner`: the controller;
 - :mod:`~keyedstate.chaos.verdict`: the verdict (oracle, drills, directories, bounds);
 - :mod:`~keyedstate.chaos.oracle`: the expected outputs and state (pandas);
-- :mod:`~keyedstate.chaos.drills`: corruption drills;
+- :mod:`~keyedstate.chaos.drills`: corruption and positions drills;
 - :mod:`~keyedstate.chaos.resources`: memory, processes and disk from ``/proc``.
 
 Nothing here imports pyspark: the Spark parts go through :mod:`keyedstate.spark`.
