@@ -62,6 +62,7 @@ def _print(report: object) -> None:
     table.add_column("what")
     table.add_column("value", justify="right")
     eo = r["exactly_once"]
+    shared = r.get("shared_output", {})
     rows = [("batches", str(r["batches"])), ("seconds", str(r["seconds"])),
             ("drivers started", str(r["drivers_started"]))]
     for kind, n in r["injected"].items():
@@ -79,9 +80,8 @@ def _print(report: object) -> None:
              ("job ends (planned: taken by)",
               ", ".join(f"{b['planned']}: {b['via']}" for b in r.get("boundaries", []))),
              ("second job in the shared output path",
-              f"{r.get('shared_output', {}).get('second_job', {}).get('violations')} "
-              f"violations; soak rows lost "
-              f"{sum(r.get('shared_output', {}).get('soak_rows_lost_in_those_batches', {}).values())}"),
+              f"{shared.get('second_job', {}).get('violations')} violations; soak rows lost "
+              f"{sum(shared.get('soak_rows_lost_in_those_batches', {}).values())}"),
              ("orphans after gc / missing files",
               f"{r['checkpoint_dirs'].get('orphans_after_gc')} / "
               f"{len(r['checkpoint_dirs'].get('referenced_but_missing', []))}"),

@@ -11,6 +11,7 @@ and that the final state read through the state processor API is the oracle's. S
 - :mod:`~keyedstate.chaos.plan`: the seeded schedule;
 - :mod:`~keyedstate.chaos.workload`: input, the keyed function, executor-side faults;
 - :mod:`~keyedstate.chaos.driver`: the Spark application (killed and restarted);
+- :mod:`~keyedstate.chaos.driver_faults`: the faults in the driver process;
 - :mod:`~keyedstate.chaos.boundary`: how a job ends, and the second job;
 - :mod:`~keyedstate.chaos.runner`: the controller;
 - :mod:`~keyedstate.chaos.verdict`: the verdict (oracle, drills, directories, bounds);

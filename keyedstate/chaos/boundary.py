@@ -12,7 +12,7 @@ on what it leaves, and the second job writing into the soak's output path.
    - ``sink``: taken from inside the sink commit of the job's last batch
      (:class:`~keyedstate.chaos.driver.SinkSavepoint`); the query then just stops;
    - ``crash``: the driver was killed between the checkpoint commit and the sink commit of
-     the job's last batch (:data:`~keyedstate.chaos.driver.BOUNDARY_CRASH`); the next driver
+     the job's last batch (:data:`~keyedstate.chaos.driver_faults.BOUNDARY_CRASH`); the next driver
      takes the savepoint offline, with the CLI (``keyedstate savepoint create <job dir>
      <target>``), before any query runs: it carries the uncommitted output, which the next
      job commits when it starts.
@@ -38,15 +38,8 @@ import time
 from typing import Any
 
 from keyedstate.chaos import drills
-from keyedstate.chaos.driver import (
-    DriverFaults,
-    boundary_crash_id,
-    build_job,
-    check_job_dir,
-    log_event,
-    run_job,
-    via_marker,
-)
+from keyedstate.chaos.driver import build_job, check_job_dir, log_event, run_job, via_marker
+from keyedstate.chaos.driver_faults import DriverFaults, boundary_crash_id
 from keyedstate.chaos.plan import MAX_PARALLELISM, Job, Plan
 from keyedstate.chaos.workload import (
     INPUT_DDL,
