@@ -234,7 +234,7 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
             faults: DriverFaults) -> Any:
     """Run ``job`` until every input file of its batches is processed; restart the query
     after each injected abort or storage error. Returns the finished :class:`KeyedQuery`."""
-    from keyedstate.spark.job import KeyedQuery
+    from keyedstate.spark.query import KeyedQuery
 
     input_dir = os.path.join(run_dir, "input")
     publish_input(os.path.join(run_dir, "generated"), input_dir, job.end_file)
