@@ -118,8 +118,10 @@ def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
     log lacks the batch's offsets."""
     if batch_id not in source.batches(OFFSETS):
         raise SourcePositionsError(
-            f"{source.url} has no offsets of batch {batch_id}: it is not the Spark checkpoint "
-            f"location of the job whose snapshot covers batch {batch_id}"
+            f"{source.url} has no offsets of batch {batch_id}: a savepoint's copy of Spark's "
+            f"offset log that is missing or incomplete (its context/ folder was removed), or "
+            f"not the Spark checkpoint location of the job whose snapshot covers batch "
+            f"{batch_id}"
         )
     committed = source.batches(COMMITS)
     files = [f for f in source.storage.list_files() if _is_log_file(f)]
