@@ -315,6 +315,29 @@ def test_savepoint_on_s3_carries_its_positions_to_a_new_location(spark, s3_bucke
     check_against_pandas(root)
 
 
+def test_restore_that_fails_before_its_first_checkpoint_starts_again_from_the_seeded_location(
+        spark, tmp_path):
+    """The new location is seeded, then the first checkpoint fails (its _metadata write, past
+    every retry): the restarted job finds its own seed and resumes after the savepoint's batch
+    again, exactly once."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    savepoint = start(spark, root).stop(savepoint=os.path.join(root, "sp"))
+    write_files(os.path.join(root, "input"), 1, first=2)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "internal", match="/_metadata", times=1)
+    faulty = dict(checkpoint_dir=plan.url(os.path.join(root, "ckpt-2")),
+                  storage_options=plan.storage_options("file"), transfer_attempts=1,
+                  tolerable_failed_checkpoints=0)
+    with pytest.raises(Exception, match="_metadata"):
+        start(spark, root, location="spark-2", restore_path=savepoint, **faulty)
+    assert OffsetLog.at(os.path.join(root, "spark-2")).last_committed() == 1  # seeded, no more
+    query = start(spark, root, location="spark-2", restore_path=savepoint, **faulty)
+    query.stop()
+    assert [s.batch_id for s in query.stats] == [2]
+    check_against_pandas(root)
+
+
 def test_older_checkpoint_restored_in_a_new_location_resumes_after_its_own_batch(spark,
                                                                                tmp_path):
     """The old job went on after the checkpoint: the new location is seeded only up to the
