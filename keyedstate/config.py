@@ -179,8 +179,5 @@ class JobConfig:
             )
         return cls(**{known[k]: v for k, v in options.items()})
 
-    def to_mapping(self) -> dict[str, Any]:
-        return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
-
     def replace(self, **changes: Any) -> JobConfig:
         return dataclasses.replace(self, **changes)

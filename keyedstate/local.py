@@ -85,7 +85,6 @@ class LocalKeyedOperator:
         self.restore_mode = parse_restore_mode(restore_mode)
         #: the snapshot restored in NO_CLAIM or LEGACY mode, until the first checkpoint
         self.restored: ResolvedSnapshot | None = None
-        self._force_full = False
         # Step 1. A new job started from a snapshot: check it (reads only), then claim it or
         # keep it as the restore source.
         if restore_path and not has_completed_checkpoints(self.storage):
@@ -182,8 +181,7 @@ class LocalKeyedOperator:
         try:
             for sub in self.subtasks:
                 result = sub.snapshot(pending.checkpoint_id,
-                                      pending.location(sub.subtask_index),
-                                      full=self._force_full)
+                                      pending.location(sub.subtask_index))
                 self.coordinator.acknowledge(pending, result.materialize())
             completed = self.coordinator.complete(pending)
         except BaseException:
@@ -194,7 +192,7 @@ class LocalKeyedOperator:
         for sub in self.subtasks:
             sub.notify_checkpoint_complete(completed.checkpoint_id)
         # The job now depends on its own checkpoints only (NO_CLAIM's promise).
-        self.restored, self._force_full = None, False
+        self.restored = None
         return completed
 
     def savepoint(self, target: str) -> str:

@@ -154,10 +154,6 @@ class StreamHandle(msgspec.Struct, frozen=True, omit_defaults=True):
             )
 
     @property
-    def is_inline(self) -> bool:
-        return self.data is not None
-
-    @property
     def length(self) -> int:
         """Bytes of the file itself (the segment's for a segment, else the object's)."""
         return self.segment.length if self.segment is not None else self.size

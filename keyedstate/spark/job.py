@@ -293,7 +293,6 @@ class KeyedJobDriver:
         self.storage.check_access()
         self.base: RestoreSource | None = None
         self.share_restored_files = True
-        self.force_full = False
         self.lineage = {"restored_from": cfg.restore_path or "",
                         "spark_checkpoint_location": self.spark_checkpoint_location}
         self._query_id: str | None = None
@@ -600,7 +599,7 @@ class KeyedJobDriver:
                                  **({LATE_EVENTS_TAG: self._late_schema()}
                                     if cfg.late_events is LateEvents.SIDE_OUTPUT else {})},
             watermark=self.watermark, watermark_column=cfg.watermark_column,
-            late_events=cfg.late_events, restore=self.base, full_snapshot=self.force_full,
+            late_events=cfg.late_events, restore=self.base,
             share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir)
 
@@ -681,7 +680,6 @@ class KeyedJobDriver:
         self.drained = drain
         self.base = self._restore_source(self.storage, completed.metadata, own=True)
         self.share_restored_files = True
-        self.force_full = False
         return completed, results, tasks
 
     def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:

@@ -113,7 +113,6 @@ class BatchPlan:
     watermark_column: str | None
     late_events: LateEvents
     restore: RestoreSource | None
-    full_snapshot: bool
     share_restored_files: bool
     drain: bool = False
     local_dir: str | None = None
@@ -509,8 +508,7 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
         # Step 6. Snapshot.
         step = "the snapshot failed with"
         result = backend.snapshot(plan.checkpoint_id,
-                                  plan.storage.location(plan.checkpoint_id, index),
-                                  full=plan.full_snapshot)
+                                  plan.storage.location(plan.checkpoint_id, index))
         handle = result.materialize()
     except BaseException as exc:
         backend.close()

@@ -267,7 +267,7 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
             storage=CheckpointStorage(str(tmp_path / job)), function=RunningTotals(),
             output_schema=pa.schema([("user_id", pa.string())]), side_output_schemas={},
             watermark=runtime.MIN_WATERMARK, watermark_column=None,
-            late_events=LateEvents.DROP, restore=None, full_snapshot=False,
+            late_events=LateEvents.DROP, restore=None,
             share_restored_files=True, local_dir=str(tmp_path / "local"))
         list(runtime.process_subtask(plan, index, iter([])))
         return runtime._LIVE[(job, index)].backend.instance_dir  # type: ignore[attr-defined]
