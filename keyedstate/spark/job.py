@@ -388,12 +388,12 @@ class KeyedJobDriver:
                         location or "the new query")
             return -1
         if location and props.get("spark_checkpoint_location") == location:
-            own = OffsetLog.at(location, self.config.storage_options).batches(OFFSETS)
+            own = self._offset_log().batches(OFFSETS)
             if own and own[-1] >= batch:
                 return batch
         carried = source_log_of(snap, self.config.storage_options) if location else None
         if carried is not None:
-            seed(OffsetLog.at(location, self.config.storage_options), carried, batch)
+            seed(self._offset_log(), carried, batch)
             return batch
         raise SourcePositionsError(
             f"{where} holds the state after Spark batch {batch} of query "
@@ -432,8 +432,7 @@ class KeyedJobDriver:
         recorded = props.get(PROP_QUERY_ID)
         if not recorded or not self.spark_checkpoint_location:
             return
-        current = OffsetLog.at(self.spark_checkpoint_location,
-                               self.config.storage_options).query_id()
+        current = self._offset_log().query_id()
         if current is not None and current != recorded:
             raise SourcePositionsError(
                 f"the Spark checkpoint location {self.spark_checkpoint_location} holds query "
@@ -457,10 +456,13 @@ class KeyedJobDriver:
         Spark checkpoint location): it names the sinks' output, so that a replayed batch
         replaces its own output and never another job's."""
         if self._query_id is None:
-            self._query_id = (OffsetLog.at(self.spark_checkpoint_location,
-                                           self.config.storage_options).query_id() or ""
+            self._query_id = (self._offset_log().query_id() or ""
                               if self.spark_checkpoint_location else "")
         return self._query_id
+
+    def _offset_log(self) -> OffsetLog:
+        """Spark's offset log of this job (its Spark checkpoint location, which must be set)."""
+        return OffsetLog.at(self.spark_checkpoint_location, self.config.storage_options)
 
     def _restore_source(self, storage: CheckpointStorage, metadata: Any, own: bool
                         ) -> RestoreSource:
@@ -828,8 +830,7 @@ class KeyedJobDriver:
         empty = spark.createDataFrame([], self.job.stream.df.schema)
         with self._lock:
             batch_id = self.last_batch_id + 1
-            offsets = (OffsetLog.at(self.spark_checkpoint_location, self.config.storage_options)
-                       if self.spark_checkpoint_location else None)
+            offsets = self._offset_log() if self.spark_checkpoint_location else None
             if offsets is None or self.last_batch_id not in offsets.batches(OFFSETS):
                 # Nothing to resume after: the drained job never ran a batch in this location.
                 log.warning("drain: %s has no batch %d to follow; a job restored from the "
