@@ -36,10 +36,10 @@ from typing import Any
 
 from benchmarks.common import machine, route, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.state.descriptors import ValueStateDescriptor
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
 DESCRIPTOR = ValueStateDescriptor("count", "bigint")
 MAX_PARALLELISM = 128

@@ -29,10 +29,10 @@ from benchmarks.common import build_subtasks, machine, timed, user_keys, value_s
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import StateBackend
 from keyedstate.backends.rocksdb.options import RocksDBOptions
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.keygroups import operator_index_for_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.state.descriptors import ValueStateDescriptor
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
 DESCRIPTOR = ValueStateDescriptor("profile", "count bigint, note string")
 GOAL_FRACTION = 0.01

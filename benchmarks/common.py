@@ -14,12 +14,12 @@ from typing import Any, Iterator, Sequence, cast
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.metadata import KeyedStateHandle
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.keygroups import KeyGroupRange, operator_index_for_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle
 
 
 def machine() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """State on object storage: bytes moved per checkpoint, savepoint and restore (issue 5).
 
 Runs against a local S3-compatible server (moto, started here on loopback) through s3fs, with
-the in-process runtime (:class:`~keyedstate.local.LocalKeyedOperator`, 2 subtasks, RocksDB).
+the in-process runtime (:class:`~keyedstate.runtime.local.LocalKeyedOperator`, 2 subtasks, RocksDB).
 
 **Incremental checkpoints** (``keys`` keys, one ValueState per key: a bigint counter and a
 16-character string): load, take a base checkpoint, then ``batches`` times update a fresh random
@@ -40,12 +40,12 @@ from typing import Any, Callable
 
 from benchmarks.common import machine, save_figure, timed
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
-from keyedstate.checkpoint.cache import all_process_caches, process_file_cache
 from keyedstate.checkpoint.resolve import resolve_snapshot
-from keyedstate.checkpoint.transfer import RESTORE_PREFIX, GiB, TransferOptions, TransferStats
-from keyedstate.local import LocalKeyedOperator
-from keyedstate.local_s3 import start_moto_server, stop_moto_server
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.descriptors import ValueStateDescriptor
+from keyedstate.storage.cache import all_process_caches, process_file_cache
+from keyedstate.storage.transfer import RESTORE_PREFIX, GiB, TransferOptions, TransferStats
+from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
 PROFILE = ValueStateDescriptor("profile", "count bigint, note string")
 BLOB = ValueStateDescriptor("blob", "binary")

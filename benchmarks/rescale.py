@@ -69,7 +69,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.common import machine, save_figure, workdir
-from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
 
@@ -254,7 +254,7 @@ class Source:
 
 def _keyed_job(spark: Any, input_dir: str, sink: Collect, files_per_batch: int,
                on_batch: Callable[[Any], None]) -> Any:
-    from keyedstate.spark.job import key_by
+    from keyedstate.spark.api import key_by
 
     events = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", files_per_batch)
               .parquet(input_dir))
@@ -601,9 +601,9 @@ def _du(path: str) -> int:
 def savepoints(source: str, root: str, say: Say) -> dict[str, Any]:
     """Native (hard links; byte copies onto ``/dev/shm``) and canonical savepoints of the
     checkpoint ``source``, timed, with their sizes against the checkpoint's."""
-    from keyedstate.checkpoint.canonical import write_canonical_savepoint
     from keyedstate.checkpoint.resolve import resolve_snapshot
     from keyedstate.checkpoint.savepoint import unique_files, write_native_savepoint
+    from keyedstate.processor.canonical import write_canonical_savepoint
 
     os.makedirs(root, exist_ok=True)
     snapshot = resolve_snapshot(source)

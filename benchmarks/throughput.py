@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.common import machine, save_figure, workdir
-from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
 
@@ -231,7 +231,7 @@ def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any
 def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
                     parallelism: int) -> tuple[Any, dict[str, Any]]:
     from keyedstate.config import JobConfig
-    from keyedstate.spark.job import key_by
+    from keyedstate.spark.api import key_by
 
     backend = "rocksdb" if system == KEYEDSTATE_ROCKSDB else "heap"
     sink_s: list[float] = []

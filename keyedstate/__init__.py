@@ -7,12 +7,8 @@ The engine-independent core is importable without pyspark; the Spark API lives i
 from keyedstate.backends import load_backend
 from keyedstate.backends.heap import HeapStateBackend
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
-from keyedstate.checkpoint.canonical import restore_canonical, write_canonical_savepoint
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from keyedstate.checkpoint.metadata import CheckpointMetadata, KeyedStateHandle
 from keyedstate.checkpoint.savepoint import create_native_savepoint
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import TransferOptions
 from keyedstate.config import JobConfig, LateEvents, RestoreMode
 from keyedstate.errors import KeyedStateError
 from keyedstate.keygroups import (
@@ -21,7 +17,8 @@ from keyedstate.keygroups import (
     operator_index_for_key_group,
 )
 from keyedstate.keys import KeySerializer
-from keyedstate.local import LocalKeyedOperator
+from keyedstate.processor.canonical import restore_canonical, write_canonical_savepoint
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
@@ -32,6 +29,9 @@ from keyedstate.state.descriptors import (
     TtlUpdateType,
     ValueStateDescriptor,
 )
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
+from keyedstate.storage.transfer import TransferOptions
 
 __all__ = [
     "AggregatingState", "AggregatingStateDescriptor", "CheckpointCoordinator",

@@ -16,7 +16,7 @@ from keyedstate.errors import ConfigurationError
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
 
 if TYPE_CHECKING:
-    from keyedstate.checkpoint.transfer import TransferOptions
+    from keyedstate.storage.transfer import TransferOptions
 
 
 class RestoreMode(StrEnum):
@@ -147,7 +147,7 @@ class JobConfig:
 
     def transfer_options(self) -> TransferOptions:
         """The object-storage settings as :class:`TransferOptions`."""
-        from keyedstate.checkpoint.transfer import AUTO, TransferOptions
+        from keyedstate.storage.transfer import AUTO, TransferOptions
 
         merge = AUTO if self.file_merging is None else (
             TransferOptions.DEFAULT_MERGE_FILE_SIZE if self.file_merging else 0)

@@ -5,7 +5,7 @@ Per user it keeps running totals (a typed ValueState) and event-time session win
 session windows). Every batch is one checkpoint; halfway the job is restored from its latest
 checkpoint at another parallelism (rescaling); at the end it drains (watermark to +infinity,
 every timer fires). The results are checked against a plain-Python oracle computed from the
-same events. This version runs in-process (:class:`~keyedstate.local.LocalKeyedOperator`);
+same events. This version runs in-process (:class:`~keyedstate.runtime.local.LocalKeyedOperator`);
 the Spark job of the same shape comes with the Spark runtime.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from keyedstate.backends.base.backend import KeyedStateBackend
-from keyedstate.local import LocalKeyedOperator
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from keyedstate.state.timers import TimeDomain
 

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from keyedstate.local_s3 import start_moto_server, stop_moto_server
+from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
 
 @pytest.fixture(scope="session")

@@ -25,13 +25,6 @@ import pytest
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateRecord, meta_info_of
-from keyedstate.checkpoint.canonical import (
-    TIMERS_ENTRY,
-    open_snapshot_range,
-    restore_canonical,
-    write_canonical_savepoint,
-)
-from keyedstate.checkpoint.canonical_schema import type_from_string
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.errors import (
     CorruptCheckpointError,
@@ -44,6 +37,13 @@ from keyedstate.errors import (
 )
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
+from keyedstate.processor.canonical import (
+    TIMERS_ENTRY,
+    open_snapshot_range,
+    restore_canonical,
+    write_canonical_savepoint,
+)
+from keyedstate.processor.canonical_schema import type_from_string
 from keyedstate.serde import VOID_NAMESPACE, serializer_for
 from keyedstate.state.descriptors import (
     ListStateDescriptor,
@@ -408,7 +408,7 @@ def test_unrebuildable_type_string_is_a_typed_error():
 def _cli() -> Any:
     import click
 
-    from keyedstate.cli_state import register
+    from keyedstate.cli.state import register
 
     @click.group()
     def main() -> None:

@@ -22,16 +22,6 @@ from pyspark import cloudpickle
 import keyedstate
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.backends.base.backend import StateBackend, StateEntry
-from keyedstate.checkpoint.metadata import (
-    CheckpointMetadata,
-    KeyedStateHandle,
-    SnapshotKind,
-    StateMetaInfo,
-    StreamHandle,
-    deserialize_metadata,
-    serialize_metadata,
-)
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import ArrowTypeSerializer, PickleSerializer
@@ -46,6 +36,17 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import Timer
 from keyedstate.state.ttl import ManualTimeProvider, SystemTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    SnapshotKind,
+    StateMetaInfo,
+    StreamHandle,
+    deserialize_metadata,
+    serialize_metadata,
+)
+from keyedstate.storage.location import CheckpointStorageLocation
 
 DUMPS: dict[str, Callable[[Any], bytes]] = {
     "pickle": lambda obj: pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),

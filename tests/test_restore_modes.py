@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from keyedstate import LocalKeyedOperator
-from keyedstate.checkpoint.inspection import find_garbage
-from keyedstate.checkpoint.metadata import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.restore_modes import PROP_CLAIMED_FROM
 from keyedstate.errors import MissingCheckpointFileError, SnapshotClaimedError
+from keyedstate.processor.inspection import find_garbage
+from keyedstate.storage.layout import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
 from tests.test_savepoints import BACKENDS, feed, files_under, read_all, run_job
 
 
@@ -278,8 +278,8 @@ def test_the_start_check_notes_the_files_it_hashed_for_the_restores(tmp_path):
 
     from keyedstate.checkpoint.restore_modes import open_restore_snapshot
     from keyedstate.checkpoint.savepoint import unique_files
-    from keyedstate.checkpoint.storage import CheckpointStorage
     from keyedstate.config import RestoreMode
+    from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
     snapshot, _ = make_savepoint(tmp_path, "rocksdb")
     job = CheckpointStorage(str(tmp_path / "job"))

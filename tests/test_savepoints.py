@@ -14,10 +14,8 @@ import pytest
 
 from keyedstate import ListStateDescriptor, LocalKeyedOperator, ValueStateDescriptor
 from keyedstate.backends.base.backend import KeyedStateBackend
-from keyedstate.checkpoint.metadata import METADATA_FILE, SnapshotFormat, SnapshotKind
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.savepoint import create_native_savepoint, duplicate_file
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -25,6 +23,9 @@ from keyedstate.errors import (
     MissingCheckpointFileError,
     SnapshotExistsError,
 )
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import SnapshotFormat, SnapshotKind
+from keyedstate.storage.layout import METADATA_FILE
 
 BACKENDS = ["rocksdb", "heap"]
 KEYS = 400
@@ -256,7 +257,7 @@ def _snapshot_of_kind(tmp_path, backend: str, kind: str) -> tuple[str, dict]:
         return str(tmp_path / "job"), expected
     if kind == "native":
         return create_native_savepoint(str(tmp_path / "job"), str(tmp_path / "sp")), expected
-    from keyedstate.checkpoint.canonical import write_canonical_savepoint
+    from keyedstate.processor.canonical import write_canonical_savepoint
 
     return write_canonical_savepoint(resolve_snapshot(str(tmp_path / "job")),
                                      str(tmp_path / "sp")), expected

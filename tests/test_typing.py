@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_CODE = '''
 from typing import Any, assert_type
 
-from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.state.api import ListState, MapState, ValueState
 from keyedstate.state.descriptors import (
     ListStateDescriptor,

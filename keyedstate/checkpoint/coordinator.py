@@ -24,16 +24,6 @@ import re
 import time
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from keyedstate.checkpoint.metadata import (
-    CHECKPOINT_DIR_PREFIX,
-    COMPLETED_MARKER_FILE,
-    SHARED_DIR,
-    CheckpointMetadata,
-    KeyedStateHandle,
-    checkpoint_dir_name,
-    checkpoint_id_of_shared_file,
-    shared_file_prefix,
-)
 from keyedstate.checkpoint.pending import (
     CompletedCheckpoint,
     CompletedCheckpointStore,
@@ -42,7 +32,6 @@ from keyedstate.checkpoint.pending import (
 )
 from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.checkpoint.restore_modes import PROP_CLAIMED_FROM, dispose_claimed_snapshot
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointProtocolError,
@@ -55,6 +44,16 @@ from keyedstate.errors import (
     UnsafePathError,
 )
 from keyedstate.keygroups import KeyGroupRange, check_parallelism
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
+from keyedstate.storage.layout import (
+    CHECKPOINT_DIR_PREFIX,
+    COMPLETED_MARKER_FILE,
+    SHARED_DIR,
+    checkpoint_dir_name,
+    checkpoint_id_of_shared_file,
+    shared_file_prefix,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ _CHK_DIR_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
 
 def has_completed_checkpoints(storage: CheckpointStorage) -> bool:
     """Whether the job in ``storage`` has completed a checkpoint: one is committed now, or the
-    root's :data:`~keyedstate.checkpoint.metadata.COMPLETED_MARKER_FILE` says one was (then
+    root's :data:`~keyedstate.storage.layout.COMPLETED_MARKER_FILE` says one was (then
     :meth:`CheckpointCoordinator.recover` either finds a complete checkpoint or raises; a
     runtime must never start such a job from empty state or from its initial snapshot)."""
     return bool(storage.checkpoint_ids()) or storage.exists(COMPLETED_MARKER_FILE)
@@ -85,7 +84,7 @@ class CheckpointCoordinator:
     (:class:`MissingCheckpointFileError`, see :meth:`recover`), and numbers its checkpoints
     above any leftover of a crashed start, which it leaves for :meth:`recover` or
     ``keyedstate gc``. The first checkpoint that completes writes the root's
-    :data:`~keyedstate.checkpoint.metadata.COMPLETED_MARKER_FILE`.
+    :data:`~keyedstate.storage.layout.COMPLETED_MARKER_FILE`.
     """
 
     def __init__(self, storage: CheckpointStorage, *, backend: str, parallelism: int,
@@ -461,7 +460,7 @@ class CheckpointCoordinator:
         :class:`MaxParallelismMismatchError` or :class:`ConfigurationError` when the retained
         checkpoints were written with another max parallelism, backend or key types.
         :class:`MissingCheckpointFileError` when the root's
-        :data:`~keyedstate.checkpoint.metadata.COMPLETED_MARKER_FILE` says the job completed
+        :data:`~keyedstate.storage.layout.COMPLETED_MARKER_FILE` says the job completed
         checkpoints but no ``_metadata`` is left (lost, e.g. deleted: never an empty start).
         Incomplete ``chk-<N>/`` (no ``_metadata``) are deleted, older checkpoints subsumed and,
         with ``cleanup_orphans``, shared files no retained checkpoint references deleted (safe:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from keyedstate.checkpoint.metadata import CheckpointMetadata, KeyedStateHandle
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
 from keyedstate.errors import CheckpointProtocolError, KeyGroupRangeError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
+from keyedstate.storage.location import CheckpointStorageLocation
 
 
 def check_subtask_index(index: int, parallelism: int, checkpoint_id: int) -> None:

@@ -21,12 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Iterable, Iterator
 
-from keyedstate.checkpoint.metadata import (
-    CheckpointMetadata,
-    StreamHandle,
-    checkpoint_id_of_shared_file,
-)
 from keyedstate.errors import CorruptCheckpointError
+from keyedstate.storage.handles import CheckpointMetadata, StreamHandle
+from keyedstate.storage.layout import checkpoint_id_of_shared_file
 
 
 @dataclass(slots=True)

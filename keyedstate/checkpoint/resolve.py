@@ -8,10 +8,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from keyedstate.checkpoint.metadata import CHECKPOINT_DIR_PREFIX, METADATA_FILE, CheckpointMetadata
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import TransferOptions
 from keyedstate.errors import NoCheckpointError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata
+from keyedstate.storage.layout import CHECKPOINT_DIR_PREFIX, METADATA_FILE
+from keyedstate.storage.transfer import TransferOptions
 
 _CHK = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}\d+$")
 

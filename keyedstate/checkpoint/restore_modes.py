@@ -1,7 +1,7 @@
 """Restore modes (Flink's ``RecoveryClaimMode``): who owns the snapshot a new job starts from.
 
 Every reference in a job's ``_metadata`` is relative to the job's own root and may not leave it
-(:func:`keyedstate.checkpoint.metadata.check_relative_path`). A job therefore never references
+(:func:`keyedstate.storage.handles.check_relative_path`). A job therefore never references
 a file of a snapshot in another directory; the three modes differ in who deletes what:
 
 - ``NO_CLAIM`` (default): the job restores from the snapshot where it lies and its first
@@ -34,16 +34,6 @@ from typing import Any, Mapping, Sequence
 import msgspec
 import pyarrow as pa
 
-from keyedstate.checkpoint.metadata import (
-    CHECKPOINT_DIR_PREFIX,
-    CLAIM_MARKER_FILE,
-    SHARED_DIR,
-    KeyedStateHandle,
-    SnapshotFormat,
-    SnapshotKind,
-    StreamHandle,
-    checkpoint_dir_name,
-)
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import (
     CONTEXT_DIR,
@@ -54,11 +44,6 @@ from keyedstate.checkpoint.savepoint import (
     root_url,
     unique_files,
     verify_snapshot_files,
-)
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import (
-    RESTORE_PREFIX,
-    TransferStats,
 )
 from keyedstate.config import RestoreMode, parse_restore_mode
 from keyedstate.errors import (
@@ -71,6 +56,15 @@ from keyedstate.errors import (
     UnsafePathError,
 )
 from keyedstate.serde import parse_type
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, SnapshotFormat, SnapshotKind, StreamHandle
+from keyedstate.storage.layout import (
+    CHECKPOINT_DIR_PREFIX,
+    CLAIM_MARKER_FILE,
+    SHARED_DIR,
+    checkpoint_dir_name,
+)
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 logger = logging.getLogger(__name__)
 

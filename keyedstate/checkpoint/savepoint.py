@@ -29,26 +29,27 @@ from typing import Any, Callable, Mapping
 import msgspec
 import xxhash
 
-from keyedstate.checkpoint.metadata import (
-    METADATA_FILE,
+from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
+from keyedstate.errors import (
+    ConfigurationError,
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    SnapshotExistsError,
+)
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.duplication import duplicate_object
+from keyedstate.storage.handles import (
     CheckpointMetadata,
     KeyedStateHandle,
     SnapshotFormat,
     SnapshotKind,
     StreamHandle,
 )
-from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
-from keyedstate.checkpoint.storage import CheckpointStorage, duplicate_object
-from keyedstate.checkpoint.transfer import (
+from keyedstate.storage.layout import METADATA_FILE
+from keyedstate.storage.transfer import (
     TransferStats,
     parallel_map,
     strip_transfer_properties,
-)
-from keyedstate.errors import (
-    ConfigurationError,
-    CorruptCheckpointError,
-    MissingCheckpointFileError,
-    SnapshotExistsError,
 )
 
 #: ``progress(bytes_done, bytes_total)``, called as files are duplicated or verified.
@@ -158,7 +159,7 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
 
     Raises :class:`MissingCheckpointFileError` or :class:`CorruptCheckpointError` naming the
     first bad file; reads only. Hashed files are noted on ``snapshot.storage``
-    (:meth:`~keyedstate.checkpoint.storage.CheckpointStorage.note_verified`): the restores
+    (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.note_verified`): the restores
     that hard-link them then check their sizes only.
     """
     storage = snapshot.storage
@@ -204,7 +205,7 @@ def duplicate_file(source: CheckpointStorage, source_path: str, target: Checkpoi
     is not possible: another device, or a filesystem without links), ``"server-copy"`` (the
     object store copies, e.g. S3 ``CopyObject``; no byte passes through this process) or
     ``"stream"`` (between different filesystems). See
-    :func:`keyedstate.checkpoint.storage.duplicate_object`."""
+    :func:`keyedstate.storage.duplication.duplicate_object`."""
     return duplicate_object(source, source_path, target, target_path, size)
 
 
@@ -302,7 +303,7 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
         files without ``_metadata``, which a retry into the same target replaces.
 
     The source must stay as it is while this runs (a running job: hold off subsumption, as
-    :meth:`keyedstate.spark.job.KeyedJobDriver.savepoint` does).
+    :meth:`keyedstate.spark.driver.KeyedJobDriver.savepoint` does).
     """
     storage = CheckpointStorage(target, storage_options)
     metadata = source.metadata

@@ -3,8 +3,9 @@
 The only package that imports pyspark (lazily: importing it does not start Spark).
 """
 
-from keyedstate.spark.function import Context, KeyedProcessFunction, TimerService
-from keyedstate.spark.job import BatchStats, KeyedProcessJob, KeyedStream, key_by
+from keyedstate.runtime.function import Context, KeyedProcessFunction, TimerService
+from keyedstate.spark.api import KeyedProcessJob, KeyedStream, key_by
+from keyedstate.spark.driver import BatchStats
 from keyedstate.spark.processor import SavepointReader, SavepointWriter
 from keyedstate.spark.query import KeyedQuery
 from keyedstate.spark.session import local_session

@@ -21,11 +21,12 @@ import logging
 import posixpath
 from typing import Any, Mapping
 
-from keyedstate.checkpoint.metadata import SnapshotKind, commit_marker
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import CONTEXT_DIR, Attach, duplicate_file
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.spark.offsets import OFFSETS, PROP_SOURCE_LOG, OffsetLog, capture
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import SnapshotKind
+from keyedstate.storage.layout import commit_marker
 
 log = logging.getLogger("keyedstate")
 

@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 
 from keyedstate.config import JobConfig
 from keyedstate.demo import GAP_MS, WATERMARK_DELAY_MS, generate_events
-from keyedstate.spark.function import Context, KeyedProcessFunction
-from keyedstate.spark.job import BatchStats, key_by
+from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.spark.api import key_by
+from keyedstate.spark.driver import BatchStats
 from keyedstate.spark.sinks import ParquetSink
 from keyedstate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 

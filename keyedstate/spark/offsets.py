@@ -1,7 +1,7 @@
 """Spark's source positions: the offset log of a streaming query, carried with savepoints.
 
 Structured Streaming keeps a query's source positions in its checkpoint location (the
-``spark_checkpoint_location`` of :meth:`~keyedstate.spark.job.KeyedProcessJob.start`)::
+``spark_checkpoint_location`` of :meth:`~keyedstate.spark.api.KeyedProcessJob.start`)::
 
     metadata              {"id": "<query id>"}: the query's identity, kept across restarts
     offsets/<B>           the source offsets batch B reads up to (written before B runs)
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from keyedstate.checkpoint.savepoint import CONTEXT_DIR
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import SourcePositionsError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
 log = logging.getLogger("keyedstate")
 

@@ -9,7 +9,7 @@ Reading (``docs/state-processor.md``)::
 
 Every DataFrame is read by executors in parallel, one Spark task per key-group range: the task
 restores its range of the snapshot (native: the snapshot's own backend; canonical: its Parquet
-files) and emits the canonical rows (:mod:`keyedstate.checkpoint.canonical_schema`): key
+files) and emits the canonical rows (:mod:`keyedstate.processor.canonical_schema`): key
 group, the typed key columns, namespace, map key (map states), position (list states: one row
 per element), value, TTL timestamp (TTL states). Entries whose TTL ran out when ``state()``
 was called are left out.
@@ -38,7 +38,10 @@ import pyarrow as pa
 
 from keyedstate import errors as _errors
 from keyedstate.backends.base.backend import meta_info_of
-from keyedstate.checkpoint.canonical import (
+from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
+from keyedstate.errors import ConfigurationError, KeyedStateError, StateNotFoundError
+from keyedstate.keygroups import KeyGroupRange, check_max_parallelism, check_parallelism
+from keyedstate.processor.canonical import (
     CARRIED_PROPERTIES,
     PROP_SOURCE,
     STATES_DIR,
@@ -53,7 +56,7 @@ from keyedstate.checkpoint.canonical import (
     snapshot_states,
     state_dir_names,
 )
-from keyedstate.checkpoint.canonical_schema import (
+from keyedstate.processor.canonical_schema import (
     DOMAIN,
     KEY_GROUP,
     MAP_KEY,
@@ -69,15 +72,6 @@ from keyedstate.checkpoint.canonical_schema import (
     timer_schema,
     type_from_string,
 )
-from keyedstate.checkpoint.metadata import (
-    METADATA_FILE,
-    StateMetaInfo,
-    StreamHandle,
-)
-from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.errors import ConfigurationError, KeyedStateError, StateNotFoundError
-from keyedstate.keygroups import KeyGroupRange, check_max_parallelism, check_parallelism
 from keyedstate.serde import VOID_NAMESPACE
 from keyedstate.spark.processor_tasks import (
     WRITE_RESULT,
@@ -87,6 +81,9 @@ from keyedstate.spark.processor_tasks import (
     write_task,
 )
 from keyedstate.state.descriptors import StateDescriptor, StateKind
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import StateMetaInfo, StreamHandle
+from keyedstate.storage.layout import METADATA_FILE
 
 _SPLIT = "_ks_split"
 

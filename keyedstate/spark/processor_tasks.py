@@ -13,14 +13,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyedstate import errors as _errors
-from keyedstate.backends.local_dirs import worker_dir
-from keyedstate.checkpoint.canonical import (
+from keyedstate.backends.base.working_dirs import worker_dir
+from keyedstate.checkpoint.resolve import ResolvedSnapshot
+from keyedstate.errors import ConfigurationError
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.processor.canonical import (
     ROW_GROUP_ROWS,
     ParquetFileWriter,
     read_range_tables,
     split_file_name,
 )
-from keyedstate.checkpoint.canonical_schema import (
+from keyedstate.processor.canonical_schema import (
     DOMAIN,
     KEY_GROUP,
     MAP_KEY,
@@ -29,13 +32,10 @@ from keyedstate.checkpoint.canonical_schema import (
     TIMESTAMP,
     VALUE,
 )
-from keyedstate.checkpoint.metadata import StateMetaInfo
-from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.errors import ConfigurationError
-from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import PickleSerializer
 from keyedstate.state.descriptors import StateKind
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import StateMetaInfo
 
 #: Schema of the one row a write task returns per file.
 WRITE_RESULT = "split int, entry string, path string, size bigint, checksum string, rows bigint"
@@ -95,7 +95,7 @@ def write_task(plan: WritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     assert context is not None  # always set inside a Spark task
     index = context.partitionId()
     rng = KeyGroupRange.of_operator(plan.max_parallelism, plan.splits, index)
-    # In this worker's own directory: a killed worker's is removed by the next (local_dirs).
+    # In this worker's own directory: a killed worker's is removed by the next (working_dirs).
     work = tempfile.mkdtemp(prefix="keyedstate-write-", dir=worker_dir(None))
     try:
         writer = ParquetFileWriter(plan.storage,

@@ -27,13 +27,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from keyedstate.checkpoint.metadata import SnapshotFormat
 from keyedstate.checkpoint.savepoint import check_savepoint_target
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import BatchFailedError, ConfigurationError, StopTimeoutError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import SnapshotFormat
 
 if TYPE_CHECKING:
-    from keyedstate.spark.job import BatchStats, KeyedJobDriver
+    from keyedstate.spark.driver import BatchStats, KeyedJobDriver
 
 #: How long :meth:`KeyedQuery.stop` waits for the batch in flight by default, in seconds.
 STOP_TIMEOUT_S = 60.0

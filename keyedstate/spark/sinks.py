@@ -21,9 +21,11 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from keyedstate.checkpoint.storage import CheckpointStorage, duplicate_object, fsync_path
-from keyedstate.checkpoint.transfer import parallel_map
 from keyedstate.errors import ConfigurationError, MissingCheckpointFileError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.duplication import duplicate_object
+from keyedstate.storage.filesystem import fsync_path
+from keyedstate.storage.transfer import parallel_map
 
 #: ParquetSink layout: ``<path>/<lineage>-batch-<B:010d>/part-<n:05d>.parquet`` and ``_SUCCESS``
 SUCCESS_FILE = "_SUCCESS"

@@ -1,7 +1,7 @@
 """State descriptors: a state's name, kind, declared types and TTL (Flink's ``StateDescriptor``).
 
 A descriptor is what user code hands to ``get_state``; it is also what a snapshot records
-(:class:`~keyedstate.checkpoint.metadata.StateMetaInfo`) so that a restore can check the job
+(:class:`~keyedstate.storage.handles.StateMetaInfo`) so that a restore can check the job
 still asks for the same thing. Descriptors pickle (the reduce / aggregate functions with
 cloudpickle, as Spark ships them).
 """

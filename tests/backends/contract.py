@@ -36,8 +36,6 @@ import pytest
 
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.metadata import CheckpointMetadata, KeyedStateHandle
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -63,6 +61,9 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import ManualTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
+from keyedstate.storage.location import CheckpointStorageLocation
 
 EVENT = TimeDomain.EVENT_TIME
 PROC = TimeDomain.PROCESSING_TIME

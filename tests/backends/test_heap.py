@@ -27,8 +27,6 @@ from keyedstate.backends.heap.snapshot import (
     OP_PUT,
     OP_REMOVE,
 )
-from keyedstate.checkpoint.metadata import KeyedStateHandle
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -46,6 +44,8 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import ManualTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle
 
 MAX_P = 128
 VALUE = ValueStateDescriptor("v", "bigint")

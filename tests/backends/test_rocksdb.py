@@ -26,8 +26,6 @@ from keyedstate.backends.rocksdb.restore import (
     plan_instances,
 )
 from keyedstate.backends.rocksdb.snapshot import InstanceHandle, split_instances
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     BackendError,
     ConfigurationError,
@@ -49,6 +47,8 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
 from keyedstate.state.ttl import ManualTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo
 
 MAX_P = 128
 KEYS = KeySerializer(["bigint"])
@@ -534,7 +534,7 @@ def _killed_process_instance_dir(local_dir: str) -> str:
 
 
 def test_instance_dirs_live_in_a_directory_of_their_process(local_dir: str) -> None:
-    from keyedstate.backends.local_dirs import process_start_time
+    from keyedstate.backends.base.working_dirs import process_start_time
 
     with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir, index=2) as kb:
         parent, name = os.path.split(kb.instance_dir)
@@ -552,7 +552,7 @@ def test_directories_of_a_killed_process_are_removed_by_the_next_one(local_dir: 
     left = _killed_process_instance_dir(local_dir)
     dead_worker = os.path.dirname(left)
     parent = os.getppid()  # alive, with its start time: its directory stays
-    from keyedstate.backends.local_dirs import process_start_time
+    from keyedstate.backends.base.working_dirs import process_start_time
 
     alive = os.path.join(local_dir, f"worker-{parent}-{process_start_time(parent)}")
     reused = os.path.join(local_dir, f"worker-{parent}-1")  # the pid now names another process
@@ -865,7 +865,7 @@ def test_single_instance_backends_write_the_layout_of_before(storage: Checkpoint
 
 def test_state_sizes_of_a_multi_instance_handle_add_up(storage: CheckpointStorage,
                                                        local_dir: str) -> None:
-    from keyedstate.checkpoint.inspection import OTHER_FILES, _rocksdb_sizes
+    from keyedstate.processor.inspection import OTHER_FILES, _rocksdb_sizes
 
     with _sharded(storage, local_dir) as kb:
         handle = _checkpoint(kb, storage, 2)

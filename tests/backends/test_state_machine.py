@@ -28,7 +28,6 @@ from hypothesis.stateful import (
 )
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.metadata import KeyedStateHandle
 from keyedstate.serde import serialize_namespace
 from keyedstate.state.descriptors import (
     ListStateDescriptor,
@@ -37,6 +36,7 @@ from keyedstate.state.descriptors import (
     ValueStateDescriptor,
 )
 from keyedstate.state.timers import TimeDomain
+from keyedstate.storage.handles import KeyedStateHandle
 
 from .contract import Harness, dump, dump_timers
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from keyedstate.chaos.driver import DriverFaults, run_job
-from keyedstate.chaos.plan import Job, Plan, make_plan
-from keyedstate.chaos.workload import PLAN_FILE, write_input
+from keyedstate.testing.chaos.driver import DriverFaults, run_job
+from keyedstate.testing.chaos.plan import Job, Plan, make_plan
+from keyedstate.testing.chaos.workload import PLAN_FILE, write_input
 
 
 def reference_run(spark: Any, run_dir: str, batches: int, *, num_retained: int,

@@ -6,8 +6,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from keyedstate.chaos.plan import make_plan
-from keyedstate.cli_chaos import register
+from keyedstate.cli.chaos import register
+from keyedstate.testing.chaos.plan import make_plan
 
 pytestmark = pytest.mark.chaos
 

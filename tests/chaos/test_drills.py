@@ -18,9 +18,9 @@ import pytest
 
 from keyedstate import ListStateDescriptor, LocalKeyedOperator, ValueStateDescriptor
 from keyedstate.backends.base.backend import KeyedStateBackend
-from keyedstate.chaos.drills import damage_file
-from keyedstate.checkpoint.inspection import find_garbage
 from keyedstate.errors import KeyedStateError
+from keyedstate.processor.inspection import find_garbage
+from keyedstate.testing.chaos.drills import damage_file
 
 pytestmark = pytest.mark.chaos
 
@@ -156,9 +156,9 @@ SPARK_DRILLS = [
 def test_spark_drills(spark, tmp_path):
     """A restarted driver over a damaged copy of the job's directory: a clear error, or a
     fallback whose next batches equal the oracle's; never silently wrong output."""
-    from keyedstate.chaos import drills
-    from keyedstate.chaos.driver import build_job
-    from keyedstate.chaos.workload import write_input
+    from keyedstate.testing.chaos import drills
+    from keyedstate.testing.chaos.driver import build_job
+    from keyedstate.testing.chaos.workload import write_input
     from tests.chaos.conftest import reference_run
 
     runs: dict[int, tuple[str, Any, Any]] = {}

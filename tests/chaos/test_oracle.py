@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from keyedstate.chaos.oracle import Oracle, read_sink, split_jobs
-from keyedstate.chaos.workload import logical_now, write_input
+from keyedstate.testing.chaos.oracle import Oracle, read_sink, split_jobs
+from keyedstate.testing.chaos.workload import logical_now, write_input
 
 pytestmark = pytest.mark.chaos
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from keyedstate.chaos.plan import (
+from keyedstate.testing.chaos.plan import (
     KINDS,
     SINK_PATH_POINTS,
     STOPS,

@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from keyedstate.chaos.plan import make_plan
+from keyedstate.testing.chaos.plan import make_plan
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ def test_the_ci_plan_draws_the_sharpest_edges():
 def test_shortened_soak_passes(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "keyedstate.chaos", "--batches", str(BATCHES), "--seed",
+        [sys.executable, "-m", "keyedstate.cli", "chaos", "--batches", str(BATCHES), "--seed",
          str(SEED), "--faults-per-kind", "1", "--dir", str(run_dir), "--json"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONPATH": os.getcwd()})

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
 from keyedstate.keygroups import KeyGroupRange
+from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
 
 
 def make_handle(coordinator: CheckpointCoordinator, pending: PendingCheckpoint, index: int,

@@ -12,13 +12,6 @@ import msgspec
 import pytest
 
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from keyedstate.checkpoint.metadata import (
-    CheckpointMetadata,
-    KeyedStateHandle,
-    StreamHandle,
-    serialize_metadata,
-)
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointError,
@@ -28,6 +21,13 @@ from keyedstate.errors import (
     MaxParallelismMismatchError,
     MissingCheckpointFileError,
     UnsupportedFormatVersionError,
+)
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    StreamHandle,
+    serialize_metadata,
 )
 
 from . import acknowledge_all, make_handle, shared_files, snapshot
@@ -445,7 +445,7 @@ def test_a_repeated_checkpoint_id_after_a_driver_crash_is_not_clobbered(
     driver finds no trace of 2 and triggers 2 again. A task of the dead application, still
     running, then finishes its snapshot through its own copy of the location: its files must
     not overwrite the new attempt's (same subtask, same file names), and gc lists them."""
-    from keyedstate.checkpoint.inspection import find_garbage
+    from keyedstate.processor.inspection import find_garbage
 
     coordinator = CheckpointCoordinator(storage, **config())
     cp1 = checkpoint(coordinator)

@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyedstate.checkpoint.metadata import (
+from keyedstate.errors import (
+    CorruptCheckpointError,
+    UnsafePathError,
+    UnsupportedFormatVersionError,
+)
+from keyedstate.storage.handles import (
     CheckpointMetadata,
     KeyedStateHandle,
     SnapshotFormat,
@@ -17,17 +22,11 @@ from keyedstate.checkpoint.metadata import (
     StateMetaInfo,
     StreamHandle,
     check_relative_path,
-    checkpoint_id_of_shared_file,
     content_checksum,
     deserialize_metadata,
     serialize_metadata,
-    shared_file_prefix,
 )
-from keyedstate.errors import (
-    CorruptCheckpointError,
-    UnsafePathError,
-    UnsupportedFormatVersionError,
-)
+from keyedstate.storage.layout import checkpoint_id_of_shared_file, shared_file_prefix
 
 
 def sample_metadata(path: str = "shared/chk-3-sub-0-abc-000012.sst") -> CheckpointMetadata:

@@ -17,15 +17,11 @@ from keyedstate.checkpoint.coordinator import (
     CompletedCheckpoint,
     PendingCheckpoint,
 )
-from keyedstate.checkpoint.metadata import (
-    CheckpointMetadata,
-    KeyedStateHandle,
-    StreamHandle,
-    checkpoint_id_of_shared_file,
-)
 from keyedstate.checkpoint.registry import SharedStateRegistry
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import CheckpointAbortedError, CheckpointError, CorruptCheckpointError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, StreamHandle
+from keyedstate.storage.layout import checkpoint_id_of_shared_file
 
 from . import make_handle
 

@@ -10,20 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from keyedstate.checkpoint.metadata import (
-    CheckpointMetadata,
-    KeyedStateHandle,
-    StreamHandle,
-    checkpoint_id_of_shared_file,
-)
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import TransferStats
 from keyedstate.errors import (
     CorruptCheckpointError,
     MissingCheckpointFileError,
     NoCheckpointError,
     UnsafePathError,
 )
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, StreamHandle
+from keyedstate.storage.layout import checkpoint_id_of_shared_file
+from keyedstate.storage.transfer import TransferStats
 
 
 @pytest.fixture

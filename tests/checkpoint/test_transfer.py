@@ -11,8 +11,15 @@ import threading
 import msgspec
 import pytest
 
-from keyedstate.checkpoint.cache import FileCache, cache_key, process_file_cache
-from keyedstate.checkpoint.metadata import (
+from keyedstate.checkpoint.registry import SharedStateRegistry
+from keyedstate.errors import (
+    CorruptCheckpointError,
+    KeyedStateError,
+    TransientStorageError,
+)
+from keyedstate.storage.cache import FileCache, cache_key, process_file_cache
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import (
     FORMAT_VERSION,
     CheckpointMetadata,
     KeyedStateHandle,
@@ -23,19 +30,13 @@ from keyedstate.checkpoint.metadata import (
     inline_handle,
     serialize_metadata,
 )
-from keyedstate.checkpoint.registry import SharedStateRegistry
-from keyedstate.checkpoint.storage import CheckpointStorage, StateFile
-from keyedstate.checkpoint.transfer import (
+from keyedstate.storage.location import StateFile
+from keyedstate.storage.transfer import (
     TransferOptions,
     TransferStats,
     is_transient,
     parallel_map,
     with_retries,
-)
-from keyedstate.errors import (
-    CorruptCheckpointError,
-    KeyedStateError,
-    TransientStorageError,
 )
 
 FAST = TransferOptions(attempts=3, backoff_s=0.001, max_backoff_s=0.002)

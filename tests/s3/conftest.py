@@ -11,9 +11,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from keyedstate.checkpoint.cache import all_process_caches
-from keyedstate.checkpoint.transfer import KiB, MiB, TransferOptions
-from keyedstate.local_s3 import start_moto_server, stop_moto_server
+from keyedstate.storage.cache import all_process_caches
+from keyedstate.storage.transfer import KiB, MiB, TransferOptions
+from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
 #: Inlining and merging on for both stores (a local disk has them off by default), small
 #: enough that a test's few thousand keys produce inline, merged and plain files.

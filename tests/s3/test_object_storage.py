@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from keyedstate import ListStateDescriptor, LocalKeyedOperator, ValueStateDescriptor
-from keyedstate.checkpoint.cache import all_process_caches
-from keyedstate.checkpoint.inspection import find_garbage, show
-from keyedstate.checkpoint.metadata import checkpoint_id_of_shared_file
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.savepoint import verify_snapshot_files
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import CorruptCheckpointError, MissingCheckpointFileError
+from keyedstate.processor.inspection import find_garbage, show
+from keyedstate.storage.cache import all_process_caches
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.layout import checkpoint_id_of_shared_file
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 from tests.s3.conftest import TRANSFER, Store
 
 BACKENDS = ["rocksdb", "heap"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from keyedstate.checkpoint.metadata import CheckpointMetadata
-from keyedstate.checkpoint.storage import CheckpointStorage, duplicate_object
 from keyedstate.errors import CorruptCheckpointError, MissingCheckpointFileError
-from keyedstate.local import LocalKeyedOperator
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.descriptors import ListStateDescriptor, ValueStateDescriptor
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.duplication import duplicate_object
+from keyedstate.storage.handles import CheckpointMetadata
 
 pytestmark = pytest.mark.s3
 

@@ -1,6 +1,6 @@
 """Faults and bad input on checkpoint storage: throttling, timeouts and 500s while uploading and
 while restoring, refused credentials and a missing bucket. Faults come from the ``ksfault://``
-wrapper (:mod:`keyedstate.checkpoint.faults`) over a real store: the local S3 server, or a local
+wrapper (:mod:`keyedstate.testing.faults`) over a real store: the local S3 server, or a local
 directory; credentials are checked by a local S3 server with authentication on."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from keyedstate import LocalKeyedOperator
-from keyedstate.checkpoint.cache import all_process_caches
-from keyedstate.checkpoint.faults import FaultPlan
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.errors import StorageAccessError, StorageLocationError, TransientStorageError
+from keyedstate.storage.cache import all_process_caches
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.testing.faults import FaultPlan
 from tests.s3.conftest import TRANSFER, Store
 from tests.s3.test_object_storage import KEYS, add, counts
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from keyedstate.spark.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.state.descriptors import ValueStateDescriptor
 

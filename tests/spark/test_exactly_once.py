@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from keyedstate.checkpoint.faults import FaultPlan
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.cli import main
 from keyedstate.config import JobConfig
 from keyedstate.errors import SourcePositionsError, TransientStorageError
-from keyedstate.spark.job import key_by
+from keyedstate.spark.api import key_by
 from keyedstate.spark.offsets import OffsetLog
 from keyedstate.spark.sinks import ParquetSink, Sink, StagedOutput, read_staged
+from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import COUNT_SCHEMA, FailingSink, RunningTotals
 from tests.spark.test_job import SCHEMA, check_against_pandas, write_files
 

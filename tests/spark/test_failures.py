@@ -1,4 +1,4 @@
-"""A subtask's failure on its way to the driver (:mod:`keyedstate.spark.failures`): one line
+"""A subtask's failure on its way to the driver (:mod:`keyedstate.runtime.failures`): one line
 of data inside whatever text Spark wraps around it, decoded in one place; no Spark needed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from keyedstate.errors import BatchFailedError, TransientStorageError
-from keyedstate.spark.failures import (
+from keyedstate.runtime.failures import (
     MARKER,
     TaskFailure,
     batch_failure,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from keyedstate.config import JobConfig
 from keyedstate.errors import BatchFailedError, ConfigurationError
-from keyedstate.spark.job import key_by
+from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import (
     COUNT_SCHEMA,
@@ -219,7 +219,7 @@ def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
     assert killed, "the worker was never killed: the test proved nothing"
     check_against_pandas(root)
     assert all(name.startswith("worker-") for name in os.listdir(local)), os.listdir(local)
-    from keyedstate.backends.local_dirs import process_start_time
+    from keyedstate.backends.base.working_dirs import process_start_time
 
     # This process creates its directory there: every directory of an ended process goes.
     backend = RocksDBStateBackend().create_keyed_backend(
@@ -234,7 +234,7 @@ def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
 
 @given(st.integers(1, 300).flatmap(lambda p: st.tuples(st.just(p), st.integers(1, p))))
 def test_spark_tasks_run_every_subtask_once_in_balanced_contiguous_groups(p_and_tasks):
-    from keyedstate.spark.runtime import subtasks_of_task
+    from keyedstate.runtime.subtask import subtasks_of_task
 
     parallelism, tasks = p_and_tasks
     groups = [subtasks_of_task(t, tasks, parallelism) for t in range(tasks)]
@@ -251,9 +251,9 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
     from collections import OrderedDict
 
     from keyedstate.backends.rocksdb import RocksDBStateBackend
-    from keyedstate.checkpoint.storage import CheckpointStorage
     from keyedstate.config import LateEvents
-    from keyedstate.spark import runtime
+    from keyedstate.runtime import subtask as runtime
+    from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
     monkeypatch.setattr(runtime, "MAX_LIVE", 2)
     monkeypatch.setattr(runtime, "_LIVE", OrderedDict())

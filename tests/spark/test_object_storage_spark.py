@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from keyedstate.checkpoint.faults import FaultPlan
-from keyedstate.checkpoint.inspection import find_garbage
 from keyedstate.config import JobConfig
 from keyedstate.errors import StorageLocationError
-from keyedstate.spark.job import key_by
+from keyedstate.processor.inspection import find_garbage
+from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
+from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
 from tests.spark.test_job import SCHEMA, check_against_pandas, write_files
 

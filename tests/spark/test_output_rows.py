@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keyedstate.errors import OutputSchemaError
-from keyedstate.spark.runtime import _rows_to_table
+from keyedstate.runtime.subtask import _rows_to_table
 from keyedstate.spark.schema import to_arrow_schema
 
 SCHEMA = to_arrow_schema("user_id string, count bigint, note string")

@@ -136,11 +136,11 @@ def test_what_tasks_receive_pickles(tmp_path: Any) -> None:
 
     import pyarrow as pa
 
-    from keyedstate.checkpoint.canonical import canonical_metadata
     from keyedstate.checkpoint.resolve import ResolvedSnapshot
-    from keyedstate.checkpoint.storage import CheckpointStorage
+    from keyedstate.processor.canonical import canonical_metadata
+    from keyedstate.runtime.subtask import RestoreSource
     from keyedstate.spark.processor_tasks import ReadPlan, WritePlan
-    from keyedstate.spark.runtime import RestoreSource
+    from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
     storage = CheckpointStorage(str(tmp_path))
     metadata = canonical_metadata(checkpoint_id=0, max_parallelism=8, key_types=["string"],

@@ -16,7 +16,7 @@ import pytest
 
 from keyedstate.config import JobConfig
 from keyedstate.errors import BatchFailedError, ConfigurationError, StopTimeoutError
-from keyedstate.spark.job import key_by
+from keyedstate.spark.api import key_by
 from keyedstate.spark.query import KeyedQuery, StopGate
 from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import COUNT_SCHEMA, FailOnKey, RunningTotals
@@ -25,7 +25,7 @@ from tests.spark.test_job import SCHEMA, check_against_pandas, run_job, write_fi
 STOP_SCRIPT = """
 import json, os, sys, time
 from keyedstate.config import JobConfig
-from keyedstate.spark.job import key_by
+from keyedstate.spark.api import key_by
 from keyedstate.spark.session import local_session
 from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import COUNT_SCHEMA, SlowBatch

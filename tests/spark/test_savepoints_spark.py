@@ -13,7 +13,8 @@ import pytest
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.config import JobConfig
 from keyedstate.errors import SnapshotExistsError
-from keyedstate.spark.job import KeyedQuery, key_by
+from keyedstate.spark.api import key_by
+from keyedstate.spark.query import KeyedQuery
 from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
 from tests.spark.test_job import SCHEMA, check_against_pandas, write_files

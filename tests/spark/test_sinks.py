@@ -17,7 +17,6 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from keyedstate.checkpoint.storage import CheckpointStorage
 from keyedstate.spark import sinks
 from keyedstate.spark.sinks import (
     SUCCESS_FILE,
@@ -27,6 +26,7 @@ from keyedstate.spark.sinks import (
     StagedOutput,
     batch_dir_name,
 )
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
 SCHEMA = pa.schema([("user_id", pa.string()), ("count", pa.int64()),
                     ("ts", pa.timestamp("us", tz="UTC")), ("batch_id", pa.int64())])

@@ -31,8 +31,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
 from keyedstate.errors import (
     ConfigurationError,
     KeyGroupRangeError,
@@ -44,6 +42,9 @@ from keyedstate.serde import TypeSerializer
 from keyedstate.state.descriptors import S, StateDescriptor
 from keyedstate.state.timers import InternalTimerService
 from keyedstate.state.ttl import SystemTimeProvider, TtlTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo
+from keyedstate.storage.location import CheckpointStorageLocation
 
 
 def meta_info_of(descriptor: StateDescriptor) -> StateMetaInfo:
@@ -348,7 +349,7 @@ class StateBackend(ABC):
         False means the first snapshot after restore must not reference restored files
         (NO_CLAIM). ``local_dir`` is where the backend may keep working files (None: a
         default below the system temp dir); a backend that does keeps them in this process's
-        directory below it (:func:`keyedstate.backends.local_dirs.worker_dir`) and deletes
+        directory below it (:func:`keyedstate.backends.base.working_dirs.worker_dir`) and deletes
         them on ``close()``."""
 
 

@@ -38,13 +38,6 @@ from keyedstate.backends.heap.snapshot import (
 )
 from keyedstate.backends.heap.states import StateTable, create_state
 from keyedstate.backends.heap.timers import HeapInternalTimerService, TimerQueue
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
-from keyedstate.checkpoint.storage import (
-    CheckpointStorage,
-    CheckpointStorageLocation,
-    same_store,
-)
-from keyedstate.checkpoint.transfer import TransferStats
 from keyedstate.errors import BackendError, ConfigurationError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
@@ -53,6 +46,11 @@ from keyedstate.state.api import State
 from keyedstate.state.descriptors import S, StateDescriptor, StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
 from keyedstate.state.ttl import TtlTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.duplication import same_store
+from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo, StreamHandle
+from keyedstate.storage.location import CheckpointStorageLocation
+from keyedstate.storage.transfer import TransferStats
 
 
 @dataclass(frozen=True)

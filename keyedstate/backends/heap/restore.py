@@ -32,9 +32,6 @@ from keyedstate.backends.heap.snapshot import (
     HeapFileFooter,
 )
 from keyedstate.backends.heap.states import StateTable
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import TransferStats, parallel_map
 from keyedstate.errors import (
     CorruptCheckpointError,
     KeyGroupRangeError,
@@ -47,6 +44,9 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import ArrowTypeSerializer, PickleSerializer, TypeSerializer
 from keyedstate.state.descriptors import StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
+from keyedstate.storage.transfer import TransferStats, parallel_map
 
 if TYPE_CHECKING:
     from keyedstate.backends.heap.backend import HeapKeyedStateBackend

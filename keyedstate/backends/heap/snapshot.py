@@ -29,14 +29,15 @@ import pyarrow as pa
 
 from keyedstate.backends.base.backend import SnapshotResult
 from keyedstate.backends.heap.states import REPLACED, EntryKey, KeyGroupMarks, Mark, StateTable
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation, StateFile
-from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import CheckpointAbortedError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import ArrowTypeSerializer, TypeSerializer
 from keyedstate.state.descriptors import StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES, TimeDomain
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo, StreamHandle
+from keyedstate.storage.location import CheckpointStorageLocation, StateFile
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 # -- file format ---------------------------------------------------------------------------------
 

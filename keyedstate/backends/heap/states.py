@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from keyedstate.backends.base.backend import meta_info_of
-from keyedstate.checkpoint.metadata import StateMetaInfo
 from keyedstate.errors import (
     ConfigurationError,
     KeyedStateError,
@@ -45,6 +44,7 @@ from keyedstate.state.descriptors import (
     StateKind,
     TtlUpdateType,
 )
+from keyedstate.storage.handles import StateMetaInfo
 
 if TYPE_CHECKING:
     from keyedstate.backends.base.backend import KeyedStateBackend

@@ -36,7 +36,7 @@ from keyedstate.backends.base.backend import (
     check_restore_handles,
     meta_info_of,
 )
-from keyedstate.backends.local_dirs import worker_dir
+from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.backends.rocksdb.options import (
     RocksDBOptions,
     column_family_batch,
@@ -77,9 +77,6 @@ from keyedstate.backends.rocksdb.states import (
     varint,
 )
 from keyedstate.backends.rocksdb.timers import RocksDBTimerService
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo
-from keyedstate.checkpoint.storage import CheckpointStorage, CheckpointStorageLocation
-from keyedstate.checkpoint.transfer import RESTORE_PREFIX, TransferStats
 from keyedstate.errors import (
     BackendError,
     ConfigurationError,
@@ -92,6 +89,10 @@ from keyedstate.serde import TypeSerializer
 from keyedstate.state.descriptors import S, StateDescriptor, StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES
 from keyedstate.state.ttl import TtlTimeProvider
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo
+from keyedstate.storage.location import CheckpointStorageLocation
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 BACKEND_NAME = "rocksdb"
 #: Entries per write batch of :meth:`RocksDBKeyedStateBackend.load_records`.
@@ -170,7 +171,7 @@ class RocksDBStateBackend(StateBackend):
                                         restore_handles)
         # Every instance gets a fresh directory: one directory is never opened twice. It lies
         # in this process's own directory (worker-<pid>-<start time>), so what a process that
-        # dies without close() leaves is removed by the next one that starts (local_dirs).
+        # dies without close() leaves is removed by the next one that starts (working_dirs).
         instance_dir = os.path.join(worker_dir(local_dir),
                                     f"rocksdb-{subtask_index}-{uuid.uuid4().hex}")
         os.makedirs(instance_dir)

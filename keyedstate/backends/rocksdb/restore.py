@@ -23,7 +23,7 @@ own SST fails with "External file version not found"), so data of several old su
 enter one DB only through Python, key by key (~360 ns per key); several DBs need none of that.
 
 Every downloaded file is verified (size and checksum) by
-:meth:`~keyedstate.checkpoint.storage.CheckpointStorage.download`: a corrupt file raises
+:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.download`: a corrupt file raises
 :class:`CorruptCheckpointError` before RocksDB reads it. The files of all instances download in
 one parallel batch and through the process's file cache (an executor that wrote or read them
 before finds them on its local disk). The SST files of each instance's initial sub-handle are
@@ -59,9 +59,6 @@ from keyedstate.backends.rocksdb.snapshot import (
     read_meta_file,
     split_instances,
 )
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StreamHandle
-from keyedstate.checkpoint.storage import CheckpointStorage
-from keyedstate.checkpoint.transfer import TransferStats
 from keyedstate.errors import (
     BackendError,
     ConfigurationError,
@@ -70,6 +67,9 @@ from keyedstate.errors import (
     StateTypeMismatchError,
 )
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
+from keyedstate.storage.transfer import TransferStats
 
 RESCALE_STRATEGIES = ("ingest", "copy")
 #: Default cap on the RocksDB instances of one keyed backend (``max_instances``).

@@ -21,7 +21,7 @@ Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`, processing goes on
 2. every other file (MANIFEST, CURRENT, the meta file ...) is stored as a private
    file of this checkpoint, except an empty WAL (``*.log``): with the WAL off and every column
    family flushed it holds nothing, and RocksDB opens without it. Storing goes through
-   :meth:`~keyedstate.checkpoint.storage.CheckpointStorageLocation.put_files`: small files are
+   :meth:`~keyedstate.storage.location.CheckpointStorageLocation.put_files`: small files are
    inlined into ``_metadata`` or merged into one object, the rest uploaded in parallel;
 3. the local snapshot directory is deleted; the shared files become a base candidate that only
    :meth:`~RocksDBIncrementalSnapshotStrategy.notify_checkpoint_complete` turns into the base.
@@ -43,14 +43,6 @@ import rocksdict
 
 from keyedstate.backends.base.backend import SnapshotResult
 from keyedstate.backends.rocksdb.options import native
-from keyedstate.checkpoint.metadata import KeyedStateHandle, StateMetaInfo, StreamHandle
-from keyedstate.checkpoint.storage import (
-    CheckpointStorage,
-    CheckpointStorageLocation,
-    StateFile,
-    file_checksum,
-    same_store,
-)
 from keyedstate.errors import (
     BackendError,
     CorruptCheckpointError,
@@ -58,6 +50,11 @@ from keyedstate.errors import (
 )
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import TypeSerializer
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.duplication import same_store
+from keyedstate.storage.filesystem import file_checksum
+from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo, StreamHandle
+from keyedstate.storage.location import CheckpointStorageLocation, StateFile
 
 #: Private file of every snapshot holding the states' meta infos and serializers.
 META_FILE = "KEYEDSTATE-META"

@@ -1,0 +1,205 @@
+"""The layout of canonical savepoints: names, ``_metadata`` helpers, the Parquet file writer.
+
+Shared by the core writer and restore (:mod:`keyedstate.processor.canonical`) and the Spark
+writer (:mod:`keyedstate.spark.processor`); the columns are in
+:mod:`keyedstate.processor.canonical_schema`, the reference is ``docs/canonical-format.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from typing import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from keyedstate.errors import ConfigurationError, CorruptCheckpointError, SnapshotExistsError
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.processor.canonical_schema import (
+    CANONICAL_FORMAT_VERSION,
+    default_key_columns,
+    type_from_string,
+)
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    SnapshotFormat,
+    SnapshotKind,
+    StateMetaInfo,
+    StreamHandle,
+)
+from keyedstate.storage.layout import METADATA_FILE
+
+#: The handles' backend name: Parquet files, restored into any backend.
+CANONICAL_BACKEND = "canonical"
+STATES_DIR = "states"
+TIMERS_DIR = "timers"
+#: ``KeyedStateHandle.private`` name of a split's timer file (state names never start with _).
+TIMERS_ENTRY = "_timers"
+#: ``_metadata`` properties.
+PROP_KEY_COLUMNS = "key_columns"
+PROP_FORMAT_VERSION = "canonical.format-version"
+PROP_SOURCE = "canonical.source"
+PROP_SOURCE_BACKEND = "canonical.source-backend"
+#: Job-level properties a canonical savepoint keeps from its source (event time, where Spark's
+#: offsets are, the key column names); job-local ones (tokens, staged outputs) are dropped.
+CARRIED_PROPERTIES = ("watermark", "batch_id", "spark_checkpoint_location", PROP_KEY_COLUMNS)
+#: Rows per Parquet row group, and per chunk converted in memory.
+ROW_GROUP_ROWS = 65_536
+
+
+# --------------------------------------------------------------------------------------------
+# what a snapshot holds
+# --------------------------------------------------------------------------------------------
+
+
+def snapshot_states(metadata: CheckpointMetadata) -> dict[str, StateMetaInfo]:
+    """Every state of a snapshot (union over its handles), by name; a state recorded with two
+    different kinds or types raises :class:`CorruptCheckpointError`."""
+    states: dict[str, StateMetaInfo] = {}
+    for handle in metadata.handles:
+        for meta in handle.states:
+            known = states.setdefault(meta.name, meta)
+            if (known.kind, known.value_type, known.user_key_type, known.ttl_ms is None) != \
+                    (meta.kind, meta.value_type, meta.user_key_type, meta.ttl_ms is None):
+                raise CorruptCheckpointError(
+                    f"the snapshot records state {meta.name!r} as {known.kind} of "
+                    f"{known.value_type} and as {meta.kind} of {meta.value_type}; its _metadata "
+                    f"is inconsistent. Use another checkpoint or savepoint"
+                )
+    return dict(sorted(states.items()))
+
+
+def key_types_of(metadata: CheckpointMetadata) -> list[pa.DataType]:
+    """The key column types a snapshot records (Spark DDL or keyedstate type strings)."""
+    if not metadata.key_types:
+        raise ConfigurationError(
+            "the snapshot records no key types (no key was ever processed); there is no keyed "
+            "state to read"
+        )
+    return [type_from_string(t) for t in metadata.key_types]
+
+
+def key_columns_of(metadata: CheckpointMetadata,
+                   override: Sequence[str] | None = None) -> list[str]:
+    """Key column names: ``override``, else the names the snapshot records (the Spark job's
+    key columns), else ``key``, ``key_1`` ..."""
+    if override is not None:
+        return list(override)
+    recorded = metadata.properties.get(PROP_KEY_COLUMNS)
+    if recorded:
+        names = json.loads(recorded)
+        if isinstance(names, list) and len(names) == len(metadata.key_types):
+            return [str(n) for n in names]
+    return default_key_columns(len(metadata.key_types))
+
+
+def state_dir_names(names: Iterable[str]) -> dict[str, str]:
+    """A directory name per state: the name with characters other than letters, digits, ``_``,
+    ``-`` and ``.`` replaced by ``_``, made unique with a numeric suffix."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in sorted(names):
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        if not base.strip("."):
+            base = "state"
+        candidate, n = base, 1
+        while candidate in taken:
+            candidate, n = f"{base}-{n}", n + 1
+        taken.add(candidate)
+        out[name] = candidate
+    return out
+
+
+def split_file_name(key_group_range: KeyGroupRange) -> str:
+    """``kg-<start>-<end>-<unique>.parquet``: a retried writer never replaces a file."""
+    return (f"kg-{key_group_range.start:05d}-{key_group_range.end:05d}-"
+            f"{uuid.uuid4().hex[:12]}.parquet")
+
+
+def check_target(storage: CheckpointStorage) -> None:
+    """Raise :class:`SnapshotExistsError` if ``storage`` already holds a snapshot."""
+    if storage.exists(METADATA_FILE):
+        raise SnapshotExistsError(
+            f"{storage.url_of(METADATA_FILE)} exists: {storage.url} already holds a savepoint, "
+            f"and keyedstate never overwrites one. Choose a new directory"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# writing files
+# --------------------------------------------------------------------------------------------
+
+
+class ParquetFileWriter:
+    """Writes one canonical Parquet file through a local temporary file, in row groups, then
+    uploads it; :meth:`close` returns its :class:`StreamHandle` (None if no row was written:
+    no file)."""
+
+    def __init__(self, storage: CheckpointStorage, relative: str, schema: pa.Schema,
+                 work_dir: str) -> None:
+        self.storage = storage
+        self.relative = relative
+        self.schema = schema
+        self.local = os.path.join(work_dir, uuid.uuid4().hex + ".parquet")
+        self._writer: pq.ParquetWriter | None = None
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.local, self.schema)
+        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self.rows += table.num_rows
+
+    def close(self) -> StreamHandle | None:
+        if self._writer is None:
+            return None
+        self._writer.close()
+        try:
+            return self.storage.upload(self.local, self.relative)
+        finally:
+            os.remove(self.local)
+
+
+def remove_unreferenced(storage: CheckpointStorage, referenced: Iterable[str]) -> list[str]:
+    """Delete files under ``states/`` and ``timers/`` of a savepoint being written that it does
+    not reference (a failed task attempt's, an interrupted earlier write's), so a reader of the
+    directory sees exactly the savepoint's files; call it before ``_metadata`` is written."""
+    keep = set(referenced)
+    doomed = [p for d in (STATES_DIR, TIMERS_DIR) for p in storage.list_files(d)
+              if p not in keep]
+    storage.delete(doomed)
+    return doomed
+
+
+def canonical_handle(index: int, key_group_range: KeyGroupRange, checkpoint_id: int,
+                     states: Iterable[StateMetaInfo], files: Mapping[str, StreamHandle]
+                     ) -> KeyedStateHandle:
+    """The handle of one split: every state's meta info (states without rows in the split
+    too: a restore still knows them), and the split's files."""
+    size = sum(f.size for f in files.values())
+    return KeyedStateHandle(
+        backend=CANONICAL_BACKEND, subtask_index=index, key_group_start=key_group_range.start,
+        key_group_end=key_group_range.end, checkpoint_id=checkpoint_id, states=list(states),
+        shared={}, private=dict(sorted(files.items())), full_size=size, incremental_size=size)
+
+
+def canonical_metadata(*, checkpoint_id: int, max_parallelism: int, key_types: Sequence[str],
+                       key_columns: Sequence[str], handles: Sequence[KeyedStateHandle],
+                       properties: Mapping[str, str] | None = None) -> CheckpointMetadata:
+    """The ``_metadata`` of a canonical savepoint (its ``parallelism`` is the split count)."""
+    props = {k: v for k, v in (properties or {}).items()}
+    props[PROP_KEY_COLUMNS] = json.dumps(list(key_columns))
+    props[PROP_FORMAT_VERSION] = str(CANONICAL_FORMAT_VERSION)
+    return CheckpointMetadata(
+        checkpoint_id=checkpoint_id, timestamp_ms=time.time_ns() // 1_000_000,
+        backend=CANONICAL_BACKEND, parallelism=len(handles), max_parallelism=max_parallelism,
+        key_types=list(key_types), handles=list(handles), kind=SnapshotKind.SAVEPOINT,
+        format=SnapshotFormat.CANONICAL, properties=props)

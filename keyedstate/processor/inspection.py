@@ -1,0 +1,420 @@
+"""Looking into snapshots without changing them: listings, per-state sizes, garbage.
+
+What ``keyedstate checkpoints list|show`` and ``keyedstate gc`` print. Everything here reads
+only, except :func:`delete_garbage`, which deletes exactly the files a
+:func:`find_garbage` report lists.
+
+**Per-state sizes** are computed from the snapshot files, not recorded at snapshot time (the
+backends' handles record bytes per file, not per state):
+
+- ``rocksdb``: every state is a column family; its size is RocksDB's
+  ``rocksdb.total-sst-files-size`` for that column family, read by opening each subtask's files
+  read-only (symbolic links on a local disk, a download otherwise), summed over the RocksDB
+  instances of a subtask that has several;
+- ``heap``: every file's footer indexes its sections per state and key group; a state's size is
+  the sum of its sections' lengths over the chain (full file and diffs);
+- what no state owns (RocksDB's MANIFEST and OPTIONS, heap footers) is ``(other files)``, so the
+  sizes add up to ``full_bytes``. Timers are the states ``_timers_event`` and ``_timers_proc``.
+
+**Garbage** (:func:`find_garbage`, read-only, safe on the directory of a running job): files no
+committed checkpoint references, under the layout keyedstate owns, and only those that can't
+belong to work in flight:
+
+- ``shared/`` and ``chk-<N>/``: unreferenced files of checkpoints up to the latest committed id
+  (a pending checkpoint always has a higher id; ids only grow);
+- ``staging/batch-<B>/`` (Spark jobs): staged outputs of batches up to the latest committed
+  batch that no committed checkpoint still waits to commit (a checkpoint waits while its
+  ``commits/`` marker is missing);
+- ``commits/batch-<B>-chk-<N>``: sink-commit markers of checkpoints older than every committed
+  one (the driver only ever consults the latest checkpoint's marker);
+- never: ``_metadata`` files and what they reference, claim markers, ``taskowned/``, Spark's
+  ``spark/`` offsets, or anything else outside the layout. A root with an unreadable committed
+  ``_metadata`` is refused (what it references is unknown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
+from keyedstate.checkpoint.savepoint import unique_files
+from keyedstate.errors import (
+    ConfigurationError,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    UnsafePathError,
+    UnsupportedFormatVersionError,
+)
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    SnapshotFormat,
+    StreamHandle,
+)
+from keyedstate.storage.layout import (
+    CHECKPOINT_DIR_PREFIX,
+    CLAIM_MARKER_FILE,
+    COMMITS_DIR,
+    METADATA_FILE,
+    SHARED_DIR,
+    STAGING_DIR,
+    checkpoint_dir_name,
+    checkpoint_id_of_commit_marker,
+    checkpoint_id_of_shared_file,
+    commit_marker,
+)
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
+
+#: The part of ``full_bytes`` that belongs to no state.
+OTHER_FILES = "(other files)"
+
+_CHK_DIR = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
+_STAGED = re.compile(rf"^{STAGING_DIR}/batch-(\d+)/")
+
+
+# -- listings ------------------------------------------------------------------------------------
+
+def _batch_id(metadata: CheckpointMetadata) -> int | None:
+    value = metadata.properties.get("batch_id")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def describe(snapshot: ResolvedSnapshot) -> dict[str, Any]:
+    """The listing object of one snapshot: ``id``, ``kind``, ``format``, ``batch_id``,
+    ``timestamp_ms``, ``parallelism``, ``max_parallelism``, ``backend``, ``key_types``,
+    ``incremental_bytes``, ``full_bytes``, ``metadata`` (its ``_metadata``) and ``files``:
+    every file it references, as an absolute path or URL, sorted."""
+    storage, metadata = snapshot.storage, snapshot.metadata
+    return {
+        "id": metadata.checkpoint_id,
+        "kind": str(metadata.kind),
+        "format": str(metadata.format),
+        "batch_id": _batch_id(metadata),
+        "timestamp_ms": metadata.timestamp_ms,
+        "parallelism": metadata.parallelism,
+        "max_parallelism": metadata.max_parallelism,
+        "backend": metadata.backend,
+        "key_types": list(metadata.key_types),
+        "incremental_bytes": metadata.incremental_size,
+        "full_bytes": metadata.full_size,
+        "metadata": storage.url_of(snapshot.metadata_path),
+        "files": sorted(storage.url_of(f.path) for f in unique_files(metadata)),
+    }
+
+
+def list_checkpoints(directory: str, storage_options: Mapping[str, Any] | None = None
+                     ) -> list[dict[str, Any]]:
+    """One :func:`describe` object per committed checkpoint of a job's checkpoint directory,
+    ascending by id (for a savepoint directory: the savepoint). A checkpoint whose
+    ``_metadata`` can't be read is listed as ``{"id": N, "error": "..."}``; a directory that
+    does not exist raises :class:`NoCheckpointError` (an empty one lists nothing)."""
+    storage = CheckpointStorage(directory, storage_options)
+    if storage.exists(METADATA_FILE):
+        return [describe(resolve_snapshot(directory, storage_options))]
+    if not storage.call(f"checking {storage.url}", lambda: storage.fs.exists(storage.root)):
+        raise NoCheckpointError(f"{directory} does not exist: no checkpoints to list")
+    out: list[dict[str, Any]] = []
+    for checkpoint_id in storage.checkpoint_ids():
+        path = storage.metadata_path(checkpoint_id)
+        try:
+            out.append(describe(ResolvedSnapshot(storage, path, storage.read_metadata(path))))
+        except (CorruptCheckpointError, UnsafePathError, UnsupportedFormatVersionError) as exc:
+            out.append({"id": checkpoint_id, "metadata": storage.url_of(path),
+                        "error": f"{type(exc).__name__}: {exc}"})
+    return out
+
+
+def _file_json(storage: CheckpointStorage, stream: StreamHandle) -> dict[str, Any]:
+    """One file reference: ``path`` (None for a file inline in ``_metadata``), ``size`` and
+    ``checksum`` of the file itself; for a segment of a merged object also ``offset`` and
+    ``object_size``."""
+    if stream.data is not None:
+        return {"path": None, "size": stream.size, "checksum": stream.checksum, "inline": True}
+    out: dict[str, Any] = {"path": storage.url_of(stream.path), "size": stream.length,
+                           "checksum": stream.digest}
+    if stream.segment is not None:
+        out.update(offset=stream.segment.offset, object_size=stream.size)
+    return out
+
+
+#: The transfer figures ``show`` reports, in order (see :class:`TransferStats`).
+TRANSFER_FIELDS = ("uploaded_bytes", "uploaded_objects", "downloaded_bytes",
+                   "downloaded_objects", "duplicated_bytes", "duplicated_objects",
+                   "inlined_bytes", "inlined_files", "merged_files", "cache_hit_bytes",
+                   "cache_hit_files", "retries")
+
+
+def transfer_summary(metadata: CheckpointMetadata) -> dict[str, Any]:
+    """What producing ``metadata`` moved, from the counts recorded in it: ``snapshot`` (what
+    the snapshot itself uploaded, duplicated server-side, inlined: the subtasks' handles plus
+    the driver's share, e.g. a savepoint's duplication) and ``restore`` (what the restores
+    before it downloaded or took from executors' file caches; a CLAIM's duplication), each a
+    dict of :data:`TRANSFER_FIELDS`, plus ``objects`` / ``inline_files`` / ``merged_objects``:
+    how the snapshot's files are stored."""
+    snapshot = TransferStats.from_properties(metadata.properties)
+    restore = TransferStats.from_properties(metadata.properties, RESTORE_PREFIX)
+    for handle in metadata.handles:
+        snapshot.merge(TransferStats.from_properties(handle.properties))
+        restore.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
+    streams = [s for h in metadata.handles for s in h.streams()]
+    return {
+        "snapshot": {k: getattr(snapshot, k) for k in TRANSFER_FIELDS},
+        "restore": {k: getattr(restore, k) for k in TRANSFER_FIELDS},
+        "objects": len(unique_files(metadata)),
+        "inline_files": sum(1 for s in streams if s.data is not None),
+        "merged_objects": len({s.path for s in streams if s.segment is not None}),
+    }
+
+
+def show(path: str, storage_options: Mapping[str, Any] | None = None, *,
+         state_sizes: bool = True) -> dict[str, Any]:
+    """:func:`describe` of the snapshot at ``path`` plus its ``properties``, ``transfer``
+    (:func:`transfer_summary`: bytes uploaded, downloaded and duplicated server-side), one
+    object per subtask handle under ``subtasks`` (key groups, bytes, states, every file with
+    size and checksum, its transfer counts) and ``states``: each state's meta info and ``bytes`` (computed, see the module
+    docstring; None with ``state_sizes=False`` or for a canonical savepoint), with
+    ``state_sizes`` saying how they were obtained."""
+    snapshot = resolve_snapshot(path, storage_options)
+    storage, metadata = snapshot.storage, snapshot.metadata
+    out = describe(snapshot)
+    out["properties"] = dict(metadata.properties)
+    out["transfer"] = transfer_summary(metadata)
+    out["subtasks"] = [{
+        "index": h.subtask_index,
+        "key_group_start": h.key_group_start,
+        "key_group_end": h.key_group_end,
+        "checkpoint_id": h.checkpoint_id,
+        "incremental_bytes": h.incremental_size,
+        "full_bytes": h.full_size,
+        "states": [s.name for s in h.states],
+        "shared": {n: _file_json(storage, s) for n, s in sorted(h.shared.items())},
+        "private": {n: _file_json(storage, s) for n, s in sorted(h.private.items())},
+        "properties": dict(h.properties),
+        "transfer": {
+            "snapshot": TransferStats.from_properties(h.properties).as_dict(),
+            "restore": TransferStats.from_properties(h.properties, RESTORE_PREFIX).as_dict(),
+        },
+    } for h in metadata.handles]
+    sizes: dict[str, int] | None = None
+    if not state_sizes:
+        how = "not computed (--no-state-sizes)"
+    elif metadata.format is not SnapshotFormat.NATIVE:
+        how = "not computed for a canonical savepoint: its files are per state (see files)"
+    else:
+        sizes, how = compute_state_sizes(snapshot)
+    infos = {s.name: s for h in metadata.handles for s in h.states}
+    names = sorted(set(infos) | set(sizes or {}))
+    out["states"] = [{
+        "name": name,
+        "kind": infos[name].kind if name in infos else None,
+        "value_type": infos[name].value_type if name in infos else None,
+        "user_key_type": infos[name].user_key_type if name in infos else None,
+        "ttl_ms": infos[name].ttl_ms if name in infos else None,
+        "bytes": None if sizes is None else sizes.get(name, 0),
+    } for name in names]
+    out["state_sizes"] = how
+    return out
+
+
+# -- per-state sizes -----------------------------------------------------------------------------
+
+def compute_state_sizes(snapshot: ResolvedSnapshot) -> tuple[dict[str, int], str]:
+    """Bytes per state name (plus :data:`OTHER_FILES`) over all subtasks, and how they were
+    computed. Reads the snapshot's files (see the module docstring)."""
+    sizes: dict[str, int] = defaultdict(int)
+    backend = snapshot.metadata.backend
+    for handle in snapshot.metadata.handles:
+        if backend == "heap":
+            part = _heap_sizes(snapshot.storage, handle)
+        elif backend == "rocksdb":
+            part = _rocksdb_sizes(snapshot.storage, handle)
+        else:
+            raise ConfigurationError(f"per-state sizes of the {backend!r} backend are unknown; "
+                                     f"use --no-state-sizes")
+        for name, size in part.items():
+            sizes[name] += size
+    how = {"heap": "computed: bytes of each state's sections in the heap files (footers)",
+           "rocksdb": "computed: rocksdb.total-sst-files-size of each state's column family"}
+    return dict(sizes), how[backend]
+
+
+def _heap_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[str, int]:
+    from keyedstate.backends.heap.restore import chain_of, read_footer
+
+    sizes: dict[str, int] = defaultdict(int)
+    for _, stream in chain_of(handle):
+        data = storage.read_verified(stream)
+        footer = read_footer(data, storage.url_of(stream.path))
+        owned = 0
+        for section in footer.sections:
+            sizes[footer.states[section.state].meta.name] += section.length
+            owned += section.length
+        sizes[OTHER_FILES] += len(data) - owned
+    for stream in handle.private.values():
+        sizes[OTHER_FILES] += stream.length
+    return sizes
+
+
+def _rocksdb_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[str, int]:
+    from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions, native
+    from keyedstate.backends.rocksdb.restore import open_db_read_only
+    from keyedstate.backends.rocksdb.snapshot import split_instances
+
+    sizes: dict[str, int] = defaultdict(int)
+    options = RocksDBOptions()
+    # A handle of several RocksDB instances (key-group shards): each is a DB of its own.
+    for instance in split_instances(handle):
+        with tempfile.TemporaryDirectory(prefix="keyedstate-inspect-") as work:
+            for name, stream in instance.files.items():
+                local = os.path.join(work, os.path.basename(name))
+                if storage.is_local and stream.data is None and stream.segment is None:
+                    os.symlink(os.path.abspath(storage.path(stream.path)), local)
+                else:
+                    storage.download(stream, local)
+            what = f"opening subtask {handle.subtask_index}'s RocksDB files read-only"
+            db, names = open_db_read_only(work, options, what)
+            with native(what):
+                try:
+                    for cf_name in names:
+                        size = db.get_column_family(cf_name).property_int_value(
+                            "rocksdb.total-sst-files-size") or 0
+                        if size or cf_name != DEFAULT_COLUMN_FAMILY:
+                            sizes[cf_name] += size
+                finally:
+                    db.close()
+    out = dict(sizes)
+    out[OTHER_FILES] = handle.full_size - sum(out.values())
+    return out
+
+
+# -- garbage -------------------------------------------------------------------------------------
+
+@dataclass
+class GarbageReport:
+    """What :func:`find_garbage` found: ``files`` (relative to ``storage``'s root) no committed
+    checkpoint references, their total ``bytes``, and the ``latest_checkpoint_id`` it is
+    relative to (None: no committed checkpoint, so nothing is known to be garbage)."""
+
+    storage: CheckpointStorage
+    latest_checkpoint_id: int | None
+    files: list[str] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"directory": self.storage.url, "latest_checkpoint_id": self.latest_checkpoint_id,
+                "bytes": self.bytes,
+                "files": [{"path": self.storage.url_of(p), "size": self.sizes.get(p, 0)}
+                          for p in self.files]}
+
+
+def _committed(storage: CheckpointStorage) -> dict[int, CheckpointMetadata]:
+    committed: dict[int, CheckpointMetadata] = {}
+    for checkpoint_id in storage.checkpoint_ids():
+        path = storage.metadata_path(checkpoint_id)
+        try:
+            committed[checkpoint_id] = storage.read_metadata(path)
+        except (CorruptCheckpointError, UnsafePathError, UnsupportedFormatVersionError) as exc:
+            raise CorruptCheckpointError(
+                f"{storage.url_of(path)} can't be read ({exc}); gc needs every committed "
+                f"checkpoint to know what is referenced. Inspect it (keyedstate checkpoints "
+                f"show), start the job once (recovery sets corrupt checkpoints aside), or delete "
+                f"chk-{checkpoint_id} yourself"
+            ) from exc
+    return committed
+
+
+def _chk_dir_ids(storage: CheckpointStorage) -> list[int]:
+    try:
+        entries = storage.fs.ls(storage.root, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for e in entries
+                  if (m := _CHK_DIR.match(str(e).rstrip("/").rsplit("/", 1)[-1])))
+
+
+def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = None
+                 ) -> GarbageReport:
+    """Files under a job's checkpoint directory that no committed checkpoint references and
+    no work in flight may still write or need (rules in the module docstring). Reads only.
+    Raises :class:`ConfigurationError` for a savepoint directory (a savepoint is deleted as a
+    whole, by its owner) and :class:`CorruptCheckpointError` for an unreadable ``_metadata``."""
+    storage = CheckpointStorage(directory, storage_options)
+    if storage.exists(METADATA_FILE):
+        raise ConfigurationError(
+            f"{directory} is a savepoint: it is yours, whole, and gc never collects from it; "
+            f"point gc at a job's checkpoint directory"
+        )
+    # Step 1. Every committed checkpoint and what it references.
+    committed = _committed(storage)
+    if not committed:
+        return GarbageReport(storage, None)
+    latest, lowest = max(committed), min(committed)
+    keep: set[str] = set()
+    for checkpoint_id, metadata in committed.items():
+        keep.add(storage.metadata_path(checkpoint_id))
+        keep.add(f"{checkpoint_dir_name(checkpoint_id)}/{CLAIM_MARKER_FILE}")
+        keep.update(f.path for f in metadata.files())
+    # Step 2. The snapshot layout, up to the latest committed id.
+    candidates = [p for p in storage.list_files(SHARED_DIR)
+                  if (i := checkpoint_id_of_shared_file(p)) is None or i <= latest]
+    for checkpoint_id in _chk_dir_ids(storage):
+        if checkpoint_id <= latest:
+            candidates += storage.list_files(checkpoint_dir_name(checkpoint_id))
+    garbage = [p for p in candidates if p not in keep]
+    # Step 3. A Spark job's staged outputs and sink-commit markers.
+    latest_batch = _batch_id(committed[latest])
+    if latest_batch is not None:
+        waiting: set[str] = set()
+        for checkpoint_id, metadata in committed.items():
+            batch = _batch_id(metadata)
+            if batch is not None and not storage.exists(commit_marker(batch, checkpoint_id)):
+                for paths in json.loads(metadata.properties.get("staged", "{}")).values():
+                    waiting.update(paths)
+        for p in storage.list_files(STAGING_DIR):
+            m = _STAGED.match(p)
+            if m and int(m.group(1)) <= latest_batch and p not in waiting:
+                garbage.append(p)
+        for p in storage.list_files(COMMITS_DIR):
+            marked = checkpoint_id_of_commit_marker(p)
+            if marked is not None and marked < lowest:
+                garbage.append(p)
+    sizes = {p: int(storage.fs.size(storage.path(p))) for p in garbage}
+    return GarbageReport(storage, latest, sorted(garbage), sizes)
+
+
+def delete_garbage(report: GarbageReport,
+                   progress: Callable[[int, int], None] | None = None) -> int:
+    """Delete exactly the files of ``report`` (already-missing ones are fine), then the
+    directories left empty by it on a local disk; returns how many files were deleted."""
+    storage = report.storage
+    for n, path in enumerate(report.files, 1):
+        storage.delete([path])
+        if progress:
+            progress(n, len(report.files))
+    if storage.is_local:
+        folders = {os.path.dirname(storage.path(p)) for p in report.files}
+        for folder in sorted(folders, key=len, reverse=True):
+            while folder.startswith(storage.root + "/") and folder != storage.root:
+                top = folder[len(storage.root) + 1:]
+                if "/" not in top and top in (SHARED_DIR, STAGING_DIR, COMMITS_DIR):
+                    break  # the layout's own folders stay
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break  # not empty
+                folder = os.path.dirname(folder)
+    return len(report.files)

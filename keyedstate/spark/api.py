@@ -1,0 +1,101 @@
+"""The user's entry point on Spark: ``key_by(df, *columns).process(fn, output_schema)
+.sink(...).start(config)`` (Flink's ``keyBy(...).process(...)``). The job it builds runs
+through :class:`~keyedstate.spark.driver.KeyedJobDriver`, one checkpoint per micro-batch."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig
+from keyedstate.errors import ConfigurationError
+from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.spark.driver import MAIN_OUTPUT, KeyedJobDriver
+from keyedstate.spark.query import KeyedQuery
+from keyedstate.spark.schema import to_arrow_schema
+from keyedstate.spark.sinks import CallbackSink, Sink
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.layout import SPARK_OFFSETS_DIR
+
+
+class KeyedStream:
+    """A streaming (or batch) DataFrame keyed by one or more columns."""
+
+    def __init__(self, df: Any, key_columns: Sequence[str]) -> None:
+        if not key_columns:
+            raise ConfigurationError("key_by needs at least one key column")
+        missing = [c for c in key_columns if c not in df.columns]
+        if missing:
+            raise ConfigurationError(
+                f"key columns {missing} are not in the DataFrame; its columns are {df.columns}"
+            )
+        self.df = df
+        self.key_columns = list(key_columns)
+
+    def process(self, function: KeyedProcessFunction, output_schema: Any,
+                side_outputs: Mapping[str, Any] | None = None) -> KeyedProcessJob:
+        """Run ``function`` per key; it emits rows of ``output_schema`` (a DDL string, pyarrow
+        schema or StructType) and of the named ``side_outputs`` (``ctx.output(tag, row)``)."""
+        if not isinstance(function, KeyedProcessFunction):
+            raise ConfigurationError("process() needs a KeyedProcessFunction instance")
+        return KeyedProcessJob(self, function, to_arrow_schema(output_schema),
+                               {k: to_arrow_schema(v) for k, v in (side_outputs or {}).items()})
+
+
+def key_by(df: Any, *columns: str) -> KeyedStream:
+    """Key a DataFrame by ``columns`` (Flink's ``keyBy``)."""
+    return KeyedStream(df, columns)
+
+
+class KeyedProcessJob:
+    """A keyed process function over a keyed stream, with sinks; ``start`` runs it."""
+
+    def __init__(self, stream: KeyedStream, function: KeyedProcessFunction,
+                 output_schema: pa.Schema, side_outputs: dict[str, pa.Schema]) -> None:
+        self.stream = stream
+        self.function = function
+        self.output_schema = output_schema
+        self.side_outputs = dict(side_outputs)
+        self.sinks: dict[str, list[Sink]] = {}
+
+    def sink(self, sink: Sink | Callable[[Any, int], None], output: str = MAIN_OUTPUT
+             ) -> KeyedProcessJob:
+        """Send ``output`` (the main output, or a side output tag) to ``sink``."""
+        if output != MAIN_OUTPUT and output not in self.side_outputs and output != LATE_EVENTS_TAG:
+            raise ConfigurationError(
+                f"output {output!r} is not declared; declared: {[MAIN_OUTPUT, *self.side_outputs]}"
+            )
+        self.sinks.setdefault(output, []).append(sink if isinstance(sink, Sink)
+                                                 else CallbackSink(sink))
+        return self
+
+    def driver(self, config: JobConfig | Mapping[str, Any],
+               spark_checkpoint_location: str | None = None) -> KeyedJobDriver:
+        cfg = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
+        return KeyedJobDriver(self, cfg, spark_checkpoint_location)
+
+    def start(self, config: JobConfig | Mapping[str, Any], *,
+              spark_checkpoint_location: str | None = None, trigger: Mapping[str, Any] | None = None,
+              query_name: str | None = None) -> KeyedQuery:
+        """Start the streaming query. Spark keeps the source offsets in
+        ``spark_checkpoint_location`` (default: ``<checkpoint dir>/spark`` for a local
+        checkpoint directory); keyedstate keeps the state in the checkpoint directory."""
+        cfg = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
+        location = spark_checkpoint_location
+        if location is None:
+            storage = CheckpointStorage(cfg.checkpoint_dir, cfg.storage_options)
+            if not storage.is_local:
+                raise ConfigurationError(
+                    "pass spark_checkpoint_location for a non-local checkpoint directory"
+                )
+            location = os.path.join(storage.root, SPARK_OFFSETS_DIR)
+        driver = self.driver(cfg, location)
+        writer = self.stream.df.writeStream.foreachBatch(driver.process_batch)
+        writer = writer.option("checkpointLocation", location)
+        if trigger:
+            writer = writer.trigger(**trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        return KeyedQuery(writer.start(), driver)

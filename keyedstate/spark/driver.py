@@ -1,0 +1,775 @@
+"""The driver: a keyed job over a Structured Streaming query, one checkpoint per micro-batch.
+
+``key_by(df, "user_id").process(MyFunction(), output_schema=...).sink(ParquetSink(...))
+.start(config)`` runs ``MyFunction`` over every micro-batch of ``df`` with keyedstate keeping
+its state. Per batch (``foreachBatch``), the driver is the checkpoint coordinator:
+
+1. If the batch is already covered by a completed checkpoint (a replay after a driver crash),
+   re-commit its sinks from the staged output and return.
+2. Trigger checkpoint N; route every row to subtask ``key_group * p // maxP`` with a JVM
+   expression (the key group is Spark's ``pmod(xxhash64(keys), maxP)``, see
+   :mod:`keyedstate.keys`) and ``repartitionById``; run every subtask with ``mapInArrow``
+   (:mod:`keyedstate.runtime.subtask`), which stages output and snapshots state.
+3. All p handles in: complete checkpoint N (``_metadata`` written atomically, recording the
+   batch id, the new watermark, the staged outputs and each subtask's snapshot token).
+4. Commit the sinks, then mark the batch's sinks committed and drop the staged files.
+
+A crash before step 3 leaves the checkpoint incomplete: the batch is re-run from the previous
+checkpoint (task retries, killed executors and speculative attempts re-run from committed state
+too). A crash between 3 and 4 is repaired by step 1 on restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import pyarrow as pa
+
+from keyedstate.backends import load_backend
+from keyedstate.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CompletedCheckpoint,
+    has_completed_checkpoints,
+)
+from keyedstate.checkpoint.resolve import ResolvedSnapshot
+from keyedstate.checkpoint.restore_modes import (
+    claim_snapshot,
+    max_parallelism_of_job,
+    open_restore_snapshot,
+)
+from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
+from keyedstate.config import (
+    LATE_EVENTS_TAG,
+    JobConfig,
+    LateEvents,
+    RestoreMode,
+    SourcePositions,
+)
+from keyedstate.errors import (
+    BatchFailedError,
+    CheckpointProtocolError,
+    ConfigurationError,
+    JobDrainedError,
+    KeyedStateError,
+    NoCheckpointError,
+    SourcePositionsError,
+    TransientStorageError,
+)
+from keyedstate.keygroups import check_parallelism
+from keyedstate.processor.canonical import PROP_KEY_COLUMNS
+from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.subtask import (
+    KG_COLUMN,
+    MIN_WATERMARK,
+    RESULT_DDL,
+    SUBTASK_COLUMN,
+    BatchPlan,
+    RestoreSource,
+    decode_handle,
+)
+from keyedstate.spark.carry import carry, output_committed, source_log_of
+from keyedstate.spark.offsets import OFFSETS, PROP_QUERY_ID, OffsetLog, seed
+from keyedstate.spark.query import StopGate
+from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
+from keyedstate.spark.sinks import StagedOutput
+from keyedstate.spark.tasks import run_subtask
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import SnapshotFormat
+from keyedstate.storage.layout import (
+    COMMITS_DIR,
+    checkpoint_id_of_commit_marker,
+    commit_marker,
+    staging_dir,
+)
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
+
+if TYPE_CHECKING:  # the job (api) builds its driver
+    from keyedstate.spark.api import KeyedProcessJob
+
+log = logging.getLogger("keyedstate")
+
+MAIN_OUTPUT = "main"
+
+
+@dataclass
+class BatchStats:
+    """What one micro-batch and its checkpoint cost (Flink's checkpoint statistics)."""
+
+    batch_id: int
+    checkpoint_id: int
+    rows_in: int = 0
+    rows_out: int = 0
+    late_events: int = 0
+    timers_fired: int = 0
+    watermark: int = MIN_WATERMARK
+    duration_s: float = 0.0
+    sync_duration_s: float = 0.0
+    async_duration_s: float = 0.0
+    incremental_bytes: int = 0
+    full_bytes: int = 0
+    state_bytes_per_subtask: list[int] = field(default_factory=list)
+    restore_s: float = 0.0
+    reused_subtasks: int = 0
+    restored_subtasks: int = 0
+    skipped_replay: bool = False
+    #: bytes the executors sent to checkpoint storage for this checkpoint
+    uploaded_bytes: int = 0
+    #: bytes the store duplicated itself for this checkpoint (no byte through the executors)
+    duplicated_bytes: int = 0
+    #: bytes stored inside ``_metadata`` (small files)
+    inlined_bytes: int = 0
+    #: objects this checkpoint created in the store
+    objects_written: int = 0
+    #: bytes restores downloaded before the batch, and took from the executors' file caches
+    restore_downloaded_bytes: int = 0
+    restore_cache_hit_bytes: int = 0
+    #: runs of the batch (> 1: its checkpoint failed on transient storage errors and it was
+    #: retried, ``execution.checkpointing.tolerable-failed-checkpoints``)
+    attempts: int = 1
+    #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
+    spark_tasks: int = 0
+
+
+class KeyedJobDriver:
+    """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator."""
+
+    def __init__(self, job: KeyedProcessJob, config: JobConfig,
+                 spark_checkpoint_location: str | None = None) -> None:
+        self.job = job
+        self.config = config
+        #: where Spark keeps the source offsets: batch ids are comparable only within it
+        self.spark_checkpoint_location = spark_checkpoint_location or ""
+        self.storage = CheckpointStorage(config.checkpoint_dir, config.storage_options,
+                                         config.transfer_options())
+        self.backend = load_backend(config.backend, **config.backend_options)
+        self.max_parallelism = config.effective_max_parallelism
+        df = job.stream.df
+        types = {f.name: f.dataType for f in df.schema.fields}
+        self.key_types = [spark_type_ddl(types[c]) for c in job.stream.key_columns]
+        if config.watermark_column and config.watermark_column not in types:
+            raise ConfigurationError(
+                f"watermark column {config.watermark_column!r} is not in the DataFrame; its "
+                f"columns are {df.columns}"
+            )
+        self.stats: list[BatchStats] = []
+        self.listeners: list[Callable[[BatchStats], None]] = []
+        self.drained = False
+        #: held while a batch runs and while a savepoint duplicates the latest checkpoint, so
+        #: that no checkpoint completes (and subsumes it) meanwhile; re-entrant, so that a
+        #: listener (called at the end of a batch) may take a savepoint
+        self._lock = threading.RLock()
+        #: what stopped the query: the error of the batch that failed, for the query's methods
+        #: to raise (:class:`~keyedstate.spark.query.KeyedQuery`)
+        self.failure: KeyedStateError | None = None
+        #: every batch passes it first: a stop waits there for no batch to run keyedstate work
+        self.gate = StopGate()
+        #: the checkpoint whose output is being committed (under the lock), None otherwise: a
+        #: savepoint taken from inside that commit (a sink's, on the batch thread) carries the
+        #: output rather than commit it again under the running commit
+        self._committing: int | None = None
+        self._open()
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def _coordinator_args(self) -> dict[str, Any]:
+        return dict(backend=self.backend.name, parallelism=self.config.parallelism,
+                    max_parallelism=self.max_parallelism, key_types=self.key_types,
+                    num_retained=self.config.num_retained)
+
+    def _open(self) -> None:
+        """Recover from the job's own checkpoints, else start from the configured snapshot in
+        its restore mode (:mod:`keyedstate.checkpoint.restore_modes`), else from empty state.
+
+        Step 1. A new job with ``execution.state-recovery.path``: check the snapshot, reading
+            only (max parallelism, not claimed by another job, every file's size and
+            checksum); restore its source positions (:meth:`_resume_source`: Spark resumes
+            exactly after the snapshot's batch, or the start is refused); commit the output
+            it carries (a savepoint of a batch whose sinks had not committed); CLAIM then
+            imports it as this job's first checkpoint.
+        Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
+        Step 3. The job's own checkpoints: recover from the latest complete one (lineage
+            checked; a fall-back past a lost or corrupt ``_metadata`` is in the coordinator's
+            ``recovery_notes``). A job that completed checkpoints but has none left raises
+            :class:`~keyedstate.errors.MissingCheckpointFileError` here, as the core runtime
+            does; a gap in batch ids after a fall-back is refused per batch
+            (:meth:`_check_continuity`); a Spark checkpoint location that no longer holds the
+            query whose batches the checkpoints cover is refused (:meth:`_check_query`).
+        Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
+            checkpoint references none of the snapshot's files: the executors have the store
+            duplicate them into this job's root (no upload), then build on the copies.
+
+        Before all: the checkpoint storage must accept the job's credentials and exist
+        (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.check_access`), so a wrong key
+        or a missing bucket fails the start, not the first batch.
+        """
+        cfg = self.config
+        self.storage.check_access()
+        self.base: RestoreSource | None = None
+        self.share_restored_files = True
+        self.lineage = {"restored_from": cfg.restore_path or "",
+                        "spark_checkpoint_location": self.spark_checkpoint_location}
+        self._query_id: str | None = None
+        # Step 1. Check (and claim) the snapshot before anything is touched.
+        snap = None
+        resumed_batch = -1
+        if cfg.restore_path and not has_completed_checkpoints(self.storage):
+            snap = open_restore_snapshot(self.storage, cfg.restore_path, cfg.restore_mode,
+                                         max_parallelism=cfg.max_parallelism,
+                                         backend=self.backend.name, key_types=self.key_types,
+                                         storage_options=cfg.storage_options)
+            resumed_batch = self._resume_source(snap)
+            self._commit_carried_output(snap)
+            if cfg.restore_mode is RestoreMode.CLAIM:
+                claim_snapshot(snap, self.storage, self._claim_properties(snap, resumed_batch))
+        # Step 2. Key groups.
+        self.max_parallelism = (cfg.max_parallelism
+                                or (snap.metadata.max_parallelism if snap else None)
+                                or max_parallelism_of_job(self.storage)
+                                or cfg.effective_max_parallelism)
+        check_parallelism(cfg.parallelism, self.max_parallelism)
+        # Step 3. Own checkpoints (a claimed snapshot is one now); also when every _metadata
+        # was lost: recover() then raises rather than start from empty state or the snapshot.
+        if has_completed_checkpoints(self.storage):
+            self.coordinator = CheckpointCoordinator.recover(self.storage,
+                                                             **self._coordinator_args())
+            latest = self.coordinator.latest_completed
+            assert latest is not None
+            restored_from = latest.metadata.properties.get("restored_from", "")
+            if restored_from != self.lineage["restored_from"]:
+                raise ConfigurationError(
+                    f"{self.config.checkpoint_dir} holds the checkpoints of a job started from "
+                    f"{restored_from or 'empty state'}, not from "
+                    f"{self.config.restore_path or 'empty state'}; start a job from a snapshot "
+                    f"in a new checkpoint directory"
+                )
+            if latest.metadata.properties.get("drained") == "true":
+                raise JobDrainedError(
+                    f"the job in {self.config.checkpoint_dir} was stopped with drain; start a new "
+                    f"job from its savepoint (execution.state-recovery.path) in a new directory"
+                )
+            self.base = self._restore_source(self.storage, latest.metadata, own=True)
+            self.watermark = int(latest.metadata.properties.get("watermark", MIN_WATERMARK))
+            self.last_batch_id = int(latest.metadata.properties.get("batch_id", -1))
+            self._check_query(latest.metadata.properties)
+            return
+        self.coordinator = CheckpointCoordinator(self.storage, **self._coordinator_args())
+        self.base = None
+        self.watermark = MIN_WATERMARK
+        self.last_batch_id = -1
+        if snap is not None:
+            # Step 4. NO_CLAIM / LEGACY.
+            self.base = self._restore_source(snap.storage, snap.metadata, own=False)
+            self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
+            self.last_batch_id = resumed_batch
+            # NO_CLAIM: the first checkpoint references none of the snapshot's files (the
+            # backends duplicate them into this job's root instead).
+            self.share_restored_files = False
+
+    def _resume_source(self, snap: ResolvedSnapshot) -> int:
+        """Restore the source positions of a snapshot this new job starts from; returns the
+        Spark batch id its state covers in this job's Spark checkpoint location (-1: none).
+
+        A snapshot covers Spark batch ``B`` of one query (Spark's batch ids mean something
+        only within one offset log). The job resumes exactly after ``B`` (Flink's savepoints
+        carry their sources' positions too):
+
+        - in the snapshot's own Spark checkpoint location (if it got as far as ``B``): Spark
+          resumes there after its last done batch; batches up to ``B`` are skipped as covered
+          (a later one that is not, because the location moved on after the snapshot, is
+          refused per batch by :meth:`_check_continuity`);
+        - in a new, empty location: it is seeded with the offset log up to ``B``, from the copy
+          a savepoint carries or from the snapshot's own location
+          (:func:`keyedstate.spark.offsets.seed`);
+        - nowhere, when neither exists or the job has no Spark checkpoint location: the source
+          would be read again from the start of the new location, input the state already
+          holds. Refused with :class:`SourcePositionsError`.
+
+        With ``keyedstate.state-recovery.source-positions: ignore`` (a job over a new source,
+        or reprocessing intended), and for a snapshot that covers no batch (bootstrapped by
+        the state processor API), the source starts afresh.
+        """
+        props = snap.metadata.properties
+        batch = int(props.get("batch_id", -1))
+        location = self.spark_checkpoint_location
+        where = snap.storage.url_of(snap.metadata_path)
+        if batch < 0:
+            return -1
+        if self.config.source_positions is SourcePositions.IGNORE:
+            log.warning("%s covers Spark batch %d of another query; its source positions are "
+                        "not restored (keyedstate.state-recovery.source-positions: ignore): "
+                        "the source starts from where %s starts", where, batch,
+                        location or "the new query")
+            return -1
+        if location and props.get("spark_checkpoint_location") == location:
+            own = self._offset_log().batches(OFFSETS)
+            if own and own[-1] >= batch:
+                return batch
+        carried = source_log_of(snap, self.config.storage_options) if location else None
+        if carried is not None:
+            seed(self._offset_log(), carried, batch)
+            return batch
+        raise SourcePositionsError(
+            f"{where} holds the state after Spark batch {batch} of query "
+            f"{props.get(PROP_QUERY_ID, '?')}, but its source positions can't be restored: it "
+            f"carries no copy of Spark's offset log, and its Spark checkpoint location "
+            f"{props.get('spark_checkpoint_location') or '(none recorded)'} does not have that "
+            f"batch's offsets. Started from "
+            f"{location or 'a job without a Spark checkpoint location'}, the source would be "
+            f"read again from its start and input the state already holds counted twice. "
+            f"Restore a savepoint taken by keyedstate (it carries the positions), start in the "
+            f"snapshot's own Spark checkpoint location, or set "
+            f"keyedstate.state-recovery.source-positions=ignore if the job reads a new source "
+            f"or reprocessing is intended"
+        )
+
+    def _claim_properties(self, snap: ResolvedSnapshot, batch_id: int) -> dict[str, str]:
+        """Properties of the checkpoint a claimed snapshot becomes: this job's lineage, not
+        drained (a drained job's savepoint starts a new job), the batch id it covers in this
+        job's offset log (:meth:`_resume_source`)."""
+        query_id = snap.metadata.properties.get(PROP_QUERY_ID, "") if batch_id >= 0 else ""
+        return {**self.lineage, "drained": "false", "batch_id": str(batch_id),
+                PROP_QUERY_ID: query_id}
+
+    def _commit_carried_output(self, snap: ResolvedSnapshot) -> None:
+        """Commit the output a snapshot carries: staged output of its batch whose sinks were
+        not known to have committed it when the savepoint was taken (idempotent, as every
+        sink commit)."""
+        if not output_committed(snap):
+            self._commit_output(self.job.stream.df.sparkSession, snap.storage,
+                                snap.metadata.properties)
+
+    def _check_query(self, props: Mapping[str, str]) -> None:
+        """Refuse a restart whose Spark checkpoint location holds another query than the one
+        whose batches the checkpoints cover (the location was deleted or replaced): Spark
+        would number batches from 0 again, and batches the state covers would be skipped."""
+        recorded = props.get(PROP_QUERY_ID)
+        if not recorded or not self.spark_checkpoint_location:
+            return
+        current = self._offset_log().query_id()
+        if current is not None and current != recorded:
+            raise SourcePositionsError(
+                f"the Spark checkpoint location {self.spark_checkpoint_location} holds query "
+                f"{current}, but the checkpoints in {self.config.checkpoint_dir} cover batches of "
+                f"query {recorded}: Spark would number its batches anew and the state would skip "
+                f"or double input. Start with the query's own Spark checkpoint location, or take "
+                f"a savepoint and start a new job from it in a new checkpoint directory"
+            )
+        if current is None and int(props.get("batch_id", -1)) >= 0:
+            raise SourcePositionsError(
+                f"the Spark checkpoint location {self.spark_checkpoint_location} is empty, but "
+                f"the checkpoints in {self.config.checkpoint_dir} cover batches up to "
+                f"{props['batch_id']} of query {recorded}: Spark would start the source from the "
+                f"beginning and the state would skip or double input. Put the location back, "
+                f"or take a savepoint (keyedstate savepoint create) and start a new job from it "
+                f"in a new checkpoint directory"
+            )
+
+    def query_id(self) -> str:
+        """The id of the Spark query whose batch ids this job's batches carry ("" without a
+        Spark checkpoint location): it names the sinks' output, so that a replayed batch
+        replaces its own output and never another job's."""
+        if self._query_id is None:
+            self._query_id = (self._offset_log().query_id() or ""
+                              if self.spark_checkpoint_location else "")
+        return self._query_id
+
+    def _offset_log(self) -> OffsetLog:
+        """Spark's offset log of this job (its Spark checkpoint location, which must be set)."""
+        return OffsetLog.at(self.spark_checkpoint_location, self.config.storage_options)
+
+    def _restore_source(self, storage: CheckpointStorage, metadata: Any, own: bool
+                        ) -> RestoreSource:
+        tokens = json.loads(metadata.properties["tokens"]) if own and "tokens" in \
+            metadata.properties else None
+        # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
+        canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
+        return RestoreSource(metadata.checkpoint_id, storage, list(metadata.handles),
+                             metadata.parallelism, tokens, canonical)
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def process_batch(self, df: Any, batch_id: int) -> None:
+        """The ``foreachBatch`` function (steps in the module docstring). A batch passes the
+        stop gate first (:class:`~keyedstate.spark.query.StopGate`: while the query stops, it
+        is not run). A failure is kept in :attr:`failure` and goes to Spark as a short error:
+        Spark's own exception is no place for a user's traceback."""
+        self.gate.enter(batch_id)
+        try:
+            with self._lock:
+                self._process_batch(df, batch_id)
+        except Exception as exc:
+            cut_off = self.gate.cut_off(batch_id)
+            if cut_off is not None:
+                raise cut_off from None
+            self.failure = batch_failure(exc, batch_id)
+            raise for_spark(self.failure) from None
+
+    def _process_batch(self, df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        # Step 1. A replay of a batch a completed checkpoint already covers.
+        if batch_id <= self.last_batch_id:
+            latest = self.coordinator.latest_completed
+            if latest is not None and latest.metadata.properties.get("batch_id") == str(batch_id):
+                self._commit_sinks(df.sparkSession, latest)
+            log.info("batch %s is covered by checkpoint state; skipped", batch_id)
+            self._record(BatchStats(batch_id, -1, skipped_replay=True))
+            return
+        if self.drained:
+            raise JobDrainedError("the job was stopped with drain; it takes no more batches")
+        self._check_continuity(batch_id)
+        self._run_with_retries(df, batch_id, started)
+
+    def _check_continuity(self, batch_id: int) -> None:
+        """Step 1b. Refuse a batch that follows batches no checkpoint covers. Spark records a
+        batch as done only after this function returned, that is after its checkpoint
+        committed, so ids after the restored checkpoint's batch arrive in order; a gap means
+        that newer checkpoints were deleted or are unreadable and recovery fell back to an
+        older one (or, with none left, to the snapshot the job started from or to empty
+        state). Processing the batch would silently leave the gap's input out of the state.
+        A job whose state does not continue Spark's batch ids (a new job, or one restored
+        from a snapshot taken with other source offsets) has no sink-commit markers yet."""
+        if batch_id <= self.last_batch_id + 1:
+            return
+        if self.last_batch_id < 0 and not self.storage.list_files(COMMITS_DIR):
+            return
+        latest = self.coordinator.latest_completed
+        state = (f"that of batch {self.last_batch_id}" if self.last_batch_id >= 0
+                 else "empty or the restored snapshot's")
+        where = f" (checkpoint {latest.checkpoint_id})" if latest is not None else ""
+        notes = "; ".join(self.coordinator.recovery_notes)
+        raise CheckpointProtocolError(
+            f"batch {batch_id} can't be processed: the job's state is {state}{where}, but "
+            f"Spark recorded batches up to {batch_id - 1} as done, so their input would be "
+            f"missing from the state. Checkpoints of {self.config.checkpoint_dir} committed "
+            f"after it were deleted or are unreadable"
+            + (f" ({notes})" if notes else "")
+            + ". Nothing was changed. Put the missing checkpoint back, or restore the job from "
+            "a savepoint into a new checkpoint directory with a Spark checkpoint location "
+            "that replays from the savepoint's batch"
+        )
+
+    def _run_with_retries(self, df: Any, batch_id: int, started: float, *,
+                          drain: bool = False) -> None:
+        """Run the batch and commit its output.
+
+        Step A. Checkpoint the batch (:meth:`_checkpoint`). When that fails on transient
+            storage errors (throttling, timeouts, 5xx that outlasted the per-call retries),
+            the checkpoint was aborted (nothing it wrote is referenced): run the batch again
+            from the last committed checkpoint, up to
+            ``execution.checkpointing.tolerable-failed-checkpoints`` times.
+        Step B. The checkpoint is complete: the batch is never run again. Only its sink
+            commit is retried on transient errors (:meth:`_commit_with_retries`); if that
+            still fails, or a listener raises, the error ends the batch without Spark marking
+            it done, and the replay after a restart commits the output (step 1 of the module
+            docstring).
+        """
+        tolerable = self.config.tolerable_failed_checkpoints
+        for attempt in range(1, tolerable + 2):
+            try:
+                completed, results, tasks = self._checkpoint(df, batch_id, drain=drain)
+                break
+            except Exception as exc:
+                if attempt > tolerable or not _is_transient_failure(exc):
+                    raise
+                delay = self.storage.transfer.backoff(attempt)
+                log.warning("batch %s: checkpoint failed on transient storage errors (%s); "
+                            "running the batch again in %.1f s (attempt %d of %d)", batch_id,
+                            _batch_failure(exc) or exc, delay, attempt + 1, tolerable + 1)
+                time.sleep(delay)
+        # Step B.
+        self._commit_with_retries(df.sparkSession, completed)
+        stats = self._stats(batch_id, completed, results, started)
+        stats.attempts = attempt
+        stats.spark_tasks = tasks
+        self._record(stats)
+
+    def _commit_with_retries(self, spark: Any, completed: CompletedCheckpoint) -> None:
+        """Commit a completed checkpoint's output, retrying transient storage errors (the
+        commit is idempotent by batch id) as often as a failed checkpoint would be."""
+        tolerable = self.config.tolerable_failed_checkpoints
+        for attempt in range(1, tolerable + 2):
+            try:
+                self._commit_sinks(spark, completed)
+                return
+            except TransientStorageError as exc:
+                if attempt > tolerable:
+                    raise
+                delay = self.storage.transfer.backoff(attempt)
+                log.warning("checkpoint %d is complete, committing its output failed on "
+                            "transient storage errors (%s); committing again in %.1f s "
+                            "(attempt %d of %d)", completed.checkpoint_id, exc, delay,
+                            attempt + 1, tolerable + 1)
+                time.sleep(delay)
+
+    def _plan(self, batch_id: int, checkpoint_id: int, spark_tasks: int, *,
+              drain: bool = False) -> BatchPlan:
+        cfg = self.config
+        return BatchPlan(
+            job_id=self.storage.url, batch_id=batch_id,
+            checkpoint_id=checkpoint_id, parallelism=cfg.parallelism, spark_tasks=spark_tasks,
+            max_parallelism=self.max_parallelism, key_columns=self.job.stream.key_columns,
+            key_types=self.key_types, backend=self.backend, storage=self.storage,
+            function=self.job.function, output_schema=self.job.output_schema,
+            side_output_schemas={**self.job.side_outputs,
+                                 **({LATE_EVENTS_TAG: self._late_schema()}
+                                    if cfg.late_events is LateEvents.SIDE_OUTPUT else {})},
+            watermark=self.watermark, watermark_column=cfg.watermark_column,
+            late_events=cfg.late_events, restore=self.base,
+            share_restored_files=self.share_restored_files, drain=drain,
+            local_dir=cfg.local_dir)
+
+    def _late_schema(self) -> pa.Schema:
+        return to_arrow_schema(self.job.stream.df.schema)
+
+    def spark_tasks(self, spark: Any) -> int:
+        """How many Spark tasks run this batch's subtasks: ``keyedstate.spark.tasks``, else
+        the cluster's task slots now (executors may come and go), never more than the
+        parallelism."""
+        slots = self.config.spark_tasks or max(1, spark.sparkContext.defaultParallelism)
+        return min(self.config.parallelism, slots)
+
+    def _route(self, df: Any, spark_tasks: int) -> Any:
+        """Rows with their key group and subtask (JVM expressions), partitioned so that Spark
+        task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
+        from pyspark.sql import functions as F
+
+        p, max_p = self.config.parallelism, self.max_parallelism
+        cols = ", ".join(f"`{c}`" for c in self.job.stream.key_columns)
+        return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
+                  .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
+                  .repartitionById(spark_tasks, F.expr(
+                      f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
+
+    def _checkpoint(self, df: Any, batch_id: int, *, drain: bool = False
+                    ) -> tuple[CompletedCheckpoint, list[Any], int]:
+        """Step 2 and 3: run the batch's subtasks and complete its checkpoint; returns the
+        completed checkpoint, the subtasks' result rows and the Spark tasks used. A failure
+        aborts the checkpoint (the driver's state is then as before the call)."""
+        # Step 2. Trigger, route, run every subtask.
+        pending = self.coordinator.trigger({"batch_id": str(batch_id)})
+        tasks = self.spark_tasks(df.sparkSession)
+        plan = self._plan(batch_id, pending.checkpoint_id, tasks, drain=drain)
+        try:
+            rows = (self._route(df, tasks).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
+                    .collect())
+            results = sorted(rows, key=lambda r: r["subtask"])
+            if [r["subtask"] for r in results] != list(range(self.config.parallelism)):
+                raise CheckpointProtocolError(
+                    f"batch {batch_id}: expected one result per subtask 0..{self.config.parallelism - 1}, "
+                    f"got {[r['subtask'] for r in results]}"
+                )
+            # Step 3. Acknowledge and complete the checkpoint.
+            for r in results:
+                self.coordinator.acknowledge(pending, decode_handle(r["handle"]))
+            event_times = [r["max_event_time"] for r in results if r["max_event_time"] is not None]
+            watermark = self.watermark
+            if event_times:
+                watermark = max(watermark, max(event_times) - self.config.watermark_delay_ms)
+            staged: dict[str, list[str]] = {}
+            for r in results:
+                for tag, path in json.loads(r["staged"]).items():
+                    staged.setdefault(tag, []).append(path)
+            properties = {
+                **self.lineage,
+                "batch_id": str(batch_id),
+                "watermark": str(watermark),
+                "tokens": json.dumps([r["token"] for r in results]),
+                "staged": json.dumps(staged),
+                "drained": "true" if drain else "false",
+                # The query the batch id belongs to: names the sinks' output, checked at restart.
+                PROP_QUERY_ID: self.query_id(),
+                # Names the key columns for the state processor API and canonical savepoints.
+                PROP_KEY_COLUMNS: json.dumps(self.job.stream.key_columns),
+            }
+            completed = self.coordinator.complete(pending, properties=properties)
+        except BaseException as exc:
+            if not pending.is_completed:
+                self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
+            if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
+                cause = _batch_failure(exc)
+                if cause is not None:
+                    raise BatchFailedError(cause) from exc
+            raise
+        self.watermark = watermark
+        self.last_batch_id = batch_id
+        self.drained = drain
+        self.base = self._restore_source(self.storage, completed.metadata, own=True)
+        self.share_restored_files = True
+        return completed, results, tasks
+
+    def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:
+        """Step 4: commit a completed checkpoint's output to the sinks (skipped when its
+        marker says that happened), then write the marker and drop the staged files."""
+        props = completed.metadata.properties
+        if "staged" not in props:
+            # A claimed snapshot: its output is not this job's to commit. Its own job committed
+            # it, or this job did at start from the copy the snapshot carried
+            # (_commit_carried_output); committing "nothing" for its batch on a replay would
+            # replace that output.
+            return
+        marker = commit_marker(int(props["batch_id"]), completed.checkpoint_id)
+        if self.storage.exists(marker):
+            return
+        self._committing = completed.checkpoint_id
+        try:
+            self._commit_output(spark, self.storage, props)
+            self.storage.write(marker, b"")
+            self.storage.delete_dir(staging_dir(int(props["batch_id"])))
+        finally:
+            self._committing = None
+        self._retire_markers()
+
+    def _retire_markers(self) -> None:
+        """Delete the sink-commit markers of checkpoints no longer retained: only a retained
+        checkpoint's marker is ever consulted (a replay of its batch, a savepoint of it)."""
+        retained = [c.checkpoint_id for c in self.coordinator.retained]
+        if not retained:
+            return
+        stale = [p for p in self.storage.list_files(COMMITS_DIR)
+                 if (marked := checkpoint_id_of_commit_marker(p)) is not None
+                 and marked < min(retained)]
+        self.storage.delete(stale)
+
+    def _commit_output(self, spark: Any, storage: CheckpointStorage,
+                       props: Mapping[str, str]) -> None:
+        """Hand every output staged in ``storage`` (``props["staged"]``) to its sinks, under
+        the batch id and query id ``props`` record."""
+        batch_id = int(props["batch_id"])
+        staged = json.loads(props.get("staged", "{}"))
+        schemas = {MAIN_OUTPUT: self.job.output_schema, **self.job.side_outputs}
+        if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
+            # A late-events sink also commits batches without late rows (no files).
+            schemas[LATE_EVENTS_TAG] = self._late_schema()
+        for output, sinks in self.job.sinks.items():
+            out = StagedOutput(storage, staged.get(output, []), schemas[output],
+                               lineage=props.get(PROP_QUERY_ID, ""))
+            for sink in sinks:
+                sink.commit(spark, batch_id, out)
+
+    def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
+               started: float) -> BatchStats:
+        per = [json.loads(r["stats"]) for r in results]
+        transfer, restored = TransferStats(), TransferStats()
+        for handle in completed.metadata.handles:
+            transfer.merge(TransferStats.from_properties(handle.properties))
+            restored.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
+        return BatchStats(
+            batch_id=batch_id, checkpoint_id=completed.checkpoint_id,
+            rows_in=sum(s["rows_in"] for s in per), rows_out=sum(s["rows_out"] for s in per),
+            late_events=sum(r["late"] for r in results),
+            timers_fired=sum(s["timers_fired"] for s in per), watermark=self.watermark,
+            duration_s=time.perf_counter() - started,
+            sync_duration_s=max(s["sync_s"] for s in per),
+            async_duration_s=max(s["async_s"] for s in per),
+            incremental_bytes=completed.metadata.incremental_size,
+            full_bytes=completed.metadata.full_size,
+            state_bytes_per_subtask=[h.full_size for h in completed.metadata.handles],
+            restore_s=max(s["restore_s"] for s in per),
+            reused_subtasks=sum(1 for s in per if s["reused_local_state"]),
+            restored_subtasks=sum(1 for s in per if not s["reused_local_state"]),
+            uploaded_bytes=transfer.uploaded_bytes,
+            duplicated_bytes=transfer.duplicated_bytes,
+            inlined_bytes=transfer.inlined_bytes,
+            objects_written=transfer.uploaded_objects + transfer.duplicated_objects,
+            restore_downloaded_bytes=restored.downloaded_bytes,
+            restore_cache_hit_bytes=restored.cache_hit_bytes,
+        )
+
+    def _record(self, stats: BatchStats) -> None:
+        self.stats.append(stats)
+        log.info("keyedstate batch %s: %s", stats.batch_id, stats)
+        for listener in self.listeners:
+            listener(stats)
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def savepoint(self, target: str,
+                  format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
+        """A savepoint of the last committed state, the latest completed checkpoint, in
+        ``target``; returns the path or URL of its ``_metadata``. The job keeps running.
+
+        Step 1. Refuse a ``target`` holding a savepoint (:class:`SnapshotExistsError`) before
+            anything is written.
+        Step 2. Under the batch lock (a batch in flight finishes first, and no checkpoint
+            completes and subsumes the latest meanwhile): commit the latest checkpoint's
+            output if that has not happened yet (idempotent), so that the savepoint's batch
+            is complete in state and in output. Called from inside that commit (a sink's
+            ``commit`` on the batch thread: the lock is re-entrant), the commit is left to
+            finish on its own and the savepoint carries the output instead, as one of a
+            stopped driver does: a second commit would delete the staged files under the
+            first.
+        Step 3. Duplicate the checkpoint's files (native, see
+            :func:`~keyedstate.checkpoint.savepoint.write_native_savepoint`) or rewrite them
+            (canonical), and carry Spark's offset log up to its batch
+            (:mod:`keyedstate.spark.carry`): a job restored from it in any Spark checkpoint
+            location resumes its source exactly after that batch.
+        """
+        fmt = SnapshotFormat(str(format).lower())
+        # Step 1.
+        check_savepoint_target(CheckpointStorage(target, self.config.storage_options))
+        with self._lock:
+            latest = self.coordinator.latest_completed
+            if latest is None:
+                raise NoCheckpointError(
+                    "no checkpoint completed yet: nothing to take a savepoint of; wait for the "
+                    "first batch"
+                )
+            # Step 2.
+            committing = self._committing == latest.checkpoint_id
+            if int(latest.metadata.properties.get("batch_id", -1)) >= 0 and not committing:
+                self._commit_with_retries(self.job.stream.df.sparkSession, latest)
+            # Step 3.
+            source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
+            attach = carry(source, self.config.storage_options,
+                           committed=None if committing else True)
+            if fmt is SnapshotFormat.NATIVE:
+                return write_native_savepoint(source, target, self.config.storage_options,
+                                              attach=attach)
+            from keyedstate.processor.canonical import write_canonical_savepoint
+
+            return write_canonical_savepoint(source, target, self.config.storage_options,
+                                             attach=attach)
+
+    def drain(self, spark: Any) -> None:
+        """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint.
+
+        The drain is a batch of its own, as Spark's no-data batches are: it takes the next
+        batch id ``D``, its output is committed under ``D``, and ``D`` is recorded in Spark's
+        offset log as a done batch that read nothing (its offsets are the previous batch's,
+        replacing a plan Spark made for ``D`` and never ran). So a job restored from the
+        drained state, in this Spark checkpoint location or with the log a savepoint carries,
+        resumes at ``D + 1`` with nothing skipped or read twice.
+        """
+        empty = spark.createDataFrame([], self.job.stream.df.schema)
+        with self._lock:
+            batch_id = self.last_batch_id + 1
+            offsets = self._offset_log() if self.spark_checkpoint_location else None
+            if offsets is None or self.last_batch_id not in offsets.batches(OFFSETS):
+                # Nothing to resume after: the drained job never ran a batch in this location.
+                log.warning("drain: %s has no batch %d to follow; a job restored from the "
+                            "drained state starts its source afresh",
+                            self.spark_checkpoint_location or "the job", self.last_batch_id)
+                offsets = None
+            self._run_with_retries(empty, batch_id, time.perf_counter(), drain=True)
+            if offsets is not None:
+                offsets.record_no_data_batch(batch_id)
+
+def _is_transient_failure(exc: BaseException) -> bool:
+    """Whether a failed batch failed on storage errors a later run may not meet: a
+    :class:`TransientStorageError` raised here or in a Spark task."""
+    if isinstance(exc, TransientStorageError):
+        return True
+    task = find_task_failure(exc)
+    return task is not None and task.error == TransientStorageError.__name__
+
+
+def _batch_failure(exc: BaseException) -> str | None:
+    """The message of a Spark task's failure inside ``exc``, if there is one."""
+    task = find_task_failure(exc)
+    return None if task is None else task.describe()

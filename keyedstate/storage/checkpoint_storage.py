@@ -1,0 +1,496 @@
+"""Checkpoint storage over fsspec: a job's snapshot root on a local disk or any object store.
+
+:class:`CheckpointStorage` reads and writes files of one snapshot root (layout in
+:mod:`keyedstate.storage.layout`); :class:`~keyedstate.storage.location.CheckpointStorageLocation`
+is what a backend writes one snapshot through. Every file written gets a :class:`StreamHandle` (relative path,
+size, XXH64) and every read verifies it, so a truncated or altered file is never restored.
+
+Object stores (``docs/object-storage.md``): every call is retried on transient errors
+(:mod:`keyedstate.storage.transfer`), transfers of one snapshot or restore run in parallel,
+small files are inlined into ``_metadata`` or merged into one object per snapshot and subtask
+(:mod:`keyedstate.storage.location`), files already in the store are duplicated by the
+store itself (:mod:`keyedstate.storage.duplication`: S3 ``CopyObject``, a hard link or reflink on one disk),
+and restores read through a bounded per-process file cache (:mod:`keyedstate.storage.cache`).
+Each storage object counts what went through this process in :attr:`CheckpointStorage.stats`.
+
+``_metadata`` is committed atomically: on a local disk it is written to a temporary name and
+renamed (``os.replace``); on an object store a single PUT is atomic by itself (readers see the
+old object or the whole new one). Both objects pickle as their URL and options.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from keyedstate.errors import (
+    CorruptCheckpointError,
+    MissingCheckpointFileError,
+    NoCheckpointError,
+    StorageAccessError,
+    StorageLocationError,
+    TransientStorageError,
+)
+from keyedstate.storage.cache import FileCache, cache_key, process_file_cache
+from keyedstate.storage.duplication import link_file
+from keyedstate.storage.filesystem import connect, file_checksum, fsync_path, is_object_store
+from keyedstate.storage.handles import (
+    CheckpointMetadata,
+    StreamHandle,
+    check_relative_path,
+    content_checksum,
+    deserialize_metadata,
+    serialize_metadata,
+)
+from keyedstate.storage.layout import (
+    CHECKPOINT_DIR_PREFIX,
+    METADATA_FILE,
+    checkpoint_dir_name,
+)
+from keyedstate.storage.location import CheckpointStorageLocation
+from keyedstate.storage.transfer import (
+    DEFAULT_TRANSFER,
+    TransferOptions,
+    TransferStats,
+    parallel_map,
+    with_retries,
+)
+
+T = TypeVar("T")
+
+_CHK_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
+
+
+class CheckpointStorage:
+    """One snapshot root (``url``), e.g. ``/data/ckpt``, ``file:///...``, ``s3://bucket/job``.
+
+    ``storage_options`` go to fsspec (credentials, endpoint); ``transfer`` tunes retries,
+    parallelism, inlining, merging and the file cache (:class:`TransferOptions`)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None,
+                 transfer: TransferOptions | None = None) -> None:
+        self.url = str(url).rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.transfer = transfer or DEFAULT_TRANSFER
+        #: what this object moved in this process (every copy counts its own)
+        self.stats = TransferStats()
+        self._fs: fsspec.AbstractFileSystem | None = None
+        self._root: str | None = None
+        #: (path, size, checksum) of files whose bytes were hashed against their handles when
+        #: this object was made ready for a restore (:meth:`note_verified`)
+        self._verified: frozenset[tuple[str, int, str]] = frozenset()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # what travels to executors: the location, its options and the verified files
+        return (CheckpointStorage, (self.url, self.storage_options, self.transfer),
+                {"_verified": self._verified})
+
+    def note_verified(self, handles: Iterable[StreamHandle]) -> None:
+        """Record that the bytes of ``handles`` were just read and matched their size and
+        checksum (a snapshot checked before a job starts from it). A restore that hard-links
+        one of them from this local store (:meth:`download`) then checks its size only instead
+        of hashing the same inode a second time in every subtask that restores it; copies and
+        downloads are always hashed."""
+        self._verified = self._verified | {(h.path, h.size, h.checksum) for h in handles
+                                           if h.data is None and h.segment is None}
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.url!r})"
+
+    # -- filesystem --------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        fs, root = connect(self.url, self.storage_options)
+        self._fs, self._root = fs, root.rstrip("/")
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if self._fs is None:
+            self._connect()
+        assert self._fs is not None
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        if self._root is None:
+            self._connect()
+        assert self._root is not None
+        return self._root
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    @property
+    def cache(self) -> FileCache | None:
+        """The process's file cache for this store (None on a local disk or when disabled)."""
+        if self.is_local:
+            return None
+        return process_file_cache(self.transfer.cache_bytes, self.transfer.cache_dir)
+
+    @property
+    def inline_threshold(self) -> int:
+        return self.transfer.effective_inline_threshold(not self.is_local)
+
+    @property
+    def merge_file_size(self) -> int:
+        return self.transfer.effective_merge_file_size(not self.is_local)
+
+    def path(self, relative: str) -> str:
+        """The filesystem path of a relative reference (refusing one that leaves the root)."""
+        return f"{self.root}/{check_relative_path(relative)}"
+
+    def url_of(self, relative: str) -> str:
+        """An absolute path or URL for a relative reference (what listings show)."""
+        return self.fs.unstrip_protocol(self.path(relative)) if not self.is_local \
+            else self.path(relative)
+
+    def describe(self, handle: StreamHandle) -> str:
+        """How errors name a file reference: its URL (and byte range), or "inline"."""
+        if handle.data is not None:
+            return "an inline file of _metadata"
+        where = self.url_of(handle.path)
+        if handle.segment is not None:
+            where += f" (bytes {handle.segment.offset}+{handle.segment.length})"
+        return where
+
+    def ensure_parent(self, path: str) -> None:
+        """Create the folder of filesystem path ``path`` where folders exist (not on object
+        stores: s3fs's ``makedirs`` costs a request and would create a missing bucket)."""
+        if not is_object_store(self.fs):
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` retried on transient errors (:func:`with_retries`); refused credentials
+        become :class:`StorageAccessError` naming ``what``."""
+        try:
+            return with_retries(what, fn, self.transfer,
+                                on_retry=lambda exc: self.stats.add(retries=1))
+        except PermissionError as exc:
+            if isinstance(exc, StorageAccessError):
+                raise
+            raise StorageAccessError(
+                f"{what}: {self.url} refused access ({exc}); check the credentials in "
+                f"keyedstate.checkpointing.storage-options and the permissions on the location"
+            ) from exc
+
+    # -- plain file access ---------------------------------------------------------------------
+
+    def write(self, relative: str, data: bytes) -> StreamHandle:
+        path = self.path(relative)
+
+        def put() -> None:
+            self.ensure_parent(path)
+            self.fs.pipe_file(path, data)
+
+        self.call(f"writing {self.url_of(relative)}", put)
+        self.stats.add(uploaded_bytes=len(data), uploaded_objects=1)
+        return StreamHandle(relative, len(data), content_checksum(data))
+
+    def upload(self, local_path: str, relative: str) -> StreamHandle:
+        path = self.path(relative)
+        checksum = file_checksum(local_path)
+        size = os.path.getsize(local_path)
+
+        def put() -> None:
+            self.ensure_parent(path)
+            self.fs.put_file(local_path, path)
+
+        self.call(f"uploading {local_path} to {self.url_of(relative)}", put)
+        self.stats.add(uploaded_bytes=size, uploaded_objects=1)
+        return StreamHandle(relative, size, checksum)
+
+    def exists(self, relative: str) -> bool:
+        return bool(self.call(f"checking {self.url_of(relative)}",
+                              lambda: self.fs.exists(self.path(relative))))
+
+    def _missing(self, handle_or_path: StreamHandle | str) -> MissingCheckpointFileError:
+        where = self.url_of(handle_or_path) if isinstance(handle_or_path, str) else \
+            self.describe(handle_or_path)
+        return MissingCheckpointFileError(
+            f"{where} is missing; it was deleted outside keyedstate. Restore from another "
+            f"checkpoint or savepoint"
+        )
+
+    def read(self, relative: str) -> bytes:
+        try:
+            data = bytes(self.call(f"reading {self.url_of(relative)}",
+                                   lambda: self.fs.cat_file(self.path(relative))))
+        except FileNotFoundError as exc:
+            raise self._missing(relative) from exc
+        self.stats.add(downloaded_bytes=len(data), downloaded_objects=1)
+        return data
+
+    def _fetch(self, handle: StreamHandle) -> bytes:
+        """The file's bytes from the store (a range request for a segment), unverified."""
+        path = self.path(handle.path)
+        segment = handle.segment
+        try:
+            if segment is None:
+                data = self.call(f"reading {self.describe(handle)}",
+                                 lambda: self.fs.cat_file(path))
+            else:
+                data = self.call(f"reading {self.describe(handle)}", lambda: self.fs.cat_file(
+                    path, start=segment.offset, end=segment.offset + segment.length))
+        except FileNotFoundError as exc:
+            raise self._missing(handle) from exc
+        self.stats.add(downloaded_bytes=len(data), downloaded_objects=1)
+        return bytes(data)
+
+    def read_verified(self, handle: StreamHandle, *, cached: bool = False,
+                      stats: TransferStats | None = None) -> bytes:
+        """The file's bytes, checked against the handle's size and checksum. ``cached``: take
+        them from (and keep them in) the process's file cache (restores do)."""
+        if handle.data is not None:
+            self._verify(handle, len(handle.data), content_checksum(handle.data))
+            return handle.data
+        cache = self.cache if cached else None
+        key = cache_key(handle.digest, handle.length)
+        if cache is not None:
+            hit = cache.get_bytes(key)
+            if hit is not None:
+                if stats is not None:
+                    stats.add(cache_hit_bytes=len(hit), cache_hit_files=1)
+                return hit
+        data = self._fetch(handle)
+        self._verify(handle, len(data), content_checksum(data))
+        if stats is not None:
+            stats.add(downloaded_bytes=len(data), downloaded_objects=1)
+        if cache is not None:
+            cache.note_miss_bytes(len(data))
+            cache.put_bytes(key, data)
+        return data
+
+    def download(self, handle: StreamHandle, local_path: str, *, cached: bool = False,
+                 immutable: bool = False, stats: TransferStats | None = None) -> None:
+        """Copy a referenced file to a local path and verify it. ``cached``: through the
+        process's file cache; ``immutable``: the file is never modified in place (SST and
+        heap files), so the cache may hand it out as a hard link, and a local store links
+        it instead of copying it."""
+        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+        if handle.data is not None or handle.segment is not None:
+            data = self.read_verified(handle, cached=cached, stats=stats)
+            with open(local_path, "wb") as f:
+                f.write(data)
+            return
+        if immutable and self.is_local and self._link_verified(handle, local_path, stats):
+            return
+        cache = self.cache if cached else None
+        key = cache_key(handle.digest, handle.length)
+        if cache is not None and cache.get_file(key, local_path, link=immutable):
+            if stats is not None:
+                stats.add(cache_hit_bytes=handle.length, cache_hit_files=1)
+            return
+        try:
+            self.call(f"downloading {self.describe(handle)}",
+                      lambda: self.fs.get_file(self.path(handle.path), local_path))
+        except FileNotFoundError as exc:
+            raise self._missing(handle) from exc
+        size = os.path.getsize(local_path)
+        self.stats.add(downloaded_bytes=size, downloaded_objects=1)
+        if stats is not None:
+            stats.add(downloaded_bytes=size, downloaded_objects=1)
+        self._verify(handle, size, file_checksum(local_path))
+        if cache is not None:
+            cache.note_miss_bytes(size)
+            cache.put_file(key, local_path, link=immutable)
+
+    def _link_verified(self, handle: StreamHandle, local_path: str,
+                       stats: TransferStats | None) -> bool:
+        """Hard-link a file of this local store to ``local_path`` and verify it; False when
+        the two paths are on different devices (or the file system has no hard links): the
+        caller copies instead. Only for immutable files (SSTs): nothing writes to them in
+        place, and deleting either name leaves the other whole, so a restored RocksDB and the
+        checkpoint may share the inode. Counted as duplicated, not downloaded: no byte moved."""
+        try:
+            if not link_file(self.path(handle.path), local_path):
+                return False
+        except FileNotFoundError as exc:
+            raise self._missing(handle) from exc
+        size = os.path.getsize(local_path)
+        if (handle.path, handle.size, handle.checksum) in self._verified:
+            self._verify(handle, size, handle.digest)  # hashed before the job started
+        else:
+            self._verify(handle, size, file_checksum(local_path))
+        if stats is not None:
+            stats.add(duplicated_bytes=size, duplicated_objects=1)
+        return True
+
+    def download_all(self, items: Sequence[tuple[StreamHandle, str, bool]], *,
+                     cached: bool = True, stats: TransferStats | None = None) -> None:
+        """Download ``(handle, local path, immutable)`` items in parallel (``transfer.threads``),
+        each verified; through the file cache unless ``cached`` is False."""
+        parallel_map(lambda item: self.download(item[0], item[1], cached=cached,
+                                                immutable=item[2], stats=stats),
+                     items, self.transfer.threads)
+
+    def _verify(self, handle: StreamHandle, size: int, checksum: str) -> None:
+        if size != handle.length or checksum != handle.digest:
+            raise CorruptCheckpointError(
+                f"{self.describe(handle)} is corrupt: {size} bytes with checksum {checksum}, "
+                f"expected {handle.length} bytes with checksum {handle.digest}. Restore from "
+                f"another checkpoint or savepoint"
+            )
+
+    def delete(self, relatives: Iterable[str]) -> None:
+        """Delete files; already-missing ones are fine (deletion is idempotent)."""
+        for relative in relatives:
+            path = self.path(relative)
+            try:
+                self.call(f"deleting {self.url_of(relative)}",
+                          lambda path=path: self.fs.rm_file(path))  # type: ignore[misc]
+            except FileNotFoundError:
+                pass
+
+    def delete_dir(self, relative: str) -> None:
+        try:
+            self.call(f"deleting {self.url_of(relative)}",
+                      lambda: self.fs.rm(self.path(relative), recursive=True))
+        except FileNotFoundError:
+            pass
+
+    def list_files(self, relative_dir: str = "") -> list[str]:
+        """Every file below ``relative_dir`` (or the whole root), as relative paths."""
+        base = self.path(relative_dir) if relative_dir else self.root
+        try:
+            found = self.call(f"listing {base}", lambda: self.fs.find(base))
+        except FileNotFoundError:
+            return []
+        prefix = self.root.rstrip("/") + "/"
+        return sorted(p[len(prefix):] for p in found if p.startswith(prefix))
+
+    def sizes(self, relatives: Sequence[str]) -> dict[str, int | None]:
+        """The size of every file in ``relatives`` (None: missing), cheaply: one listing per
+        folder, folders in parallel; no byte is read."""
+        folders: dict[str, set[str]] = {}
+        for relative in relatives:
+            folder, _, name = check_relative_path(relative).rpartition("/")
+            folders.setdefault(folder, set()).add(name)
+
+        def list_folder(folder: str) -> dict[str, int]:
+            base = self.path(folder) if folder else self.root
+            try:
+                entries = self.call(f"listing {base}",
+                                    lambda: self.fs.ls(base, detail=True, refresh=True))
+            except FileNotFoundError:
+                return {}
+            out = {}
+            for entry in entries:
+                if entry.get("type") == "directory":
+                    continue
+                name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+                out[f"{folder}/{name}" if folder else name] = int(entry.get("size") or 0)
+            return out
+
+        found: dict[str, int] = {}
+        for listing in parallel_map(list_folder, sorted(folders), self.transfer.threads):
+            found.update(listing)
+        return {r: found.get(r) for r in relatives}
+
+    def check_access(self) -> None:
+        """Fail fast, before any batch: the location must exist and accept this job's
+        credentials. On a local disk the root (or its nearest existing parent) must be a
+        writable directory (nothing is created); elsewhere a probe object is written under the
+        root and deleted again. Raises :class:`StorageAccessError` (credentials, permissions),
+        :class:`StorageLocationError` (a missing bucket or a file in the way) or
+        :class:`TransientStorageError` (unreachable)."""
+        if self.is_local:
+            path = self.root
+            while not os.path.exists(path) and os.path.dirname(path) != path:
+                path = os.path.dirname(path)
+            if not os.path.isdir(path):
+                raise StorageLocationError(
+                    f"{self.url}: {path} is not a directory; point "
+                    f"execution.checkpointing.dir at a directory"
+                )
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise StorageAccessError(
+                    f"{self.url}: {path} is not writable by this process; fix its permissions "
+                    f"or choose another execution.checkpointing.dir"
+                )
+            return
+        probe = f"_keyedstate-access-probe-{uuid.uuid4().hex}"
+        try:
+            self.write(probe, b"")
+            self.delete([probe])
+        except (StorageAccessError, TransientStorageError):
+            raise
+        except FileNotFoundError as exc:
+            raise StorageLocationError(
+                f"{self.url} does not exist ({exc}); create the bucket or container first "
+                f"(keyedstate never creates one), or fix execution.checkpointing.dir"
+            ) from exc
+        except Exception as exc:
+            if "credential" in type(exc).__name__.lower() or "credential" in str(exc).lower():
+                raise StorageAccessError(
+                    f"{self.url}: no usable credentials ({type(exc).__name__}: {exc}); set "
+                    f"them in keyedstate.checkpointing.storage-options or the environment"
+                ) from exc
+            raise
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def metadata_path(self, checkpoint_id: int) -> str:
+        return f"{checkpoint_dir_name(checkpoint_id)}/{METADATA_FILE}"
+
+    def write_metadata(self, metadata: CheckpointMetadata, relative: str | None = None) -> str:
+        """Commit ``_metadata`` atomically (the checkpoint is complete once this returns)."""
+        relative = relative or self.metadata_path(metadata.checkpoint_id)
+        data = serialize_metadata(metadata)
+        path = self.path(relative)
+        if self.is_local:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.inprogress"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                # A failed write leaves no temporary file behind (the rename never happened).
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+            fsync_path(os.path.dirname(path))
+        else:
+            def put() -> None:
+                self.ensure_parent(path)
+                self.fs.pipe_file(path, data)
+
+            self.call(f"writing {self.url_of(relative)}", put)
+            self.stats.add(uploaded_bytes=len(data), uploaded_objects=1)
+        return relative
+
+    def read_metadata(self, relative: str) -> CheckpointMetadata:
+        try:
+            data = bytes(self.call(f"reading {self.url_of(relative)}",
+                                   lambda: self.fs.cat_file(self.path(relative))))
+        except FileNotFoundError as exc:
+            raise NoCheckpointError(f"no snapshot metadata at {self.url_of(relative)}") from exc
+        return deserialize_metadata(data, source=self.url_of(relative))
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of checkpoints whose ``_metadata`` exists (committed), ascending."""
+        try:
+            entries = self.call(f"listing {self.url}",
+                                lambda: self.fs.ls(self.root, detail=False))
+        except FileNotFoundError:
+            return []
+        ids = []
+        for entry in entries:
+            m = _CHK_RE.match(entry.rstrip("/").rsplit("/", 1)[-1])
+            if m and self.exists(f"{m.group(0)}/{METADATA_FILE}"):
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def location(self, checkpoint_id: int, subtask_index: int) -> CheckpointStorageLocation:
+        return CheckpointStorageLocation(self, checkpoint_id, subtask_index)
+
+
+__all__ = ["CheckpointStorage"]

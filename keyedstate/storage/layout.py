@@ -1,0 +1,76 @@
+"""Every on-disk name of a snapshot root and its parser: the one place the layout is spelled.
+
+Layout of a snapshot root (a job's checkpoint directory, or a savepoint directory)::
+
+    <root>/chk-<N>/_metadata      the commit point of checkpoint N (written last, atomically)
+    <root>/chk-<N>/...            files private to checkpoint N (deleted when it is subsumed)
+    <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
+                                  named after the checkpoint that wrote them
+    <root>/taskowned/...          files owned by tasks (working directories)
+    <root>/_completed             the job completed a checkpoint once (see recovery)
+
+A Spark job's root also holds ``staging/batch-<B>/`` (staged outputs), ``commits/batch-<B>-chk-<N>``
+(sink-commit markers) and ``spark/`` (Spark's offset log, by default).
+"""
+
+from __future__ import annotations
+
+import re
+
+METADATA_FILE = "_metadata"
+CHECKPOINT_DIR_PREFIX = "chk-"
+SHARED_DIR = "shared"
+TASK_OWNED_DIR = "taskowned"
+#: In a snapshot claimed by a job (CLAIM restore mode): names the owner, sits beside _metadata.
+CLAIM_MARKER_FILE = "_claimed"
+#: At a job's root: written once, when the job's first checkpoint completes. From then on a
+#: root without a readable ``chk-<N>/_metadata`` has lost its checkpoints (recovery refuses to
+#: start it from empty state) instead of looking like a job that never completed one.
+COMPLETED_MARKER_FILE = "_completed"
+#: Directories of a Spark job's checkpoint root besides the snapshot layout: staged outputs,
+#: sink-commit markers and (by default) Spark's own offset checkpoint.
+STAGING_DIR = "staging"
+COMMITS_DIR = "commits"
+SPARK_OFFSETS_DIR = "spark"
+
+
+def staging_dir(batch_id: int) -> str:
+    """Where a batch's outputs are staged until its checkpoint and sinks commit."""
+    return f"{STAGING_DIR}/batch-{batch_id}"
+
+
+def commit_marker(batch_id: int, checkpoint_id: int) -> str:
+    """Written once the sinks committed the output of ``batch_id``'s checkpoint."""
+    return f"{COMMITS_DIR}/batch-{batch_id}-{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"
+
+
+_COMMIT_MARKER_RE = re.compile(rf"^{COMMITS_DIR}/batch-(\d+)-{CHECKPOINT_DIR_PREFIX}(\d+)$")
+
+
+def checkpoint_id_of_commit_marker(relative: str) -> int | None:
+    """The checkpoint id a :func:`commit_marker` path names, None for any other path."""
+    m = _COMMIT_MARKER_RE.match(relative)
+    return int(m.group(2)) if m else None
+
+
+def checkpoint_dir_name(checkpoint_id: int) -> str:
+    return f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"
+
+
+_SHARED_FILE_RE = re.compile(rf"^{SHARED_DIR}/{CHECKPOINT_DIR_PREFIX}(\d+)-")
+
+
+def shared_file_prefix(checkpoint_id: int) -> str:
+    """The prefix of every shared file written for checkpoint ``checkpoint_id``:
+    ``shared/chk-<N>-`` (a full name is ``shared/chk-<N>-sub-<i>-<uuid>-<name>``).
+
+    The checkpoint id in the name is how the coordinator tells the files new in a checkpoint
+    from re-referenced ones (Flink's placeholder handles), and how it finds what an aborted
+    checkpoint wrote even when the writer was an executor's copy of the location."""
+    return f"{SHARED_DIR}/{CHECKPOINT_DIR_PREFIX}{checkpoint_id}-"
+
+
+def checkpoint_id_of_shared_file(path: str) -> int | None:
+    """The checkpoint a shared file was written for, from its name; None for other paths."""
+    m = _SHARED_FILE_RE.match(path)
+    return int(m.group(1)) if m else None

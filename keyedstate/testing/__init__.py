@@ -1,0 +1,3 @@
+"""Test machinery shipped with keyedstate: the fault-injecting filesystem
+(:mod:`~keyedstate.testing.faults`), the local S3 server (:mod:`~keyedstate.testing.s3`) and
+the chaos soak (:mod:`~keyedstate.testing.chaos`). The library never imports it."""

@@ -1,0 +1,385 @@
+"""The soak's schedule, drawn from one seed: jobs and how each one ends, faults, drills.
+
+Everything random in a run is chosen here, up front, by ``random.Random(seed)``, and written to
+``plan.json``; the driver and the executors only read it. Re-running with the same seed
+replays the same faults at the same batches (only wall-clock timings differ).
+
+Input file ``f`` is read by one Spark batch, but batch ids and files part after a drain: the
+drain is a batch of its own that reads nothing (``query.stop(drain=True)``), so every later
+file is read by the batch after its number. :meth:`Plan.schedule` maps batch ids to files
+(``None``: a drain); faults are drawn on files and planned on the batch that reads them.
+
+Fault kinds (at most one per file; ``faults_per_kind`` of each, ``storage``: of each point):
+
+``worker``    SIGKILL of the Python worker running a subtask, mid-batch or mid-upload;
+``executor``  SIGKILL of that worker's executor JVM, mid-batch or mid-upload;
+``driver``    SIGKILL of the driver (the Spark application), at one of :data:`DRIVER_POINTS`:
+              from an executor mid-batch or mid-upload, or in the driver after each step of
+              the checkpoint commit, around the sink commit, before the staging clean-up;
+``abort``     an aborted checkpoint: a subtask that fails every attempt, or a ``_metadata``
+              write that fails (step 3 of the commit); the query restarts in the same driver;
+``storage``   a :class:`~keyedstate.errors.TransientStorageError` in the driver after the
+              checkpoint committed (an object store whose retries ran out), at one of
+              :data:`STORAGE_POINTS`: the sink-commit marker write (``times`` 1-3: the commit
+              retries absorb it; ``times`` 4: it outlasts them, the query fails and restarts
+              in the same driver), the staging delete (tried once: the commit's retry finds
+              the marker written and leaves the staged files to gc), a batch listener (never
+              retried: the query restarts, and with ``times`` 2 the replay's listener fails
+              again);
+``savepoint`` a job boundary: the job ends with a savepoint and a new job starts from it in a
+              new checkpoint directory, in a restore mode, at a random parallelism. How the
+              job ends (:data:`STOPS`, ``faults_per_kind`` of each): ``stop`` with a savepoint;
+              ``drain`` then a savepoint; ``sink``: a savepoint taken from inside the sink
+              commit of its last batch (:data:`SINK_SAVEPOINT_AT`); ``crash``: the driver
+              killed between the checkpoint commit and the sink commit of its last batch, the
+              savepoint taken offline (``keyedstate savepoint create``) by the next driver.
+
+Every other boundary (from a random one) gives the next job a fresh Spark checkpoint location,
+seeded from the savepoint's copy of the offset log; there a *positions drill* restores the same
+savepoint without its ``context/`` in yet another location and must be refused
+(:class:`~keyedstate.errors.SourcePositionsError`). A second, small, fault-free job writes into
+the soak's output path after one random boundary (``second_job``).
+
+After every driver restart and every aborted batch the job runs at a new random parallelism
+(rescaling from its own checkpoints). A corruption drill runs at each job boundary but a drain
+(a drained job can't be started again) on a copy of the job's checkpoint directory
+(:mod:`keyedstate.testing.chaos.drills`).
+
+Stability: draws added since a seed's first plan come after the older ones, so a seed keeps
+its fault files, fault points, parallelisms and its older boundaries; the boundaries added
+split its jobs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+
+MODES = ("NO_CLAIM", "CLAIM", "LEGACY")
+#: where the driver dies (``driver`` faults)
+DRIVER_POINTS = ("process", "upload", "commit-step-1", "commit-step-2", "commit-step-3",
+                 "commit-step-4", "commit-step-5", "commit-step-6", "sink-before", "sink-mid",
+                 "sink-after", "staging-cleanup")
+#: driver points in the sink commit: a ``crash`` boundary on the same batch would pre-empt them
+SINK_PATH_POINTS = ("sink-before", "sink-mid", "sink-after", "staging-cleanup")
+EXECUTOR_SIDE = ("process", "upload")
+ABORTS = ("task-fails", "metadata-write")
+#: where a transient storage error hits the driver after the checkpoint commit (``storage``)
+STORAGE_POINTS = ("marker-write", "staging-delete", "listener")
+#: how a job ends (``savepoint`` boundaries)
+STOPS = ("stop", "drain", "sink", "crash")
+#: which sink commit of the last batch takes a ``sink`` savepoint: the main sink's before it
+#: copies anything, or the last sink's after it copied everything
+SINK_SAVEPOINT_AT = ("main-before", "last-after")
+DRILL_TARGETS = ("shared", "private", "metadata")
+DRILL_DAMAGE = ("truncate", "flip", "delete")
+KINDS = ("worker", "executor", "driver", "abort", "storage", "savepoint")
+MAX_PARALLELISM = 128
+#: the soak's jobs' ``execution.checkpointing.tolerable-failed-checkpoints``: a completed
+#: checkpoint's sink commit is tried this many times + 1
+TOLERABLE_FAILED = 3
+#: the Spark checkpoint location of the first job (a directory of the run directory)
+FIRST_LOCATION = "spark-offsets"
+
+
+@dataclass
+class Job:
+    """One job of the run: input files up to ``end_file``, started from the previous job's
+    savepoint (none for job 0)."""
+
+    index: int
+    end_file: int
+    parallelism: int
+    num_retained: int
+    restore_mode: str | None
+    #: the format of the savepoint this job ends with
+    savepoint_format: str = "native"
+    drill: dict[str, Any] | None = None
+    #: how the job ends (:data:`STOPS`; the last job just stops)
+    stop: str = "stop"
+    #: a ``sink`` stop: which sink commit takes the savepoint (:data:`SINK_SAVEPOINT_AT`)
+    sink_at: str | None = None
+    #: its Spark checkpoint location, a directory of the run directory
+    spark_location: str = FIRST_LOCATION
+    #: restore this job's savepoint without its ``context/`` in a new location (refused)
+    positions_drill: bool = False
+
+
+@dataclass
+class Plan:
+    seed: int
+    #: input files (one per batch, but for drains)
+    batches: int
+    rows_per_batch: int
+    keys: int
+    master: str
+    backend: str
+    checkpoint_root: str
+    storage_options: dict[str, Any]
+    jobs: list[Job] = field(default_factory=list)
+    executor_faults: list[dict[str, Any]] = field(default_factory=list)
+    driver_faults: list[dict[str, Any]] = field(default_factory=list)
+    #: transient storage errors in the driver after the checkpoint commit
+    storage_faults: list[dict[str, Any]] = field(default_factory=list)
+    #: parallelism after the n-th restart (driver restart or aborted batch)
+    restart_parallelism: list[int] = field(default_factory=list)
+    #: a second job writing into the soak's output path after job ``after_job`` ended
+    second_job: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        # plan.json of runs before drains named a job's last file its end_batch
+        jobs = [Job(**{("end_file" if k == "end_batch" else k): v for k, v in j.items()})
+                for j in data.get("jobs", [])]
+        return cls(**{**data, "jobs": jobs})
+
+    def job_dir(self, index: int) -> str:
+        return f"{self.checkpoint_root}/jobs/job-{index:03d}"
+
+    def savepoint_dir(self, index: int) -> str:
+        return f"{self.checkpoint_root}/savepoints/savepoint-{index:03d}"
+
+    def second_job_dir(self) -> str:
+        return f"{self.checkpoint_root}/second-job"
+
+    # -- batch ids and files ---------------------------------------------------------------------
+
+    def schedule(self) -> list[tuple[int, int | None]]:
+        """``(batch id, input file)`` of every batch of the run, in order; the file is None
+        for a drain (a batch of its own that reads nothing)."""
+        out: list[tuple[int, int | None]] = []
+        batch, first = 0, 0
+        for job in self.jobs:
+            for f in range(first, job.end_file + 1):
+                out.append((batch, f))
+                batch += 1
+            first = job.end_file + 1
+            if job.stop == "drain" and job.index < len(self.jobs) - 1:
+                out.append((batch, None))
+                batch += 1
+        for f in range(first, self.batches):  # files no job reads (a test's drill reads on)
+            out.append((batch, f))
+            batch += 1
+        return out
+
+    def batch_of_file(self, file: int) -> int:
+        """The batch that reads input file ``file``."""
+        return file + sum(1 for j in self.jobs[:-1] if j.stop == "drain" and j.end_file < file)
+
+    def file_of_batch(self, batch: int) -> int | None:
+        """The input file batch ``batch`` reads; None for a drain or a batch after the run."""
+        for b, f in self.schedule():
+            if b == batch:
+                return f
+        return None
+
+    def end_batch(self, job: Job) -> int:
+        """The batch that reads the job's last file (a drain comes after it)."""
+        return self.batch_of_file(job.end_file)
+
+    def last_batch(self) -> int:
+        return self.batch_of_file(self.batches - 1)
+
+    # -- counts ----------------------------------------------------------------------------------
+
+    def planned_counts(self) -> dict[str, int]:
+        counts = {k: 0 for k in KINDS}
+        for f in self.executor_faults:
+            counts["abort" if f["kind"] == "abort" else f["kind"].removeprefix("kill_")] += 1
+        for f in self.driver_faults:
+            counts["abort" if f["kind"] == "abort" else "driver"] += 1
+        counts["storage"] = len(self.storage_faults)
+        counts["savepoint"] = len(self.jobs) - 1
+        return counts
+
+    def planned_points(self) -> dict[str, int]:
+        """The new edges, counted: storage points and variants, how jobs end, fresh Spark
+        locations, positions drills, the second job."""
+        points: dict[str, int] = {}
+
+        def add(name: str) -> None:
+            points[name] = points.get(name, 0) + 1
+
+        for f in self.storage_faults:
+            add(f"storage:{f['point']}")
+            if f["point"] == "marker-write":
+                add("storage:marker-write:" + ("outlasting" if f["times"] > TOLERABLE_FAILED
+                                               else "absorbed"))
+        for job in self.jobs[:-1]:
+            add(f"savepoint:{job.stop}" + (f":{job.sink_at}" if job.sink_at else ""))
+            if job.positions_drill:
+                add("positions-drill")
+        for prev, job in zip(self.jobs, self.jobs[1:]):
+            if job.spark_location != prev.spark_location:
+                add("fresh-location")
+        if self.second_job:
+            add("second-job")
+        return dict(sorted(points.items()))
+
+
+def min_batches(faults_per_kind: int) -> int:
+    """Input files a plan needs: ``4 * faults_per_kind`` job boundaries on odd files (jobs of
+    two files at least), and files for the per-file faults (the storage faults avoid the
+    files of the other faults and the last files of ``sink`` and ``crash`` jobs)."""
+    return 9 * faults_per_kind + 2 if faults_per_kind else 1
+
+
+def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: int = 120,
+              keys: int = 400, master: str = "local-cluster[2,1,1024]",
+              backend: str = "rocksdb", checkpoint_root: str = "",
+              storage_options: dict[str, Any] | None = None,
+              max_parallelism_choice: int = 4) -> Plan:
+    """The schedule of a run over ``batches`` input files (see :func:`min_batches`)."""
+    rng = random.Random(seed)
+    if batches < min_batches(faults_per_kind):
+        raise ValueError(f"{batches} batches are too few for {faults_per_kind} faults of each "
+                         f"kind (need {min_batches(faults_per_kind)})")
+    plan = Plan(seed, batches, rows_per_batch, keys, master, backend, checkpoint_root,
+                dict(storage_options or {}))
+    parallelisms = list(range(1, max_parallelism_choice + 1))
+    # Step 1. The first faults_per_kind boundaries (ends of "stop" jobs), each job at least
+    # two files long, and their jobs, as plans have always drawn them.
+    slots = range(0, batches // 2 - 1)
+    cuts = sorted(rng.sample(slots, faults_per_kind)) if faults_per_kind else []
+    stop_ends = [2 * c + 1 for c in cuts]  # spread over the run, distinct, >= 2 apart
+    starts: dict[int, tuple[str | None, int, int]] = {}  # first file -> mode, p, num_retained
+    first = 0
+    for i, end in enumerate(stop_ends + [batches - 1]):
+        starts[first] = (None if i == 0 else rng.choice(MODES), rng.choice(parallelisms),
+                         rng.choice((1, 2)))
+        first = end + 1
+    ending: dict[int, tuple[str, dict[str, Any]]] = {}  # last file -> format, drill
+    for i, end in enumerate(stop_ends):
+        following = starts[end + 1][0]
+        fmt = "native" if following == "CLAIM" or rng.random() < 0.7 else "canonical"
+        ending[end] = (fmt, _drill(rng))
+    # Step 2. Per-file faults on distinct files.
+    fault_files = rng.sample(range(batches), 4 * faults_per_kind)
+    # Which variants a short run covers (a long one covers them all in turn).
+    offset = rng.randrange(len(DRIVER_POINTS))
+    side, first_abort = rng.randrange(2), rng.randrange(2)
+    # Where the store merges a subtask's small files into one object (object stores, by
+    # default) a snapshot may upload a single file, so an upload fault must fire on the first
+    # (the S3 soak of seed 20261122 missed 2 of 20 executor kills planned on a second upload).
+    single_upload = CheckpointStorage(checkpoint_root or ".", storage_options).merge_file_size > 0
+    n = 0
+    for kind in ("worker", "executor", "driver", "abort"):
+        for k in range(faults_per_kind):
+            file = fault_files[n]
+            n += 1
+            if kind in ("worker", "executor"):
+                at = EXECUTOR_SIDE[(k + side) % 2]
+                plan.executor_faults.append(_executor_fault(kind, k, file, f"kill_{kind}", at,
+                                                            rng, single_upload))
+            elif kind == "driver":
+                point = DRIVER_POINTS[(k + offset) % len(DRIVER_POINTS)]
+                if point in EXECUTOR_SIDE:
+                    plan.executor_faults.append(_executor_fault(kind, k, file, "kill_driver",
+                                                                point, rng, single_upload))
+                else:
+                    plan.driver_faults.append({"id": (kind, k), "file": file, "kind": "driver",
+                                               "point": point})
+            else:
+                how = ABORTS[(k + first_abort) % 2]
+                if how == "task-fails":
+                    plan.executor_faults.append({"id": (kind, k), "file": file, "kind": "abort",
+                                                 "at": how, "subtask": rng.randrange(1 << 20)})
+                else:
+                    plan.driver_faults.append({"id": (kind, k), "file": file, "kind": "abort",
+                                               "point": how})
+    plan.restart_parallelism = [rng.choice(parallelisms) for _ in range(8 * faults_per_kind + 8)]
+    # Step 3. The other boundaries (drain, sink, crash; faults_per_kind of each) split those
+    # jobs, on the free odd files; the jobs they start and the ends they make draw anew.
+    more = sorted(rng.sample([c for c in slots if c not in cuts], 3 * faults_per_kind))
+    new_ends = [2 * c + 1 for c in more]
+    ends = sorted(stop_ends + new_ends) + [batches - 1]
+    first = 0
+    for end in ends:
+        if first not in starts:
+            starts[first] = (rng.choice(MODES), rng.choice(parallelisms), rng.choice((1, 2)))
+        first = end + 1
+    for end in new_ends:
+        ending[end] = ("native" if rng.random() < 0.7 else "canonical", _drill(rng))
+    stops = _assign_stops(rng, new_ends, faults_per_kind, plan.driver_faults)
+    sink_offset, location_offset = rng.randrange(2), rng.randrange(2)
+    first, sinks, location = 0, 0, FIRST_LOCATION
+    for i, end in enumerate(ends):
+        mode, parallelism, num_retained = starts[first]
+        job = Job(i, end, parallelism, num_retained, mode, spark_location=location)
+        if end != batches - 1:
+            job.savepoint_format, job.drill = ending[end]
+            if starts[end + 1][0] == "CLAIM":
+                job.savepoint_format = "native"  # CLAIM builds on a native snapshot
+            job.stop = stops.get(end, "stop")
+            if job.stop == "sink":
+                job.sink_at = SINK_SAVEPOINT_AT[(sinks + sink_offset) % 2]
+                sinks += 1
+            if (i + location_offset) % 2 == 0:
+                location = f"{FIRST_LOCATION}-{i + 1:03d}"
+                job.positions_drill = True
+        plan.jobs.append(job)
+        first = end + 1
+    # Step 4. Storage faults after the checkpoint commit: on files of no other fault, not
+    # the last file of a sink or crash job (the savepoint or the crash would pre-empt them).
+    taken = set(fault_files) | {j.end_file for j in plan.jobs[:-1] if j.stop in ("sink", "crash")}
+    storage_files = rng.sample([f for f in range(batches) if f not in taken],
+                               len(STORAGE_POINTS) * faults_per_kind)
+    point_offset, outlast_offset = rng.randrange(len(STORAGE_POINTS)), rng.randrange(2)
+    for k, file in enumerate(storage_files):
+        point = STORAGE_POINTS[(k + point_offset) % len(STORAGE_POINTS)]
+        if point == "marker-write":
+            outlasting = (k // len(STORAGE_POINTS) + outlast_offset) % 2 == 1
+            times = TOLERABLE_FAILED + 1 if outlasting else rng.randint(1, TOLERABLE_FAILED)
+        elif point == "listener":
+            times = rng.randint(1, 2)
+        else:  # the staging delete is tried once: the commit's retry finds the marker written
+            times = 1
+        plan.storage_faults.append({"id": ("storage", k), "file": file, "kind": "storage",
+                                    "point": point, "times": times})
+    # Step 5. The second job, after one boundary.
+    if len(plan.jobs) > 1:
+        plan.second_job = {"after_job": rng.randrange(len(plan.jobs) - 1), "files": 2,
+                           "rows": 40, "keys": 60, "seed": rng.randrange(1 << 30),
+                           "parallelism": rng.choice(parallelisms)}
+    # Step 6. Faults are planned on the batch that reads their file.
+    for fault in plan.executor_faults + plan.driver_faults + plan.storage_faults:
+        kind, k = fault["id"]
+        fault["batch"] = plan.batch_of_file(fault["file"])
+        fault["id"] = f"{kind}-{k:03d}-b{fault['batch']}"
+    return plan
+
+
+def _drill(rng: random.Random) -> dict[str, Any]:
+    return {"target": rng.choice(DRILL_TARGETS), "damage": rng.choice(DRILL_DAMAGE),
+            "replay": rng.random() < 0.3, "seed": rng.randrange(1 << 30)}
+
+
+def _assign_stops(rng: random.Random, new_ends: list[int], faults_per_kind: int,
+                  driver_faults: list[dict[str, Any]]) -> dict[int, str]:
+    """How each new boundary ends its job: ``faults_per_kind`` drains, sink and crash stops,
+    shuffled; a crash is moved off a file whose driver fault sits in the sink commit (the
+    crash would come first, and the fault never)."""
+    stops = ["drain", "sink", "crash"] * faults_per_kind
+    rng.shuffle(stops)
+    busy = {f["file"] for f in driver_faults if f["point"] in SINK_PATH_POINTS}
+    for i, end in enumerate(new_ends):
+        if stops[i] == "crash" and end in busy:
+            swap = next((j for j, e in enumerate(new_ends)
+                         if stops[j] != "crash" and e not in busy), None)
+            if swap is not None:
+                stops[i], stops[swap] = stops[swap], stops[i]
+    return dict(zip(new_ends, stops))
+
+
+def _executor_fault(kind: str, k: int, file: int, fault: str, at: str, rng: random.Random,
+                    single_upload: bool = False) -> dict[str, Any]:
+    subtask, upload_index = rng.randrange(1 << 20), rng.randrange(2)  # drawn either way: a
+    # seed's plan stays the same on a local disk
+    return {"id": (kind, k), "file": file, "kind": fault, "at": at, "subtask": subtask,
+            "upload_index": 0 if single_upload else upload_index}

@@ -1,0 +1,313 @@
+"""The soak's verdict (step 4 of :func:`keyedstate.testing.chaos.runner.run_chaos`): the outputs and the
+final state against the oracle, the ledger of sink commits, the drills, the checkpoint
+directory checks, the faults injected and the time to recover from each, how each job ended,
+the second job's output in the shared path, the resource bounds. Everything is read from the
+run directory (``plan.json``, ``events.jsonl``, ``markers/``, ``out/``, ``second/``,
+``final/``, ``ledger/``), so a kept run can be judged again.
+
+Batch ids are Spark's: the oracle follows the plan's schedule (a drain is a batch of its own
+that reads no file), so every batch's output, a drain's included, is compared row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import TYPE_CHECKING, Any, Callable
+
+from keyedstate.testing.chaos import oracle as oracle_mod
+from keyedstate.testing.chaos.boundary import EXPECTED_VIA, SECOND_DIR
+from keyedstate.testing.chaos.driver import EVENTS_FILE, FINAL_DIR
+from keyedstate.testing.chaos.plan import KINDS, Plan
+from keyedstate.testing.chaos.workload import MARKERS_DIR, SECOND_JOB_COLUMN, SECOND_JOB_TAG
+
+if TYPE_CHECKING:
+    from keyedstate.testing.chaos.runner import ChaosReport
+
+#: Resource bounds (docs/reliability.md explains them).
+#: executor JVM: its heap (local-cluster[E,C,M]: M MiB) + Spark's default memory overhead
+#: (max(384 MiB, 10 %)), what a cluster manager would allow the container.
+JVM_OVERHEAD_MIB = 384
+#: Python worker: RocksDB's per-process budget (64 MiB block cache, memtables charged to it)
+#: + the interpreter with pyarrow, pandas and the state of at most a few subtasks.
+PYTHON_WORKER_BOUND_MIB = 64 + 448
+#: working directories one dead driver's workers may leave (keyedstate does not remove a
+#: killed or exited worker's RocksDB directories yet: docs/reliability.md, known issues); the
+#: controller counts and removes them between drivers, and fails on runaway growth
+LOCAL_DIRS_BOUND = 256
+
+
+def read_events(run_dir: str) -> list[dict[str, Any]]:
+    path = os.path.join(run_dir, EVENTS_FILE)
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by SIGKILL
+    return out
+
+
+def markers(run_dir: str) -> dict[str, dict[str, Any]]:
+    directory = os.path.join(run_dir, MARKERS_DIR)
+    out = {}
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.endswith(".json") and not name.endswith("-handled.json"):
+                try:
+                    with open(os.path.join(directory, name)) as f:
+                        out[name[:-5]] = json.load(f)
+                except (OSError, json.JSONDecodeError):
+                    pass
+    return out
+
+
+def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], None]) -> None:
+    """Step 4 of :func:`run_chaos`."""
+    if report.failures:
+        return
+    events = read_events(run_dir)
+    found = markers(run_dir)
+    generated = os.path.join(run_dir, "generated")
+    # Exactly once: outputs and final state against the oracle.
+    log("checking outputs and state against the oracle")
+    orc = oracle_mod.Oracle(generated, plan.schedule())
+    main, late = orc.run()
+    # The main output path is shared with the second job: its rows carry a column of their own.
+    rows, second_rows = oracle_mod.split_jobs(
+        oracle_mod.read_sink(os.path.join(run_dir, "out", "main")), SECOND_JOB_COLUMN,
+        SECOND_JOB_TAG)
+    main_cmp = oracle_mod.compare_main(main, rows)
+    late_cmp = oracle_mod.compare_late(late, os.path.join(run_dir, "out", "late"))
+    frames = {}
+    final = os.path.join(run_dir, FINAL_DIR)
+    import pandas as pd
+
+    for name in list(oracle_mod.STATES) + ["timers"]:
+        path = os.path.join(final, f"{name}.parquet")
+        if os.path.exists(path):
+            frames[name] = pd.read_parquet(path)
+    state_cmp = oracle_mod.compare_state(oracle_mod.expected_state(orc.state),
+                                         oracle_mod.actual_state(frames, plan.last_batch()))
+    ledger = _ledger_conflicts(run_dir)
+    drills = [e for e in events if e.get("event") == "drill"]
+    silent = [d for d in drills if d.get("violation")]
+    violations = (main_cmp.violations + late_cmp.violations + state_cmp.violations
+                  + len(ledger) + len(silent))
+    drains = [b for b, f in plan.schedule() if f is None]
+    report.exactly_once = {"violations": violations, "main_output": main_cmp.to_json(),
+                           "late_events": late_cmp.to_json(), "ledger_conflicts": ledger,
+                           "drill_violations": len(silent), "drain_batches": drains,
+                           "drain_rows": sum(1 for r in main if r["batch_id"] in drains)}
+    report.state = {**state_cmp.to_json(), "read_through": "SavepointReader (state processor API)",
+                    "found": sorted(frames)}
+    if not frames:
+        report.failures.append("the final state was never read (no final/)")
+    if violations:
+        report.failures.append(f"{violations} exactly-once violations")
+    _judge_second_job(plan, run_dir, events, main, rows, second_rows, report)
+    # Faults injected, recoveries.
+    _count_faults(plan, found, events, report)
+    for kind, planned in report.planned.items():
+        if report.injected.get(kind, 0) < planned:
+            report.failures.append(f"{kind}: {report.injected.get(kind, 0)} of {planned} planned "
+                                   f"faults were injected")
+    # Drills.
+    outcomes: dict[str, int] = {}
+    for d in drills:
+        outcomes[d["outcome"]] = outcomes.get(d["outcome"], 0) + 1
+    report.drills = {"count": len(drills), "outcomes": outcomes,
+                     "violations": [d for d in drills if d.get("violation")],
+                     "all": [{k: d.get(k) for k in ("job", "target", "damage", "num_retained",
+                                                     "batches", "outcome", "restored_checkpoint",
+                                                     "checkpoint_id", "error", "names_file")}
+                             for d in drills]}
+    if silent:
+        report.failures.append(f"{len(silent)} corruption drills restored wrong state silently "
+                               f"or failed without a keyedstate error")
+    _judge_boundaries(plan, run_dir, events, report)
+    # Checkpoint directories: after gc, nothing unreferenced, nothing missing.
+    checks = [e for e in events if e.get("event") == "job-check"]
+    orphans = sum(c.get("orphan_count", 0) for c in checks)
+    missing = [m for c in checks for m in c.get("missing", [])]
+    report.checkpoint_dirs = {
+        "checks": len(checks), "orphans_after_gc": orphans, "referenced_but_missing": missing,
+        "gc_collected_files": sum(c.get("gc_collected", 0) for c in checks),
+        "max_files": max((c.get("files", 0) for c in checks), default=0),
+        "max_referenced": max((c.get("referenced", 0) for c in checks), default=0),
+        "max_bytes": max((c.get("bytes", 0) for c in checks), default=0),
+        "max_files_sampled_all_dirs": report.memory.get("max", {}).get("checkpoint_files"),
+        "max_bytes_sampled_all_dirs": report.memory.get("max", {}).get("checkpoint_bytes"),
+    }
+    if orphans:
+        report.failures.append(f"{orphans} unreferenced files left in job directories after gc")
+    if missing:
+        report.failures.append(f"{len(missing)} referenced files missing or altered: {missing[:3]}")
+    # Resource bounds.
+    jvm_bound = _executor_heap_mib(plan.master) + JVM_OVERHEAD_MIB
+    rss = report.memory.get("max_rss_mib", {})
+    report.memory["bounds_mib"] = {"executor_jvm": jvm_bound,
+                                   "python_worker": PYTHON_WORKER_BOUND_MIB}
+    if rss.get("executor_jvm", 0) > jvm_bound:
+        report.failures.append(f"an executor JVM reached {rss['executor_jvm']} MiB RSS "
+                               f"(bound {jvm_bound} MiB)")
+    if rss.get("python_worker", 0) > PYTHON_WORKER_BOUND_MIB:
+        report.failures.append(f"a Python worker reached {rss['python_worker']} MiB RSS "
+                               f"(bound {PYTHON_WORKER_BOUND_MIB} MiB)")
+    if report.local_dirs.get("max_entries_between_drivers", 0) > LOCAL_DIRS_BOUND:
+        report.failures.append(
+            f"{report.local_dirs['max_entries_between_drivers']} working directories were left "
+            f"by one dead driver (bound {LOCAL_DIRS_BOUND})")
+
+
+def _judge_second_job(plan: Plan, run_dir: str, events: list[dict[str, Any]],
+                      main: list[dict[str, Any]], rows: Any, second_rows: Any,
+                      report: ChaosReport) -> None:
+    """Two jobs, one output path: the second job's rows are exactly its own (against an
+    oracle of its input), and the soak's rows were judged above; when the soak lost rows of
+    the batch ids the second job used too, say so: a sink naming a batch's files by its
+    batch id alone lets one job replace another's output (ParquetSink before 2d83c89)."""
+    if not plan.second_job:
+        return
+    ran = [e for e in events if e.get("event") == "second-job"]
+    if not ran:
+        report.failures.append("the second job never ran")
+        return
+    spec = plan.second_job
+    orc = oracle_mod.Oracle(os.path.join(run_dir, SECOND_DIR, "generated"))
+    expected = orc.run(spec["files"])[0]
+    cmp = oracle_mod.compare_main(expected, second_rows)
+    batches = sorted({int(b) for b in ran[-1].get("batches", [])})
+    want = {b: sum(1 for r in main if r["batch_id"] == b) for b in batches}
+    got = {b: int((rows["batch_id"] == b).sum()) if len(rows) else 0 for b in batches}
+    lost = {b: want[b] - got[b] for b in batches if got[b] < want[b]}
+    report.shared_output = {"second_job": cmp.to_json(), "query_id": ran[-1].get("query_id"),
+                            "second_job_batches": batches,
+                            "soak_rows_lost_in_those_batches": lost}
+    if cmp.violations:
+        report.failures.append(f"the second job's output in the shared path: {cmp.violations} "
+                               f"violations, {cmp.missing} rows missing (a later commit of the "
+                               f"soak's batch of the same id replaces them where a sink names "
+                               f"a batch's files by its id only): {cmp.examples[:2]}")
+    if lost:
+        report.failures.append(
+            f"two jobs, one output path: the soak's batches {sorted(lost)} lost "
+            f"{sum(lost.values())} rows where the second job committed its batches "
+            f"{batches} (a sink naming a batch's files by its batch id alone, as ParquetSink "
+            f"did before 2d83c89; counted in the exactly-once violations above)")
+
+
+def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],
+                      report: ChaosReport) -> None:
+    """Every job ended as planned (its savepoint taken the planned way; a drain took the
+    batch after the job's last one), and every positions drill was refused cleanly."""
+    savepoints = {e["job"]: e for e in events if e.get("event") == "savepoint"}
+    positions = {e["job"]: e for e in events if e.get("event") == "positions-drill"}
+    boundaries = []
+    for job in plan.jobs[:-1]:
+        sp = savepoints.get(job.index, {})
+        following = plan.jobs[job.index + 1]
+        entry = {"job": job.index, "planned": job.stop + (f":{job.sink_at}" if job.sink_at
+                                                          else ""),
+                 "via": sp.get("via"), "format": job.savepoint_format,
+                 "next_mode": following.restore_mode,
+                 "fresh_location": following.spark_location != job.spark_location}
+        if job.stop == "drain":
+            entry["drain_batch"] = sp.get("drain_batch")
+            if sp and sp.get("drain_batch") != plan.end_batch(job) + 1:
+                report.failures.append(f"job {job.index}'s drain was batch "
+                                       f"{sp.get('drain_batch')}, not "
+                                       f"{plan.end_batch(job) + 1} (the batch after its last)")
+        if job.stop == "crash":
+            entry["carries_output"] = sp.get("carries_output")
+        if sp and sp.get("via") != EXPECTED_VIA[job.stop]:
+            report.failures.append(f"job {job.index} was to end by {job.stop}, its savepoint "
+                                   f"was taken by {sp.get('via')}")
+        if job.positions_drill:
+            drill = positions.get(job.index)
+            entry["positions_drill"] = drill.get("outcome") if drill else None
+            if drill is None:
+                report.failures.append(f"the positions drill of job {job.index} never ran")
+            elif drill.get("violation"):
+                report.failures.append(
+                    f"positions drill of job {job.index}: the savepoint without its context "
+                    f"was {drill.get('outcome')} ({drill.get('error', '')[:300]}), left "
+                    f"{drill.get('left')}, claimed {drill.get('claimed')}")
+        boundaries.append(entry)
+    report.boundaries = boundaries
+    report.drills["positions"] = {
+        "count": len(positions),
+        "refused": sum(1 for d in positions.values() if d.get("outcome") == "refused"
+                       and not d.get("violation"))}
+
+
+def _executor_heap_mib(master: str) -> int:
+    if master.startswith("local-cluster["):
+        return int(master[len("local-cluster["):-1].split(",")[2])
+    return 1024
+
+
+def _ledger_conflicts(run_dir: str) -> list[str]:
+    """Batches committed twice with different rows (a consumer could have seen both)."""
+    directory = os.path.join(run_dir, "ledger")
+    seen: dict[tuple[str, int], str] = {}
+    conflicts = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name)) as f:
+                entry = json.load(f)
+            k = (entry["output"], entry["batch_id"])
+            if k in seen and seen[k] != entry["sha256"]:
+                conflicts.append(f"{k[0]} output of batch {k[1]} committed with different rows")
+            seen.setdefault(k, entry["sha256"])
+    return conflicts
+
+
+def _kind_of(fault_id: str) -> str:
+    return fault_id.split("-", 1)[0]
+
+
+def _count_faults(plan: Plan, markers: dict[str, dict[str, Any]], events: list[dict[str, Any]],
+                  report: ChaosReport) -> None:
+    injected = {k: 0 for k in KINDS}
+    by_point: dict[str, int] = {}
+    recover: dict[str, list[float]] = {k: [] for k in KINDS}
+    batch_events = sorted((e["time"], e["batch_id"]) for e in events if e.get("event") == "batch")
+    for fid, marker in markers.items():
+        kind = _kind_of(fid)
+        if kind not in injected:
+            continue
+        injected[kind] += 1
+        point = f"{kind}:{marker.get('at')}"
+        by_point[point] = by_point.get(point, 0) + 1
+        t0, batch = marker.get("time", 0.0), marker.get("batch")
+        done = next((t for t, b in batch_events if b == batch and t > t0), None)
+        if done is not None:
+            recover[kind].append(done - t0)
+    savepoints = [e for e in events if e.get("event") == "savepoint"]
+    injected["savepoint"] = len(savepoints)
+    job_starts = sorted((e["time"], e["job"]) for e in events if e.get("event") == "job-start")
+    for sp in savepoints:
+        # Stop with a savepoint, then from the next job's start to its first batch (the drill
+        # and the directory check in between are the soak's, not the restart's).
+        next_batch = plan.batch_of_file(plan.jobs[sp["job"]].end_file + 1)
+        started = next((t for t, j in job_starts if j == sp["job"] + 1 and t > sp["time"]),
+                       sp["time"])
+        done = next((t for t, b in batch_events if b == next_batch and t > started), None)
+        if done is not None:
+            recover["savepoint"].append(sp.get("stop_s", 0.0) + done - started)
+        mode = plan.jobs[sp["job"] + 1].restore_mode
+        for point in (f"savepoint:{sp.get('format')}->{mode}", f"savepoint:via-{sp.get('via')}"):
+            by_point[point] = by_point.get(point, 0) + 1
+    report.injected = injected
+    report.injected_by_point = dict(sorted(by_point.items()))
+    report.recoveries = {
+        kind: {"count": len(times), "median_s": round(statistics.median(times), 1) if times else None,
+               "max_s": round(max(times), 1) if times else None}
+        for kind, times in recover.items()}
