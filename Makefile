@@ -22,12 +22,14 @@ demo: $(STAMP)
 	$(VENV)/bin/keyedstate demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/keyedstate bench --help
 
 lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check keyedstate tests benchmarks
 
 clean:
