@@ -20,7 +20,6 @@ need (storage, locations, handles) pickles; the coordinator itself stays on the 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -47,7 +46,6 @@ from keyedstate.keygroups import KeyGroupRange, check_parallelism
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.layout import (
-    CHECKPOINT_DIR_PREFIX,
     COMPLETED_MARKER_FILE,
     SHARED_DIR,
     checkpoint_dir_name,
@@ -57,7 +55,6 @@ from keyedstate.storage.layout import (
 
 logger = logging.getLogger(__name__)
 
-_CHK_DIR_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
 
 
 def has_completed_checkpoints(storage: CheckpointStorage) -> bool:
@@ -98,7 +95,7 @@ class CheckpointCoordinator:
                 f"directory for a new job"
             )
         if storage.exists(COMPLETED_MARKER_FILE):
-            raise _lost_checkpoints(storage, _checkpoint_dir_ids(storage))
+            raise _lost_checkpoints(storage, storage.checkpoint_dir_ids())
         self._next_id = _highest_used_id(storage, storage.list_files(SHARED_DIR)) + 1
 
     def _configure(self, storage: CheckpointStorage, backend: str, parallelism: int,
@@ -166,7 +163,7 @@ class CheckpointCoordinator:
             p for i in self._pending for p in (shared_file_prefix(i), checkpoint_dir_name(i) + "/")
         )
         candidates = self.storage.list_files(SHARED_DIR)
-        for checkpoint_id in _checkpoint_dir_ids(self.storage):
+        for checkpoint_id in self.storage.checkpoint_dir_ids():
             candidates += self.storage.list_files(checkpoint_dir_name(checkpoint_id))
         return sorted(p for p in candidates
                       if p not in keep and not p.startswith(pending_prefixes))
@@ -472,7 +469,7 @@ class CheckpointCoordinator:
         """
         self = cls.__new__(cls)
         self._configure(storage, backend, parallelism, max_parallelism, key_types, num_retained)
-        dir_ids = _checkpoint_dir_ids(storage)
+        dir_ids = storage.checkpoint_dir_ids()
         # Step 1. Read _metadata newest first until num_retained are readable. Only corruption
         # is skipped: I/O errors and a newer format version propagate (nothing deleted yet).
         retained: list[CompletedCheckpoint] = []
@@ -622,19 +619,6 @@ def _lost_checkpoints(storage: CheckpointStorage, incomplete: Sequence[int]
 def _highest_used_id(storage: CheckpointStorage, shared: Iterable[str],
                      dir_ids: Iterable[int] | None = None) -> int:
     """The highest checkpoint id in a ``chk-<N>/`` name or a shared file name (0 if none)."""
-    ids = [*(_checkpoint_dir_ids(storage) if dir_ids is None else dir_ids),
+    ids = [*(storage.checkpoint_dir_ids() if dir_ids is None else dir_ids),
            *(i for p in shared if (i := checkpoint_id_of_shared_file(p)) is not None)]
     return max(ids, default=0)
-
-
-def _checkpoint_dir_ids(storage: CheckpointStorage) -> list[int]:
-    """Ids of every ``chk-<N>/`` under the root, complete or not, ascending."""
-    try:
-        entries = storage.fs.ls(storage.root, detail=False)
-    except FileNotFoundError:
-        return []
-    ids = []
-    for entry in entries:
-        if m := _CHK_DIR_RE.match(str(entry).rstrip("/").rsplit("/", 1)[-1]):
-            ids.append(int(m.group(1)))
-    return sorted(ids)

@@ -4,17 +4,14 @@ the job's checkpoint directory for ``chk-N``, the savepoint folder for a savepoi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from keyedstate.errors import NoCheckpointError
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata
-from keyedstate.storage.layout import CHECKPOINT_DIR_PREFIX, METADATA_FILE
+from keyedstate.storage.layout import METADATA_FILE, checkpoint_id_of_dir
 from keyedstate.storage.transfer import TransferOptions
-
-_CHK = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}\d+$")
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,7 @@ def resolve_snapshot(path: str, storage_options: Mapping[str, Any] | None = None
     if url.endswith("/" + METADATA_FILE):
         url = url[: -len(METADATA_FILE) - 1]
     head, _, name = url.rpartition("/")
-    if _CHK.match(name) and head:
+    if checkpoint_id_of_dir(name) is not None and head:
         root = CheckpointStorage(head, storage_options, transfer)
         relative = f"{name}/{METADATA_FILE}"
         return ResolvedSnapshot(root, relative, root.read_metadata(relative))

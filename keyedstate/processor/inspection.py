@@ -59,7 +59,6 @@ from keyedstate.storage.handles import (
     StreamHandle,
 )
 from keyedstate.storage.layout import (
-    CHECKPOINT_DIR_PREFIX,
     CLAIM_MARKER_FILE,
     COMMITS_DIR,
     METADATA_FILE,
@@ -75,7 +74,6 @@ from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 #: The part of ``full_bytes`` that belongs to no state.
 OTHER_FILES = "(other files)"
 
-_CHK_DIR = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
 _STAGED = re.compile(rf"^{STAGING_DIR}/batch-(\d+)/")
 
 
@@ -337,15 +335,6 @@ def _committed(storage: CheckpointStorage) -> dict[int, CheckpointMetadata]:
     return committed
 
 
-def _chk_dir_ids(storage: CheckpointStorage) -> list[int]:
-    try:
-        entries = storage.fs.ls(storage.root, detail=False)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for e in entries
-                  if (m := _CHK_DIR.match(str(e).rstrip("/").rsplit("/", 1)[-1])))
-
-
 def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = None
                  ) -> GarbageReport:
     """Files under a job's checkpoint directory that no committed checkpoint references and
@@ -371,7 +360,7 @@ def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = Non
     # Step 2. The snapshot layout, up to the latest committed id.
     candidates = [p for p in storage.list_files(SHARED_DIR)
                   if (i := checkpoint_id_of_shared_file(p)) is None or i <= latest]
-    for checkpoint_id in _chk_dir_ids(storage):
+    for checkpoint_id in storage.checkpoint_dir_ids():
         if checkpoint_id <= latest:
             candidates += storage.list_files(checkpoint_dir_name(checkpoint_id))
     garbage = [p for p in candidates if p not in keep]

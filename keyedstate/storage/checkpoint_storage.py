@@ -21,7 +21,6 @@ old object or the whole new one). Both objects pickle as their URL and options.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -47,11 +46,7 @@ from keyedstate.storage.handles import (
     deserialize_metadata,
     serialize_metadata,
 )
-from keyedstate.storage.layout import (
-    CHECKPOINT_DIR_PREFIX,
-    METADATA_FILE,
-    checkpoint_dir_name,
-)
+from keyedstate.storage.layout import METADATA_FILE, checkpoint_dir_name, checkpoint_id_of_dir
 from keyedstate.storage.location import CheckpointStorageLocation
 from keyedstate.storage.transfer import (
     DEFAULT_TRANSFER,
@@ -63,7 +58,6 @@ from keyedstate.storage.transfer import (
 
 T = TypeVar("T")
 
-_CHK_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
 
 
 class CheckpointStorage:
@@ -475,19 +469,18 @@ class CheckpointStorage:
             raise NoCheckpointError(f"no snapshot metadata at {self.url_of(relative)}") from exc
         return deserialize_metadata(data, source=self.url_of(relative))
 
-    def checkpoint_ids(self) -> list[int]:
-        """Ids of checkpoints whose ``_metadata`` exists (committed), ascending."""
+    def checkpoint_dir_ids(self) -> list[int]:
+        """Ids of every ``chk-<N>/`` under the root, complete or not, ascending."""
         try:
             entries = self.call(f"listing {self.url}",
                                 lambda: self.fs.ls(self.root, detail=False))
         except FileNotFoundError:
             return []
-        ids = []
-        for entry in entries:
-            m = _CHK_RE.match(entry.rstrip("/").rsplit("/", 1)[-1])
-            if m and self.exists(f"{m.group(0)}/{METADATA_FILE}"):
-                ids.append(int(m.group(1)))
-        return sorted(ids)
+        return sorted(i for e in entries if (i := checkpoint_id_of_dir(e)) is not None)
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of checkpoints whose ``_metadata`` exists (committed), ascending."""
+        return [i for i in self.checkpoint_dir_ids() if self.exists(self.metadata_path(i))]
 
     def location(self, checkpoint_id: int, subtask_index: int) -> CheckpointStorageLocation:
         return CheckpointStorageLocation(self, checkpoint_id, subtask_index)

@@ -57,6 +57,22 @@ def checkpoint_dir_name(checkpoint_id: int) -> str:
     return f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"
 
 
+_CHECKPOINT_DIR_RE = re.compile(rf"^{CHECKPOINT_DIR_PREFIX}(\d+)$")
+
+
+def checkpoint_id_of_dir(path: str) -> int | None:
+    """The checkpoint id a :func:`checkpoint_dir_name` names, from a path or listing entry
+    whose last component is ``chk-<N>`` (a trailing ``/`` allowed); None for anything else."""
+    m = _CHECKPOINT_DIR_RE.match(str(path).rstrip("/").rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def is_snapshot_file(relative: str) -> bool:
+    """Whether a path relative to the root is a snapshot's file: shared (``shared/``) or
+    private to a checkpoint (``chk-<N>/...``)."""
+    return relative.startswith((f"{SHARED_DIR}/", CHECKPOINT_DIR_PREFIX))
+
+
 _SHARED_FILE_RE = re.compile(rf"^{SHARED_DIR}/{CHECKPOINT_DIR_PREFIX}(\d+)-")
 
 

@@ -42,8 +42,11 @@ from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMod
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import (
+    CLAIM_MARKER_FILE,
+    COMMITS_DIR,
     COMPLETED_MARKER_FILE,
     METADATA_FILE,
+    SPARK_OFFSETS_DIR,
     commit_marker,
     staging_dir,
 )
@@ -316,8 +319,9 @@ def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[
             pending = staging_dir(batch) + "/"
     # The completed-checkpoint marker belongs to the layout, like Spark's offsets.
     files = [p for p in storage.list_files()
-             if not p.startswith("spark/") and p != COMPLETED_MARKER_FILE]
-    layout = [p for p in files if p.startswith("commits/") or p.endswith("/_claimed")
+             if not p.startswith(f"{SPARK_OFFSETS_DIR}/") and p != COMPLETED_MARKER_FILE]
+    layout = [p for p in files if p.startswith(f"{COMMITS_DIR}/")
+              or p.endswith(f"/{CLAIM_MARKER_FILE}")
               or (pending and p.startswith(pending))]
     orphans = [p for p in files if p not in referenced and p not in layout]
     return {"directory": directory, "checkpoints": ids, "files": len(files),

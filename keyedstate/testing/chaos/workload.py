@@ -48,6 +48,7 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import TimeDomain
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.layout import is_snapshot_file
 
 # -- time ------------------------------------------------------------------------------------
 
@@ -440,10 +441,6 @@ def executor_jvm_pid() -> int | None:
     return None
 
 
-def _is_snapshot_file(relative: str) -> bool:
-    return relative.startswith("shared/") or relative.startswith("chk-")
-
-
 def _install_upload_hook() -> None:
     """Wrap this worker's :class:`CheckpointStorage` writes so that an armed upload fault
     fires on the snapshot's first or second file (the plan says which)."""
@@ -455,7 +452,7 @@ def _install_upload_hook() -> None:
 
     def maybe_fire(storage: CheckpointStorage, relative: str, data: Any) -> None:
         fault = _armed
-        if fault is None or _suspended or not _is_snapshot_file(relative):
+        if fault is None or _suspended or not is_snapshot_file(relative):
             return
         fault["uploads"] += 1
         if fault["uploads"] > fault.get("upload_index", 0):
