@@ -15,10 +15,6 @@ _CHUNK = 4 << 20
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl",
                                     "oss", "r2", "cos", "obs", "tos"})
 
-# The fault-injecting wrapper of the tests and the chaos soak resolves in every process.
-fsspec.register_implementation("ksfault", "keyedstate.testing.faults.FaultInjectingFileSystem",
-                               clobber=True)
-
 
 def file_checksum(local_path: str) -> str:
     """XXH64 (hex) of a local file, streamed."""

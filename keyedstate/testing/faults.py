@@ -14,8 +14,9 @@ file lock, so "fail the next 3 uploads under ``shared/``" holds across a whole j
     plan.add("write", "slowdown", match="/shared/", times=3)
     storage = CheckpointStorage(plan.url("s3://bucket/job"), plan.storage_options("s3", opts))
 
-Test and chaos machinery, not a production path: the protocol is registered (lazily) by
-:mod:`keyedstate.storage.checkpoint_storage` so that every process resolves it.
+Test and chaos machinery, not a production path: the protocol is registered through the
+``fsspec.specs`` entry point in ``pyproject.toml``, so that fsspec resolves it in every process
+(drivers, Spark's Python workers) without the library importing this module.
 """
 
 from __future__ import annotations
