@@ -33,6 +33,7 @@ from rocksdict import Rdict
 
 from benchmarks.common import machine, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.rocksdb.options import RocksDBOptions
 from keyedstate.backends.rocksdb.states import key_prefix, namespace_part
 from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serialize_key_group
@@ -77,9 +78,9 @@ def _raw(stored: list[bytes], rounds: int, path: str) -> float:
 
 def _ours(backend_name: str, routed: list[tuple[str, int]], rounds: int, ks: KeySerializer,
           local_dir: str) -> float:
-    sub = load_backend(backend_name).create_keyed_backend(
+    sub = load_backend(backend_name).create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=0, key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
-        max_parallelism=MAX_PARALLELISM, key_serializer=ks, local_dir=local_dir)
+        max_parallelism=MAX_PARALLELISM, key_serializer=ks, local_dir=local_dir))
     with sub:
         state = value_state(sub, ValueStateDescriptor(STATE, "bigint", default=0))
         set_key, value, update = sub.set_current_key, state.value, state.update

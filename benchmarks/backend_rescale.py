@@ -36,6 +36,7 @@ from typing import Any
 
 from benchmarks.common import machine, route, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.state.descriptors import ValueStateDescriptor
@@ -55,10 +56,10 @@ def _write_snapshot(backend_name: str, keys: int, parallelism: int,
     backend = load_backend(backend_name)
     handles, value_sum = [], 0
     for i, mine in enumerate(route(user_keys(keys), ks, parallelism, MAX_PARALLELISM)):
-        sub = backend.create_keyed_backend(
+        sub = backend.create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=i,
             key_group_range=KeyGroupRange.of_operator(MAX_PARALLELISM, parallelism, i),
-            max_parallelism=MAX_PARALLELISM, key_serializer=ks, local_dir=f"{root}/local")
+            max_parallelism=MAX_PARALLELISM, key_serializer=ks, local_dir=f"{root}/local"))
         with sub:
             state = value_state(sub, DESCRIPTOR)
             for n, (key, kg) in enumerate(mine):
@@ -77,11 +78,11 @@ def _restore(backend_name: str, handles: list[Any], parallelism: int, root: str,
     per_subtask, restored_keys, value_sum = [], 0, 0
     for i in range(parallelism):
         with timed() as t:
-            sub = backend.create_keyed_backend(
+            sub = backend.create_keyed_backend(KeyedStateBackendParameters(
                 subtask_index=i,
                 key_group_range=KeyGroupRange.of_operator(MAX_PARALLELISM, parallelism, i),
                 max_parallelism=MAX_PARALLELISM, key_serializer=ks, restore_handles=handles,
-                storage=storage, local_dir=f"{root}/restore")
+                storage=storage, local_dir=f"{root}/restore"))
         with sub:  # untimed check
             for entry in sub.iter_entries(DESCRIPTOR.name):
                 restored_keys += 1

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence, cast
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.keygroups import KeyGroupRange, operator_index_for_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.state.api import ValueState
@@ -95,7 +96,7 @@ def build_subtasks(backend: StateBackend, parallelism: int, max_parallelism: int
                    restore: Sequence[KeyedStateHandle] = (),
                    storage: CheckpointStorage | None = None) -> list[KeyedStateBackend]:
     return [
-        backend.create_keyed_backend(
+        backend.create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=i,
             key_group_range=KeyGroupRange.of_operator(max_parallelism, parallelism, i),
             max_parallelism=max_parallelism,
@@ -103,7 +104,7 @@ def build_subtasks(backend: StateBackend, parallelism: int, max_parallelism: int
             restore_handles=restore,
             storage=storage,
             local_dir=local_dir,
-        )
+        ))
         for i in range(parallelism)
     ]
 

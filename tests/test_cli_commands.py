@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from keyedstate import LocalKeyedOperator
+from keyedstate.backends.base.backend import OTHER_FILES
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.cli import main
-from keyedstate.processor.inspection import OTHER_FILES
 from tests.test_savepoints import BACKENDS, read_all, run_job
 
 LISTING_FIELDS = {"id", "batch_id", "parallelism", "max_parallelism", "backend",

@@ -22,6 +22,7 @@ from pyspark import cloudpickle
 import keyedstate
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.backends.base.backend import StateBackend, StateEntry
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import ArrowTypeSerializer, PickleSerializer
@@ -251,7 +252,7 @@ def _use(backend: StateBackend, tmp_path: Path, tag: str) -> list[Any]:
                   key_serializer=ks, storage=storage, time_provider=ManualTimeProvider(0))
     (tmp_path / f"local-{tag}-1").mkdir()
     (tmp_path / f"local-{tag}-2").mkdir()
-    keyed = backend.create_keyed_backend(**common, local_dir=str(tmp_path / f"local-{tag}-1"))
+    keyed = backend.create_keyed_backend(KeyedStateBackendParameters(**common, local_dir=str(tmp_path / f"local-{tag}-1")))
     try:
         d = ReducingStateDescriptor("r", operator.add, "bigint")
         state: Any = keyed.get_state(d)
@@ -263,8 +264,8 @@ def _use(backend: StateBackend, tmp_path: Path, tag: str) -> list[Any]:
         keyed.notify_checkpoint_complete(1)
     finally:
         keyed.close()
-    restored = backend.create_keyed_backend(**common, restore_handles=[handle],
-                                            local_dir=str(tmp_path / f"local-{tag}-2"))
+    restored = backend.create_keyed_backend(KeyedStateBackendParameters(**common, restore_handles=[handle],
+                                            local_dir=str(tmp_path / f"local-{tag}-2")))
     try:
         state = restored.get_state(d)
         values = []
@@ -289,14 +290,15 @@ def test_state_backend(ship, name, tmp_path):
 
 EXECUTOR = r"""
 import operator, pickle, sys
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.keygroups import KeyGroupRange
 payload = pickle.loads(sys.stdin.buffer.read())
 out = {}
 for name, backend in payload["backends"].items():
-    keyed = backend.create_keyed_backend(
+    keyed = backend.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=1, key_group_range=KeyGroupRange.of_operator(128, 2, 1),
         max_parallelism=128, key_serializer=payload["keys"], storage=payload["storages"][name],
-        time_provider=payload["clock"], local_dir=payload["local"] + "/" + name)
+        time_provider=payload["clock"], local_dir=payload["local"] + "/" + name))
     state = keyed.get_state(payload["descriptor"])
     keyed.set_current_key(payload["key"])
     state.add(20)

@@ -39,6 +39,7 @@ from keyedstate.backends.base.backend import (
     StateRecord,
     check_compatible,
 )
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import Attach, attach_context
@@ -408,10 +409,10 @@ def restore_canonical(backend: StateBackend, snapshot: ResolvedSnapshot, *,
     # Step 2. Fetch and verify.
     with CanonicalRange(snapshot, key_group_range, local_dir) as files:
         # Step 3. Load.
-        keyed = backend.create_keyed_backend(
+        keyed = backend.create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=subtask_index, key_group_range=key_group_range,
             max_parallelism=max_parallelism, key_serializer=key_serializer,
-            time_provider=clock, local_dir=local_dir)
+            time_provider=clock, local_dir=local_dir))
         try:
             now = clock.now_ms()
             for name, meta in states.items():
@@ -534,12 +535,12 @@ def open_snapshot_range(snapshot: ResolvedSnapshot, key_group_range: KeyGroupRan
         raise CorruptCheckpointError(
             f"{snapshot.storage.url_of(snapshot.metadata_path)} names backend "
             f"{metadata.backend!r}: {exc}") from exc
-    return native.create_keyed_backend(
+    return native.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=subtask_index, key_group_range=key_group_range,
         max_parallelism=metadata.max_parallelism, key_serializer=key_serializer,
         restore_handles=metadata.handles, storage=snapshot.storage,
         share_restored_files=False, time_provider=time_provider or SystemTimeProvider(),
-        local_dir=local_dir)
+        local_dir=local_dir))
 
 
 __all__ = [

@@ -37,11 +37,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from keyedstate.backends import backend_names, load_backend
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import unique_files
 from keyedstate.errors import (
@@ -54,7 +54,6 @@ from keyedstate.errors import (
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import (
     CheckpointMetadata,
-    KeyedStateHandle,
     SnapshotFormat,
     StreamHandle,
 )
@@ -72,7 +71,6 @@ from keyedstate.storage.layout import (
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 #: The part of ``full_bytes`` that belongs to no state.
-OTHER_FILES = "(other files)"
 
 _STAGED = re.compile(rf"^{STAGING_DIR}/batch-(\d+)/")
 
@@ -230,69 +228,15 @@ def compute_state_sizes(snapshot: ResolvedSnapshot) -> tuple[dict[str, int], str
     """Bytes per state name (plus :data:`OTHER_FILES`) over all subtasks, and how they were
     computed. Reads the snapshot's files (see the module docstring)."""
     sizes: dict[str, int] = defaultdict(int)
-    backend = snapshot.metadata.backend
+    name = snapshot.metadata.backend
+    if name not in backend_names():
+        raise ConfigurationError(f"per-state sizes of the {name!r} backend are unknown; "
+                                 f"use --no-state-sizes")
+    backend = load_backend(name)
     for handle in snapshot.metadata.handles:
-        if backend == "heap":
-            part = _heap_sizes(snapshot.storage, handle)
-        elif backend == "rocksdb":
-            part = _rocksdb_sizes(snapshot.storage, handle)
-        else:
-            raise ConfigurationError(f"per-state sizes of the {backend!r} backend are unknown; "
-                                     f"use --no-state-sizes")
-        for name, size in part.items():
-            sizes[name] += size
-    how = {"heap": "computed: bytes of each state's sections in the heap files (footers)",
-           "rocksdb": "computed: rocksdb.total-sst-files-size of each state's column family"}
-    return dict(sizes), how[backend]
-
-
-def _heap_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[str, int]:
-    from keyedstate.backends.heap.restore import chain_of, read_footer
-
-    sizes: dict[str, int] = defaultdict(int)
-    for _, stream in chain_of(handle):
-        data = storage.read_verified(stream)
-        footer = read_footer(data, storage.url_of(stream.path))
-        owned = 0
-        for section in footer.sections:
-            sizes[footer.states[section.state].meta.name] += section.length
-            owned += section.length
-        sizes[OTHER_FILES] += len(data) - owned
-    for stream in handle.private.values():
-        sizes[OTHER_FILES] += stream.length
-    return sizes
-
-
-def _rocksdb_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[str, int]:
-    from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions, native
-    from keyedstate.backends.rocksdb.restore import open_db_read_only
-    from keyedstate.backends.rocksdb.snapshot import split_instances
-
-    sizes: dict[str, int] = defaultdict(int)
-    options = RocksDBOptions()
-    # A handle of several RocksDB instances (key-group shards): each is a DB of its own.
-    for instance in split_instances(handle):
-        with tempfile.TemporaryDirectory(prefix="keyedstate-inspect-") as work:
-            for name, stream in instance.files.items():
-                local = os.path.join(work, os.path.basename(name))
-                if storage.is_local and stream.data is None and stream.segment is None:
-                    os.symlink(os.path.abspath(storage.path(stream.path)), local)
-                else:
-                    storage.download(stream, local)
-            what = f"opening subtask {handle.subtask_index}'s RocksDB files read-only"
-            db, names = open_db_read_only(work, options, what)
-            with native(what):
-                try:
-                    for cf_name in names:
-                        size = db.get_column_family(cf_name).property_int_value(
-                            "rocksdb.total-sst-files-size") or 0
-                        if size or cf_name != DEFAULT_COLUMN_FAMILY:
-                            sizes[cf_name] += size
-                finally:
-                    db.close()
-    out = dict(sizes)
-    out[OTHER_FILES] = handle.full_size - sum(out.values())
-    return out
+        for state, size in backend.state_sizes(snapshot.storage, handle).items():
+            sizes[state] += size
+    return dict(sizes), f"computed: {backend.state_sizes_method}"
 
 
 # -- garbage -------------------------------------------------------------------------------------

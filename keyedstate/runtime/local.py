@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.checkpoint.coordinator import (
     CheckpointCoordinator,
     CompletedCheckpoint,
@@ -129,7 +130,7 @@ class LocalKeyedOperator:
             # NO_CLAIM / LEGACY: read the snapshot where it lies; reference none of its files.
             handles, storage, share = self.restored.metadata.handles, self.restored.storage, False
         return [
-            self.backend.create_keyed_backend(
+            self.backend.create_keyed_backend(KeyedStateBackendParameters(
                 subtask_index=i,
                 key_group_range=KeyGroupRange.of_operator(self.max_parallelism,
                                                           self.parallelism, i),
@@ -140,7 +141,7 @@ class LocalKeyedOperator:
                 share_restored_files=share,
                 time_provider=self.time_provider,
                 local_dir=self.local_dir,
-            )
+            ))
             for i in range(self.parallelism)
         ]
 

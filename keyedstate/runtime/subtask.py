@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, OutputSchemaError
@@ -206,7 +207,7 @@ def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, floa
             max_parallelism=plan.max_parallelism, key_serializer=KeySerializer(plan.key_types),
             time_provider=SystemTimeProvider(), local_dir=plan.local_dir)
         return backend, False, time.perf_counter() - start
-    backend = plan.backend.create_keyed_backend(
+    backend = plan.backend.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=index,
         key_group_range=key_group_range,
         max_parallelism=plan.max_parallelism,
@@ -216,7 +217,7 @@ def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, floa
         share_restored_files=plan.share_restored_files,
         time_provider=SystemTimeProvider(),
         local_dir=plan.local_dir,
-    )
+    ))
     return backend, False, time.perf_counter() - start
 
 

@@ -36,6 +36,7 @@ import pytest
 
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -192,7 +193,7 @@ class Harness:
         rng = key_group_range or KeyGroupRange.of_operator(max_p, parallelism, index)
         local_dir = self.tmp_path / "local" / f"b{len(self.backends)}-sub{index}"
         local_dir.mkdir(parents=True, exist_ok=True)  # a failed create() reuses its name
-        backend = (state_backend or self.state_backend).create_keyed_backend(
+        backend = (state_backend or self.state_backend).create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=index,
             key_group_range=rng,
             max_parallelism=max_p,
@@ -202,7 +203,7 @@ class Harness:
             share_restored_files=share_restored_files,
             time_provider=time_provider or self.clock,
             local_dir=str(local_dir),
-        )
+        ))
         self.backends.append(backend)
         return backend
 

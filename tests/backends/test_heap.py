@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from keyedstate.backends import load_backend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.heap import HeapKeyedStateBackend, HeapStateBackend
 from keyedstate.backends.heap.restore import chain_of, read_footer
 from keyedstate.backends.heap.snapshot import (
@@ -65,11 +66,11 @@ class Job:
     def create(self, index: int = 0, parallelism: int = 1,
                handles: Sequence[KeyedStateHandle] = (),
                share: bool = True) -> HeapKeyedStateBackend:
-        return self.backend.create_keyed_backend(
+        return self.backend.create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=index,
             key_group_range=KeyGroupRange.of_operator(MAX_P, parallelism, index),
             max_parallelism=MAX_P, key_serializer=self.keys, restore_handles=list(handles),
-            storage=self.storage, share_restored_files=share, time_provider=self.clock)
+            storage=self.storage, share_restored_files=share, time_provider=self.clock))
 
     def create_all(self, parallelism: int,
                    handles: Sequence[KeyedStateHandle] = ()) -> list[HeapKeyedStateBackend]:
@@ -473,9 +474,9 @@ def test_max_parallelism_is_checked_against_the_file(tmp_path):
     handle = job.snapshot(b, 1)
     other = msgspec.structs.replace(handle, key_group_end=63)
     with pytest.raises(MaxParallelismMismatchError):
-        job.backend.create_keyed_backend(
+        job.backend.create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=0, key_group_range=KeyGroupRange(0, 63), max_parallelism=64,
-            key_serializer=job.keys, restore_handles=[other], storage=job.storage)
+            key_serializer=job.keys, restore_handles=[other], storage=job.storage))
 
 
 def test_a_rescaled_restore_decodes_only_its_key_groups(tmp_path):

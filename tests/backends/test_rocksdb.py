@@ -17,6 +17,7 @@ import pytest
 import rocksdict
 
 from keyedstate.backends import load_backend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from keyedstate.backends.rocksdb.options import MiB, shared_resources
@@ -78,9 +79,9 @@ def local_dir(tmp_path: Any) -> str:
 
 def _backend(backend: RocksDBStateBackend, kg_range: KeyGroupRange, local_dir: str,
              index: int = 0, **kwargs: Any) -> RocksDBKeyedStateBackend:
-    return backend.create_keyed_backend(
+    return backend.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=index, key_group_range=kg_range, max_parallelism=MAX_P,
-        key_serializer=KEYS, local_dir=local_dir, **kwargs)
+        key_serializer=KEYS, local_dir=local_dir, **kwargs))
 
 
 def _state(kb: RocksDBKeyedStateBackend, descriptor: Any) -> Any:
@@ -511,10 +512,11 @@ _CREATE_AND_DIE = """
 import os, sys
 from keyedstate.backends.rocksdb import RocksDBStateBackend
 from keyedstate.keygroups import KeyGroupRange
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.keys import KeySerializer
-kb = RocksDBStateBackend().create_keyed_backend(
+kb = RocksDBStateBackend().create_keyed_backend(KeyedStateBackendParameters(
     subtask_index=3, key_group_range=KeyGroupRange(0, 127), max_parallelism=128,
-    key_serializer=KeySerializer(["bigint"]), local_dir=sys.argv[1])
+    key_serializer=KeySerializer(["bigint"]), local_dir=sys.argv[1]))
 print(kb.instance_dir, flush=True)
 os.kill(os.getpid(), 9)  # killed with its backend open: close() never runs
 """
@@ -865,11 +867,11 @@ def test_single_instance_backends_write_the_layout_of_before(storage: Checkpoint
 
 def test_state_sizes_of_a_multi_instance_handle_add_up(storage: CheckpointStorage,
                                                        local_dir: str) -> None:
-    from keyedstate.processor.inspection import OTHER_FILES, _rocksdb_sizes
+    from keyedstate.backends.base.backend import OTHER_FILES
 
     with _sharded(storage, local_dir) as kb:
         handle = _checkpoint(kb, storage, 2)
-    sizes = _rocksdb_sizes(storage, handle)
+    sizes = RocksDBStateBackend().state_sizes(storage, handle)
     assert sizes["count"] > 0 and sizes["events"] > 0 and sizes[OTHER_FILES] > 0
     assert sum(sizes.values()) == handle.full_size
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.config import JobConfig
 from keyedstate.errors import BatchFailedError, ConfigurationError
 from keyedstate.spark.api import key_by
@@ -222,9 +223,9 @@ def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
     from keyedstate.backends.base.working_dirs import process_start_time
 
     # This process creates its directory there: every directory of an ended process goes.
-    backend = RocksDBStateBackend().create_keyed_backend(
+    backend = RocksDBStateBackend().create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=0, key_group_range=KeyGroupRange(0, 127), max_parallelism=128,
-        key_serializer=KeySerializer(["string"]), local_dir=local)
+        key_serializer=KeySerializer(["string"]), local_dir=local))
     backend.close()
     me = f"worker-{os.getpid()}-{process_start_time(os.getpid())}"
     assert me in os.listdir(local)

@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.errors import (
     ConfigurationError,
     KeyGroupRangeError,
@@ -324,33 +325,33 @@ class KeyedStateBackend(ABC):
         self.close()
 
 
+#: The per-state size of what no state owns in a snapshot (RocksDB's MANIFEST and OPTIONS,
+#: heap footers): :meth:`StateBackend.state_sizes` reports it under this name.
+OTHER_FILES = "(other files)"
+
+
 class StateBackend(ABC):
     """Backend configuration; pickles; creates :class:`KeyedStateBackend` instances."""
 
     name: str
+    #: How :meth:`state_sizes` measures (shown by ``keyedstate checkpoints show``).
+    state_sizes_method: str
 
     @abstractmethod
-    def create_keyed_backend(
-        self,
-        *,
-        subtask_index: int,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        key_serializer: KeySerializer,
-        restore_handles: Sequence[KeyedStateHandle] = (),
-        storage: CheckpointStorage | None = None,
-        share_restored_files: bool = True,
-        time_provider: TtlTimeProvider | None = None,
-        local_dir: str | None = None,
-    ) -> KeyedStateBackend:
-        """A keyed backend for one subtask, restored from ``restore_handles`` (read through
-        ``storage``) when given: every handle whose key-group range overlaps
-        ``key_group_range`` is used (rescaling), others are ignored. ``share_restored_files``
-        False means the first snapshot after restore must not reference restored files
-        (NO_CLAIM). ``local_dir`` is where the backend may keep working files (None: a
-        default below the system temp dir); a backend that does keeps them in this process's
-        directory below it (:func:`keyedstate.backends.base.working_dirs.worker_dir`) and deletes
-        them on ``close()``."""
+    def state_sizes(self, storage: CheckpointStorage, handle: KeyedStateHandle
+                    ) -> dict[str, int]:
+        """Bytes per state name in one subtask's snapshot ``handle`` (read from ``storage``),
+        plus :data:`OTHER_FILES` for what no state owns; the values sum to the handle's
+        files. Reads the files, writes nothing."""
+
+    @abstractmethod
+    def create_keyed_backend(self, parameters: KeyedStateBackendParameters
+                             ) -> KeyedStateBackend:
+        """A keyed backend for one subtask, restored from ``parameters.restore_handles`` when
+        given (contract in :class:`KeyedStateBackendParameters`). A backend that keeps working
+        files keeps them in this process's directory below ``parameters.local_dir``
+        (:func:`keyedstate.backends.base.working_dirs.worker_dir`) and deletes them on
+        ``close()``."""
 
 
 def check_restore_handles(backend_name: str, key_group_range: KeyGroupRange,

@@ -24,6 +24,8 @@ from keyedstate.backends.base.backend import (
     check_load_compatible,
     check_restore_handles,
 )
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
+from keyedstate.backends.heap import sizes
 from keyedstate.backends.heap.restore import HeapRestoreOperation
 from keyedstate.backends.heap.snapshot import (
     DIFF,
@@ -456,35 +458,31 @@ class HeapStateBackend(StateBackend):
         return (f"HeapStateBackend(max_chain_length={self.max_chain_length}, "
                 f"incremental={self.incremental})")
 
-    def create_keyed_backend(
-        self,
-        *,
-        subtask_index: int,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        key_serializer: KeySerializer,
-        restore_handles: Sequence[KeyedStateHandle] = (),
-        storage: CheckpointStorage | None = None,
-        share_restored_files: bool = True,
-        time_provider: TtlTimeProvider | None = None,
-        local_dir: str | None = None,
-    ) -> HeapKeyedStateBackend:
+    state_sizes_method = "bytes of each state's sections in the heap files (footers)"
+
+    def state_sizes(self, storage: CheckpointStorage, handle: KeyedStateHandle
+                    ) -> dict[str, int]:
+        return sizes.state_sizes(storage, handle)
+
+    def create_keyed_backend(self, parameters: KeyedStateBackendParameters
+                             ) -> HeapKeyedStateBackend:
         """See :meth:`StateBackend.create_keyed_backend`; ``local_dir`` is unused (no files)."""
+        p = parameters
         backend = HeapKeyedStateBackend(
-            subtask_index=subtask_index, key_group_range=key_group_range,
-            max_parallelism=max_parallelism, key_serializer=key_serializer,
-            time_provider=time_provider, max_chain_length=self.max_chain_length,
+            subtask_index=p.subtask_index, key_group_range=p.key_group_range,
+            max_parallelism=p.max_parallelism, key_serializer=p.key_serializer,
+            time_provider=p.time_provider, max_chain_length=self.max_chain_length,
             incremental=self.incremental,
         )
-        handles = check_restore_handles(self.name, key_group_range, max_parallelism,
-                                        restore_handles)
+        handles = check_restore_handles(self.name, p.key_group_range, p.max_parallelism,
+                                        p.restore_handles)
         if handles:
-            if storage is None:
+            if p.storage is None:
                 raise ConfigurationError(
-                    f"subtask {subtask_index} got {len(handles)} snapshot handles to restore "
+                    f"subtask {p.subtask_index} got {len(handles)} snapshot handles to restore "
                     f"but no storage to read them from; pass storage=CheckpointStorage(...)"
                 )
-            backend.restore(handles, storage, share_restored_files)
+            backend.restore(handles, p.storage, p.share_restored_files)
         return backend
 
 

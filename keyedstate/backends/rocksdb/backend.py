@@ -36,7 +36,9 @@ from keyedstate.backends.base.backend import (
     check_restore_handles,
     meta_info_of,
 )
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
+from keyedstate.backends.rocksdb import sizes
 from keyedstate.backends.rocksdb.options import (
     RocksDBOptions,
     column_family_batch,
@@ -154,41 +156,37 @@ class RocksDBStateBackend(StateBackend):
         state.setdefault("max_instances", DEFAULT_MAX_INSTANCES)
         self.__dict__.update(state)
 
-    def create_keyed_backend(
-        self,
-        *,
-        subtask_index: int,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        key_serializer: KeySerializer,
-        restore_handles: Sequence[KeyedStateHandle] = (),
-        storage: CheckpointStorage | None = None,
-        share_restored_files: bool = True,
-        time_provider: TtlTimeProvider | None = None,
-        local_dir: str | None = None,
-    ) -> RocksDBKeyedStateBackend:
-        handles = check_restore_handles(BACKEND_NAME, key_group_range, max_parallelism,
-                                        restore_handles)
+    state_sizes_method = "rocksdb.total-sst-files-size of each state's column family"
+
+    def state_sizes(self, storage: CheckpointStorage, handle: KeyedStateHandle
+                    ) -> dict[str, int]:
+        return sizes.state_sizes(storage, handle)
+
+    def create_keyed_backend(self, parameters: KeyedStateBackendParameters
+                             ) -> RocksDBKeyedStateBackend:
+        p = parameters
+        handles = check_restore_handles(BACKEND_NAME, p.key_group_range, p.max_parallelism,
+                                        p.restore_handles)
         # Every instance gets a fresh directory: one directory is never opened twice. It lies
         # in this process's own directory (worker-<pid>-<start time>), so what a process that
         # dies without close() leaves is removed by the next one that starts (working_dirs).
-        instance_dir = os.path.join(worker_dir(local_dir),
-                                    f"rocksdb-{subtask_index}-{uuid.uuid4().hex}")
+        instance_dir = os.path.join(worker_dir(p.local_dir),
+                                    f"rocksdb-{p.subtask_index}-{uuid.uuid4().hex}")
         os.makedirs(instance_dir)
         result = None
         try:
             restore = RocksDBIncrementalRestoreOperation(
-                handles=handles, storage=storage, key_group_range=key_group_range,
-                max_parallelism=max_parallelism,
-                key_group_prefix_bytes=key_group_prefix_bytes(max_parallelism),
+                handles=handles, storage=p.storage, key_group_range=p.key_group_range,
+                max_parallelism=p.max_parallelism,
+                key_group_prefix_bytes=key_group_prefix_bytes(p.max_parallelism),
                 instance_dir=instance_dir, options=self.options,
                 rescale_strategy=self.rescale_strategy,
-                share_restored_files=share_restored_files, max_instances=self.max_instances)
+                share_restored_files=p.share_restored_files, max_instances=self.max_instances)
             result = restore.restore()
             backend = RocksDBKeyedStateBackend(
-                subtask_index=subtask_index, key_group_range=key_group_range,
-                max_parallelism=max_parallelism, key_serializer=key_serializer,
-                time_provider=time_provider, instances=result.instances,
+                subtask_index=p.subtask_index, key_group_range=p.key_group_range,
+                max_parallelism=p.max_parallelism, key_serializer=p.key_serializer,
+                time_provider=p.time_provider, instances=result.instances,
                 instance_dir=instance_dir, options=self.options, incremental=self.incremental,
                 restored_states=result.states, list_sequence=result.list_sequence)
         except BaseException:
