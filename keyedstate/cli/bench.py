@@ -1,11 +1,13 @@
-"""``keyedstate bench NAME``: run one of the benchmarks (figures go to docs/benchmarks.md)."""
+"""``keyedstate bench NAME``: run one of the benchmarks (figures go to docs/benchmarks.md).
+
+The benchmarks are the package ``keyedstate_benchmarks`` (the source tree's ``benchmarks/``
+folder, installed under that name by ``pip install -e .``); they are imported by name only
+when a benchmark runs, so the library and the other commands never need them."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
-import sys
 from typing import Any, Callable
 
 import click
@@ -13,25 +15,24 @@ import click
 from keyedstate.cli.output import stderr
 
 BENCHMARKS = {
-    "checkpoint": "benchmarks.checkpoint",
-    "backend-rescale": "benchmarks.backend_rescale",
-    "access": "benchmarks.access",
-    "throughput": "benchmarks.throughput",
-    "remote": "benchmarks.remote",
-    "rescale": "benchmarks.rescale",
+    "checkpoint": "keyedstate_benchmarks.checkpoint",
+    "backend-rescale": "keyedstate_benchmarks.backend_rescale",
+    "access": "keyedstate_benchmarks.access",
+    "throughput": "keyedstate_benchmarks.throughput",
+    "remote": "keyedstate_benchmarks.remote",
+    "rescale": "keyedstate_benchmarks.rescale",
 }
 
 
 def _load_benchmark(name: str) -> Any:
-    # Benchmarks live in the source tree's benchmarks/ folder, beside the package.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if root not in sys.path:
-        sys.path.insert(0, root)
     try:
         return importlib.import_module(BENCHMARKS[name])
     except ModuleNotFoundError as exc:
+        # Either the benchmarks are not installed (a wheel built without them, or an editable
+        # install older than their package-dir entry) or one of them needs a missing extra.
         raise click.ClickException(
-            f"benchmark {name!r} needs a source checkout of keyedstate (benchmarks/): {exc}"
+            f"benchmark {name!r} can't be imported ({exc}); install keyedstate from a source "
+            f"checkout with its benchmark extra: pip install -e '.[bench]'"
         ) from exc
 
 
