@@ -31,7 +31,6 @@ from typing import Any, Callable, cast
 
 from rocksdict import Rdict
 
-from benchmarks.common import machine, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.rocksdb.options import RocksDBOptions
@@ -40,6 +39,8 @@ from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serializ
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import serialize_namespace
 from keyedstate.state.descriptors import ValueStateDescriptor
+
+from .common import machine, timed, user_keys, value_state, workdir
 
 MAX_PARALLELISM = 128
 STATE = "count"

@@ -34,13 +34,14 @@ import statistics
 from functools import partial
 from typing import Any
 
-from benchmarks.common import machine, route, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.state.descriptors import ValueStateDescriptor
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+
+from .common import machine, route, timed, user_keys, value_state, workdir
 
 DESCRIPTOR = ValueStateDescriptor("count", "bigint")
 MAX_PARALLELISM = 128

@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from benchmarks.common import build_subtasks, machine, timed, user_keys, value_state, workdir
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import StateBackend
 from keyedstate.backends.rocksdb.options import RocksDBOptions
@@ -33,6 +32,8 @@ from keyedstate.keygroups import operator_index_for_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.state.descriptors import ValueStateDescriptor
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+
+from .common import build_subtasks, machine, timed, user_keys, value_state, workdir
 
 DESCRIPTOR = ValueStateDescriptor("profile", "count bigint, note string")
 GOAL_FRACTION = 0.01

@@ -1,6 +1,6 @@
 """Plots for docs/benchmarks.md, drawn from the saved JSON results (never from a new run).
 
-    .venv/bin/python -m benchmarks.plot [--results docs/bench-results] [--out docs/img]
+    .venv/bin/python -m keyedstate_benchmarks.plot [--results docs/bench-results] [--out docs/img]
 
 Reads ``checkpoint.json``, ``backend-rescale.json`` and ``access.json`` (whichever exist) and
 writes one PNG per benchmark.
@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from benchmarks.common import save_figure  # noqa: E402
+from .common import save_figure  # noqa: E402
 
 MiB = 2**20
 INCREMENTAL, FULL, GOAL = "#1f77b4", "#b0b0b0", "#d62728"

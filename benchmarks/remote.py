@@ -38,7 +38,6 @@ import tempfile
 import uuid
 from typing import Any, Callable
 
-from benchmarks.common import machine, save_figure, timed
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.runtime.local import LocalKeyedOperator
@@ -46,6 +45,8 @@ from keyedstate.state.descriptors import ValueStateDescriptor
 from keyedstate.storage.cache import all_process_caches, process_file_cache
 from keyedstate.storage.transfer import RESTORE_PREFIX, GiB, TransferOptions, TransferStats
 from keyedstate.testing.s3 import start_moto_server, stop_moto_server
+
+from .common import machine, save_figure, timed
 
 PROFILE = ValueStateDescriptor("profile", "count bigint, note string")
 BLOB = ValueStateDescriptor("blob", "binary")

@@ -36,10 +36,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.common import machine, save_figure, workdir
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
+
+from .common import machine, save_figure, workdir
 
 KEYEDSTATE_ROCKSDB = "keyedstate-rocksdb"
 KEYEDSTATE_HEAP = "keyedstate-heap"
@@ -488,6 +489,6 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 
 if __name__ == "__main__":
-    # python -m benchmarks.throughput RESULT.json FIGURE.png: draw the figure of a saved run.
+    # python -m keyedstate_benchmarks.throughput RESULT.json FIGURE.png: draw the figure of a saved run.
     with open(sys.argv[1]) as f:
         plot(json.load(f), sys.argv[2])

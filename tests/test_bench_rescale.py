@@ -1,4 +1,4 @@
-"""Smoke test of ``keyedstate bench rescale`` (benchmarks/rescale.py) on a tiny state: the
+"""Smoke test of ``keyedstate bench rescale`` (keyedstate_benchmarks.rescale) on a tiny state: the
 whole pipeline runs, every restored state is verified, and the result has the shape the docs
 and the figure read. No timing is asserted (benchmarks are not timed tests)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from benchmarks import rescale
 from keyedstate.cli import main
+from keyedstate_benchmarks import rescale
 
 
 def test_cli_passes_keys_to_the_rescale_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -408,13 +408,13 @@ def test_unrebuildable_type_string_is_a_typed_error():
 def _cli() -> Any:
     import click
 
-    from keyedstate.cli.state import register
+    from keyedstate.cli.state import state_group
 
     @click.group()
     def main() -> None:
         pass
 
-    register(main)
+    main.add_command(state_group)
     return main
 
 

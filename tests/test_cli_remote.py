@@ -1,5 +1,5 @@
 """``keyedstate storage check``, ``keyedstate checkpoints transfer`` and the transfer table of
-``keyedstate checkpoints show`` (registered by ``keyedstate.cli.remote``)."""
+``keyedstate checkpoints show``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from click.testing import CliRunner
 
 from keyedstate import LocalKeyedOperator, ValueStateDescriptor
 from keyedstate.cli import main
-from keyedstate.cli.remote import register
 
-register(main)  # what keyedstate/cli.py does once wired
 COUNT = ValueStateDescriptor("count", "bigint", default=0)
 
 

@@ -151,23 +151,6 @@ class CheckpointCoordinator:
         latest = self.store.latest
         return list(latest.handles) if latest else []
 
-    def unreferenced_files(self) -> list[str]:
-        """Files under ``shared/`` and ``chk-<N>/`` that no retained checkpoint references
-        (relative paths), for ``keyedstate gc``. Files of checkpoints still pending here and
-        not-owned files are left out; ``taskowned/`` and files outside the layout are never
-        listed (they are not the coordinator's)."""
-        keep = set(self.registry) | self._not_owned_paths
-        for checkpoint in self.store.retained:
-            keep |= checkpoint.referenced_paths()
-        pending_prefixes = tuple(
-            p for i in self._pending for p in (shared_file_prefix(i), checkpoint_dir_name(i) + "/")
-        )
-        candidates = self.storage.list_files(SHARED_DIR)
-        for checkpoint_id in self.storage.checkpoint_dir_ids():
-            candidates += self.storage.list_files(checkpoint_dir_name(checkpoint_id))
-        return sorted(p for p in candidates
-                      if p not in keep and not p.startswith(pending_prefixes))
-
     # -- one checkpoint ------------------------------------------------------------------------
 
     def trigger(self, properties: Mapping[str, str] | None = None) -> PendingCheckpoint:

@@ -1,18 +1,14 @@
-"""``keyedstate chaos``: the chaos soak (:mod:`keyedstate.testing.chaos`, ``docs/reliability.md``).
-
-``register(main)`` adds the command to the ``keyedstate`` CLI.
-"""
+"""``keyedstate chaos``: the chaos soak (:mod:`keyedstate.testing.chaos`, ``docs/reliability.md``)."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-_err = Console(stderr=True)
+from keyedstate.cli.output import EXIT_FAILED, json_option, stderr
 
 
 @click.command()
@@ -35,7 +31,7 @@ _err = Console(stderr=True)
 @click.option("--dir", "run_dir", type=click.Path(file_okay=False), default=None,
               help="A fresh run directory (default: a temporary one, kept on failure).")
 @click.option("--keep", is_flag=True, help="Keep checkpoints and inputs after a passing run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 def chaos(batches: int, seed: int | None, master: str, faults_per_kind: int | None,
           rows_per_batch: int, keys: int, backend: str, s3: bool, run_dir: str | None,
           keep: bool, as_json: bool) -> None:
@@ -46,13 +42,14 @@ def chaos(batches: int, seed: int | None, master: str, faults_per_kind: int | No
     config = ChaosConfig(batches=batches, seed=seed, master=master,
                          faults_per_kind=faults_per_kind, rows_per_batch=rows_per_batch,
                          keys=keys, backend=backend, s3=s3, run_dir=run_dir, keep=keep)
-    report = run_chaos(config, log=lambda msg: _err.print(msg, highlight=False))
+    report = run_chaos(config, log=lambda msg: stderr.print(msg, highlight=False))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, default=str))
     else:
         _print(report)
     if not report.passed:
-        sys.exit(1)
+        # The report above says what failed; no "Error:" line repeats it.
+        raise SystemExit(EXIT_FAILED)
 
 
 def _print(report: object) -> None:
@@ -93,9 +90,5 @@ def _print(report: object) -> None:
         table.add_row(what, value)
     Console().print(table)
     for failure in r["failures"]:
-        _err.print(f"[red]FAIL[/red] {failure}", highlight=False)
+        stderr.print(f"[red]FAIL[/red] {failure}", highlight=False)
 
-
-def register(main: click.Group) -> None:
-    """Add ``keyedstate chaos`` to the ``keyedstate`` command group."""
-    main.add_command(chaos)

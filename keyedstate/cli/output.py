@@ -1,11 +1,74 @@
-"""Helpers every ``keyedstate`` command module shares: option parsing and byte formatting."""
+"""What every ``keyedstate`` command shares: its ``--json`` and ``--storage-options`` options,
+byte formats, and how an error ends a command (message and exit status).
+
+Errors (the one mapping from errors to exit statuses): a command runs its work inside
+:func:`reported_errors`; a :class:`~keyedstate.errors.KeyedStateError` leaf or an ``OSError``
+(storage) ends it with ``Error: <ErrorType>: <message>`` on stderr and exit status
+:data:`EXIT_FAILED`. The leaf's name is part of the message because scripts and the tests
+match on it (``SnapshotExistsError``, ``CorruptCheckpointError``, ...). Exit status 2 is click's
+own, for a wrong option or argument (``--storage-options`` that is not a JSON object
+included). Any other exception is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 import click
+from rich.console import Console
+
+from keyedstate.errors import KeyedStateError
+
+#: Exit status of a command that failed with a typed error (see the module docstring).
+EXIT_FAILED = 1
+
+#: The errors a command reports as a message instead of a traceback: every typed
+#: keyedstate error, and storage's own ``OSError`` (fsspec raises those untranslated).
+REPORTED_ERRORS: tuple[type[BaseException], ...] = (KeyedStateError, OSError)
+
+#: Progress bars, spinners and logs go to stderr, so stdout holds only the result.
+stderr = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CommandFailedError(click.ClickException):
+    """A command ended by a reported error: click prints ``Error: <message>`` and exits with
+    :data:`EXIT_FAILED`."""
+
+    exit_code = EXIT_FAILED
+
+
+def failure_of(exc: BaseException) -> CommandFailedError:
+    """The message and exit status a reported error ends a command with."""
+    return CommandFailedError(f"{type(exc).__name__}: {exc}")
+
+
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Run a command's work: a :data:`REPORTED_ERRORS` error becomes :func:`failure_of` it
+    (chained, so ``--traceback``-style debugging still sees the cause)."""
+    try:
+        yield
+    except REPORTED_ERRORS as exc:
+        raise failure_of(exc) from exc
+
+
+def json_option(help: str = "Print JSON instead of tables.") -> Callable[[F], F]:
+    """``--json`` (parameter ``as_json``): print the result as JSON on stdout."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def storage_options_option(
+    help: str = 'fsspec options as a JSON object, e.g. \'{"endpoint_url": '
+                '"http://localhost:9000"}\'.',
+) -> Callable[[F], F]:
+    """``--storage-options JSON`` (parameter ``storage_options``, parsed by
+    :func:`parse_storage_options`)."""
+    return click.option("--storage-options", "storage_options", default=None, metavar="JSON",
+                        help=help)
 
 
 def parse_storage_options(text: str | None) -> dict[str, Any]:
@@ -20,6 +83,11 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--storage-options")
     return options
+
+
+def echo_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout (``str()`` of what JSON has no type for)."""
+    click.echo(json.dumps(value, indent=2, default=str))
 
 
 def human_bytes(n: float) -> str:

@@ -1,9 +1,8 @@
 """``keyedstate state read``: the state of any checkpoint or savepoint, without Spark.
 
-``register(main)`` adds the ``state`` command group to the ``keyedstate`` CLI. Reading goes
-through the core (:func:`keyedstate.processor.canonical.read_range_tables`): one key-group
-range at a time, so memory stays bounded by one range's rows (native snapshots are restored
-into a temporary backend, canonical ones read from their Parquet files).
+Reading goes through the core (:func:`keyedstate.processor.canonical.read_range_tables`): one
+key-group range at a time, so memory stays bounded by one range's rows (native snapshots are
+restored into a temporary backend, canonical ones read from their Parquet files).
 """
 
 from __future__ import annotations
@@ -23,8 +22,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
-from keyedstate.cli.output import parse_storage_options
-from keyedstate.errors import KeyedStateError
+from keyedstate.cli.output import (
+    echo_json,
+    json_option,
+    parse_storage_options,
+    reported_errors,
+    stderr,
+    storage_options_option,
+)
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical import (
     key_columns_of,
@@ -44,8 +49,6 @@ from keyedstate.storage.handles import StateMetaInfo
 
 #: Rows shown when neither ``--limit`` nor ``--out`` is given.
 DEFAULT_LIMIT = 20
-
-_err = Console(stderr=True)
 
 
 def _ranges(snapshot: ResolvedSnapshot) -> list[KeyGroupRange]:
@@ -126,71 +129,66 @@ def _cell(value: Any) -> str:
     return repr(value) if isinstance(value, bytes) else str(value)
 
 
-def register(main: click.Group) -> None:
-    """Add ``keyedstate state read`` to the CLI group ``main``."""
+@click.group("state")
+def state_group() -> None:
+    """Read the keyed state of a checkpoint or savepoint (no Spark needed)."""
 
-    @main.group("state")
-    def state_group() -> None:
-        """Read the keyed state of a checkpoint or savepoint (no Spark needed)."""
 
-    @state_group.command("read")
-    @click.argument("path")
-    @click.option("--state", "name", required=True, help="The state to read.")
-    @click.option("--limit", type=click.IntRange(min=0), default=None,
-                  help=f"Show at most N rows (default {DEFAULT_LIMIT}).")
-    @click.option("--out", type=click.Path(file_okay=False), default=None,
-                  help="Write every row as Parquet files into this (new or empty) directory.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-    @click.option("--storage-options", "storage_options", default=None, metavar="JSON",
-                  help="fsspec options of PATH as a JSON object.")
-    def read(path: str, name: str, limit: int | None, out: str | None, as_json: bool,
-             storage_options: str | None) -> None:
-        """Read state NAME of the snapshot at PATH: a checkpoint directory (its latest
-        checkpoint), a chk-N folder, a savepoint folder or a _metadata file; native or
-        canonical. One row per value, map entry or list element; TTL-expired entries are
-        left out."""
-        if limit is not None and out is not None:
-            raise click.UsageError("--limit and --out exclude each other")
-        now = time.time_ns() // 1_000_000
-        options = parse_storage_options(storage_options)
-        try:
-            snapshot = resolve_snapshot(path, options)
-            if out is not None:
-                ranges = len(_ranges(snapshot))
-                with Progress(console=_err, transient=True) as bar:
-                    task = bar.add_task(f"reading {name}", total=ranges)
-                    files, rows = write_state_parquet(snapshot, name, out, now_ms=now,
-                                                      progress=lambda: bar.advance(task))
-                summary = {"state": name, "rows": rows, "files": files}
-                if as_json:
-                    click.echo(json.dumps(summary, indent=2))
-                else:
-                    _err.print(f"wrote {rows:,} rows of state {name!r} to {len(files)} "
-                               f"Parquet files in {out}")
-                return
-            wanted = DEFAULT_LIMIT if limit is None else limit
-            rows_out: list[dict[str, Any]] = []
-            if wanted:
-                for row in iter_state_rows(snapshot, name, now_ms=now):
-                    rows_out.append(row)
-                    if len(rows_out) >= wanted:
-                        break
-        except (KeyedStateError, OSError) as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
-        if as_json:
-            click.echo(json.dumps([_jsonable(r) for r in rows_out], indent=2))
+@state_group.command("read")
+@click.argument("path")
+@click.option("--state", "name", required=True, help="The state to read.")
+@click.option("--limit", type=click.IntRange(min=0), default=None,
+              help=f"Show at most N rows (default {DEFAULT_LIMIT}).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Write every row as Parquet files into this (new or empty) directory.")
+@json_option("Print JSON instead of a table.")
+@storage_options_option("fsspec options of PATH as a JSON object.")
+def read(path: str, name: str, limit: int | None, out: str | None, as_json: bool,
+         storage_options: str | None) -> None:
+    """Read state NAME of the snapshot at PATH: a checkpoint directory (its latest
+    checkpoint), a chk-N folder, a savepoint folder or a _metadata file; native or
+    canonical. One row per value, map entry or list element; TTL-expired entries are
+    left out."""
+    if limit is not None and out is not None:
+        raise click.UsageError("--limit and --out exclude each other")
+    now = time.time_ns() // 1_000_000
+    options = parse_storage_options(storage_options)
+    with reported_errors():
+        snapshot = resolve_snapshot(path, options)
+        if out is not None:
+            ranges = len(_ranges(snapshot))
+            with Progress(console=stderr, transient=True) as bar:
+                task = bar.add_task(f"reading {name}", total=ranges)
+                files, rows = write_state_parquet(snapshot, name, out, now_ms=now,
+                                                  progress=lambda: bar.advance(task))
+            summary = {"state": name, "rows": rows, "files": files}
+            if as_json:
+                echo_json(summary)
+            else:
+                stderr.print(f"wrote {rows:,} rows of state {name!r} to {len(files)} "
+                             f"Parquet files in {out}")
             return
-        meta = snapshot_states(snapshot.metadata)[name]
-        table = Table(title=f"state {name!r} ({meta.kind}, {meta.value_type}"
-                            f"{', TTL' if meta.ttl_ms is not None else ''}): "
-                            f"first {len(rows_out)} rows")
-        columns = list(rows_out[0]) if rows_out else state_schema(
-            meta, key_columns_of(snapshot.metadata), key_types_of(snapshot.metadata)).names
-        for column in columns:
-            table.add_column(column, justify="right" if column == "key_group" else "left")
-        for row in rows_out:
-            table.add_row(*(_cell(row[c]) for c in columns))
-        Console().print(table)
+        wanted = DEFAULT_LIMIT if limit is None else limit
+        rows_out: list[dict[str, Any]] = []
+        if wanted:
+            for row in iter_state_rows(snapshot, name, now_ms=now):
+                rows_out.append(row)
+                if len(rows_out) >= wanted:
+                    break
+    if as_json:
+        echo_json([_jsonable(r) for r in rows_out])
+        return
+    meta = snapshot_states(snapshot.metadata)[name]
+    table = Table(title=f"state {name!r} ({meta.kind}, {meta.value_type}"
+                        f"{', TTL' if meta.ttl_ms is not None else ''}): "
+                        f"first {len(rows_out)} rows")
+    columns = list(rows_out[0]) if rows_out else state_schema(
+        meta, key_columns_of(snapshot.metadata), key_types_of(snapshot.metadata)).names
+    for column in columns:
+        table.add_column(column, justify="right" if column == "key_group" else "left")
+    for row in rows_out:
+        table.add_row(*(_cell(row[c]) for c in columns))
+    Console().print(table)
 
 
-__all__ = ["iter_state_rows", "register", "write_state_parquet"]
+__all__ = ["iter_state_rows", "state_group", "write_state_parquet"]

@@ -20,8 +20,10 @@ backends' handles record bytes per file, not per state):
 committed checkpoint references, under the layout keyedstate owns, and only those that can't
 belong to work in flight:
 
-- ``shared/`` and ``chk-<N>/``: unreferenced files of checkpoints up to the latest committed id
-  (a pending checkpoint always has a higher id; ids only grow);
+- ``shared/chk-<N>-*`` and ``chk-<N>/``: unreferenced files of checkpoints up to the latest
+  committed id (a pending checkpoint always has a higher id; ids only grow). A file under
+  ``shared/`` without a checkpoint id in its name is not the layout's (e.g. a restored
+  snapshot's the job does not own): never listed;
 - ``staging/batch-<B>/`` (Spark jobs): staged outputs of batches up to the latest committed
   batch that no committed checkpoint still waits to commit (a checkpoint waits while its
   ``commits/`` marker is missing);
@@ -30,13 +32,17 @@ belong to work in flight:
 - never: ``_metadata`` files and what they reference, claim markers, ``taskowned/``, Spark's
   ``spark/`` offsets, or anything else outside the layout. A root with an unreadable committed
   ``_metadata`` is refused (what it references is unknown).
+
+On a running job the checkpoints may move on while gc reads: a checkpoint subsumed between the
+listing and the read of its ``_metadata`` is left out (the coordinator deletes its files), and
+a candidate deleted meanwhile is not reported. Neither can make gc list a file a newer
+checkpoint needs: those carry a higher id, or are referenced by a checkpoint read here.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -63,16 +69,13 @@ from keyedstate.storage.layout import (
     METADATA_FILE,
     SHARED_DIR,
     STAGING_DIR,
+    batch_id_of_staged_file,
     checkpoint_dir_name,
     checkpoint_id_of_commit_marker,
     checkpoint_id_of_shared_file,
     commit_marker,
 )
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
-
-#: The part of ``full_bytes`` that belongs to no state.
-
-_STAGED = re.compile(rf"^{STAGING_DIR}/batch-(\d+)/")
 
 
 # -- listings ------------------------------------------------------------------------------------
@@ -269,6 +272,8 @@ def _committed(storage: CheckpointStorage) -> dict[int, CheckpointMetadata]:
         path = storage.metadata_path(checkpoint_id)
         try:
             committed[checkpoint_id] = storage.read_metadata(path)
+        except NoCheckpointError:
+            continue  # subsumed since the listing (a running job): no longer retained
         except (CorruptCheckpointError, UnsafePathError, UnsupportedFormatVersionError) as exc:
             raise CorruptCheckpointError(
                 f"{storage.url_of(path)} can't be read ({exc}); gc needs every committed "
@@ -279,16 +284,20 @@ def _committed(storage: CheckpointStorage) -> dict[int, CheckpointMetadata]:
     return committed
 
 
-def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = None
-                 ) -> GarbageReport:
-    """Files under a job's checkpoint directory that no committed checkpoint references and
-    no work in flight may still write or need (rules in the module docstring). Reads only.
-    Raises :class:`ConfigurationError` for a savepoint directory (a savepoint is deleted as a
-    whole, by its owner) and :class:`CorruptCheckpointError` for an unreadable ``_metadata``."""
-    storage = CheckpointStorage(directory, storage_options)
+def find_garbage(directory: str | CheckpointStorage,
+                 storage_options: Mapping[str, Any] | None = None) -> GarbageReport:
+    """Files under a job's checkpoint directory (a URL, or its :class:`CheckpointStorage`)
+    that no committed checkpoint references and no work in flight may still write or need
+    (rules in the module docstring). Reads only. The one garbage finder: ``keyedstate gc``,
+    the chaos soak and the tests use it. Raises :class:`ConfigurationError` for a savepoint
+    directory (a savepoint is deleted as a whole, by its owner) and
+    :class:`CorruptCheckpointError` for an unreadable ``_metadata``."""
+    storage = (directory if isinstance(directory, CheckpointStorage)
+               else CheckpointStorage(directory, storage_options))
     if storage.exists(METADATA_FILE):
+        where = directory if isinstance(directory, str) else storage.url
         raise ConfigurationError(
-            f"{directory} is a savepoint: it is yours, whole, and gc never collects from it; "
+            f"{where} is a savepoint: it is yours, whole, and gc never collects from it; "
             f"point gc at a job's checkpoint directory"
         )
     # Step 1. Every committed checkpoint and what it references.
@@ -303,7 +312,7 @@ def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = Non
         keep.update(f.path for f in metadata.files())
     # Step 2. The snapshot layout, up to the latest committed id.
     candidates = [p for p in storage.list_files(SHARED_DIR)
-                  if (i := checkpoint_id_of_shared_file(p)) is None or i <= latest]
+                  if (i := checkpoint_id_of_shared_file(p)) is not None and i <= latest]
     for checkpoint_id in storage.checkpoint_dir_ids():
         if checkpoint_id <= latest:
             candidates += storage.list_files(checkpoint_dir_name(checkpoint_id))
@@ -318,15 +327,18 @@ def find_garbage(directory: str, storage_options: Mapping[str, Any] | None = Non
                 for paths in json.loads(metadata.properties.get("staged", "{}")).values():
                     waiting.update(paths)
         for p in storage.list_files(STAGING_DIR):
-            m = _STAGED.match(p)
-            if m and int(m.group(1)) <= latest_batch and p not in waiting:
+            staged_for = batch_id_of_staged_file(p)
+            if staged_for is not None and staged_for <= latest_batch and p not in waiting:
                 garbage.append(p)
         for p in storage.list_files(COMMITS_DIR):
             marked = checkpoint_id_of_commit_marker(p)
             if marked is not None and marked < lowest:
                 garbage.append(p)
-    sizes = {p: int(storage.fs.size(storage.path(p))) for p in garbage}
-    return GarbageReport(storage, latest, sorted(garbage), sizes)
+    # Step 4. Sizes, from listings; a file gone since (deleted by the running job) is no
+    # longer garbage to report.
+    found = storage.sizes(garbage)
+    sizes = {p: size for p, size in found.items() if size is not None}
+    return GarbageReport(storage, latest, sorted(sizes), sizes)
 
 
 def delete_garbage(report: GarbageReport,

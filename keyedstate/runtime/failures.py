@@ -7,7 +7,9 @@ subtask raises :class:`~keyedstate.errors.BatchFailedError` whose message is rea
 Spark's logs and ends with one line of data, :data:`MARKER` and a :class:`TaskFailure` as JSON:
 the batch, the subtask, the key, the error and the traceback of the user's code.
 :func:`batch_failure` finds that line in whatever the driver caught and builds the error a
-user sees; nothing else reads Spark's text.
+user sees. The state processor's Spark jobs run no subtask and carry no data line: for them
+:func:`processor_task_error` rebuilds the keyedstate error from the Python traceback Spark
+quotes. Nothing else reads Spark's text.
 
 The user's traceback starts at the user's code: the leading frames of keyedstate's runtime
 (the modules in :data:`RUNTIME_FILES`) are dropped, the frames below it are kept.
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import traceback
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
 
+from keyedstate import errors as _errors
 from keyedstate.errors import BatchFailedError, KeyedStateError
 
 #: Starts the data line of a subtask's error (the rest of the line is a TaskFailure as JSON).
@@ -36,6 +40,8 @@ MAX_MESSAGE_CHARS = 1000
 MAX_TRACEBACK_CHARS = 2000
 #: A key as passed when the function was not called for a key (``open``, ``close``).
 NO_KEY: Any = object()
+#: The last line of a Python traceback whose exception is a keyedstate error, as Spark quotes it.
+_ERROR_LINE = re.compile(r"keyedstate\.errors\.(\w+): ([^\n]*)")
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,18 @@ def for_spark(failure: KeyedStateError) -> BatchFailedError:
         return BatchFailedError(str(failure), batch_id=failure.batch_id, subtask=failure.subtask,
                                 key=failure.key, user_traceback=failure.user_traceback)
     return BatchFailedError(f"{type(failure).__name__}: {failure}")
+
+
+def processor_task_error(exc: BaseException) -> KeyedStateError | None:
+    """The keyedstate error a state processor's Spark task raised, from Spark's failure
+    ``exc``: the last ``keyedstate.errors.<Name>: <message>`` line naming a
+    :class:`KeyedStateError` leaf, rebuilt as that type (the message's first line only);
+    None when there is none."""
+    for m in reversed(list(_ERROR_LINE.finditer(_text(exc)))):
+        cls = getattr(_errors, m.group(1), None)
+        if isinstance(cls, type) and issubclass(cls, KeyedStateError):
+            return cls(m.group(2))
+    return None
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -28,7 +28,6 @@ savepoint (at any max parallelism: key groups are recomputed from the keys).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +35,6 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from keyedstate import errors as _errors
 from keyedstate.backends.base.backend import meta_info_of
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.errors import ConfigurationError, KeyedStateError, StateNotFoundError
@@ -72,6 +70,7 @@ from keyedstate.processor.canonical_schema import (
     timer_schema,
     type_from_string,
 )
+from keyedstate.runtime.failures import processor_task_error
 from keyedstate.serde import VOID_NAMESPACE
 from keyedstate.spark.processor_tasks import (
     WRITE_RESULT,
@@ -115,12 +114,11 @@ def _conform(df: Any, column: Any, target: Any) -> Any:
 
 
 def _raise_task_error(exc: Exception) -> None:
-    """Re-raise the keyedstate error inside a Spark task failure as its own type."""
-    text = str(exc)
-    for m in reversed(list(re.finditer(r"keyedstate\.errors\.(\w+): ([^\n]*)", text))):
-        cls = getattr(_errors, m.group(1), None)
-        if isinstance(cls, type) and issubclass(cls, KeyedStateError):
-            raise cls(m.group(2)) from exc
+    """Re-raise the keyedstate error inside a Spark task failure as its own type
+    (:func:`~keyedstate.runtime.failures.processor_task_error` reads Spark's text)."""
+    error = processor_task_error(exc)
+    if error is not None:
+        raise error from exc
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,15 @@ def staging_dir(batch_id: int) -> str:
     return f"{STAGING_DIR}/batch-{batch_id}"
 
 
+_STAGED_FILE_RE = re.compile(rf"^{STAGING_DIR}/batch-(\d+)/")
+
+
+def batch_id_of_staged_file(relative: str) -> int | None:
+    """The batch a file under :func:`staging_dir` was staged for; None for any other path."""
+    m = _STAGED_FILE_RE.match(relative)
+    return int(m.group(1)) if m else None
+
+
 def commit_marker(batch_id: int, checkpoint_id: int) -> str:
     """Written once the sinks committed the output of ``batch_id``'s checkpoint."""
     return f"{COMMITS_DIR}/batch-{batch_id}-{CHECKPOINT_DIR_PREFIX}{checkpoint_id}"

@@ -1,4 +1,4 @@
-"""``keyedstate chaos`` registers itself on the CLI group and refuses a plan that can't fit."""
+"""``keyedstate chaos`` attaches to a CLI group and refuses a plan that can't fit."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from keyedstate.cli.chaos import register
+from keyedstate.cli.chaos import chaos
 from keyedstate.testing.chaos.plan import make_plan
 
 pytestmark = pytest.mark.chaos
 
 
-def test_register_adds_the_command():
+def test_the_command_attaches_to_a_group():
     group = click.Group("keyedstate")
-    register(group)
+    group.add_command(chaos)
     result = CliRunner().invoke(group, ["chaos", "--help"])
     assert result.exit_code == 0, result.output
     for option in ("--batches", "--seed", "--master", "--faults-per-kind", "--s3", "--json"):

@@ -22,6 +22,7 @@ from keyedstate.errors import (
     MissingCheckpointFileError,
     UnsupportedFormatVersionError,
 )
+from keyedstate.processor.inspection import find_garbage
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import (
     CheckpointMetadata,
@@ -63,7 +64,7 @@ def assert_restorable(coordinator: CheckpointCoordinator) -> None:
         assert storage.read_metadata(completed.metadata_path) == completed.metadata
         for stream in completed.metadata.files():
             storage.read_verified(stream)
-    assert coordinator.unreferenced_files() == []
+    assert find_garbage(coordinator.storage).files == []
 
 
 # -- seed 003 ----------------------------------------------------------------------------------
@@ -322,7 +323,9 @@ def test_recover_without_orphan_cleanup(storage: CheckpointStorage) -> None:
     checkpoint(coordinator)
     orphan = storage.location(7, 0).write_shared(b"o", "lost.sst")
     kept = CheckpointCoordinator.recover(storage, cleanup_orphans=False, **config())
-    assert kept.unreferenced_files() == [orphan.path]
+    assert storage.exists(orphan.path)
+    # Id 7 is above the latest checkpoint: gc can't tell it from a checkpoint in flight.
+    assert find_garbage(storage).files == []
     assert kept.trigger().checkpoint_id == 8  # above the orphan's id
     cleaned = CheckpointCoordinator.recover(storage, **config())
     assert not storage.exists(orphan.path)
@@ -355,7 +358,8 @@ def test_corrupt_latest_metadata_falls_back_with_a_note(
     for stream in cp1.metadata.files():
         storage.read_verified(stream)
     assert storage.list_files("chk-2") != []
-    assert recovered.unreferenced_files() == storage.list_files("chk-2")
+    with pytest.raises(CorruptCheckpointError, match="chk-2"):
+        find_garbage(storage)  # gc refuses while it can't know what chk-2 references
     # New checkpoints never reuse id 2; chk-2 goes once it falls below the retained ones.
     assert checkpoint(recovered, reuse=shared_of(cp1)).checkpoint_id == 3
     assert storage.list_files("chk-2") != []
@@ -445,7 +449,6 @@ def test_a_repeated_checkpoint_id_after_a_driver_crash_is_not_clobbered(
     driver finds no trace of 2 and triggers 2 again. A task of the dead application, still
     running, then finishes its snapshot through its own copy of the location: its files must
     not overwrite the new attempt's (same subtask, same file names), and gc lists them."""
-    from keyedstate.processor.inspection import find_garbage
 
     coordinator = CheckpointCoordinator(storage, **config())
     cp1 = checkpoint(coordinator)
@@ -462,8 +465,7 @@ def test_a_repeated_checkpoint_id_after_a_driver_crash_is_not_clobbered(
     for stream in cp2.metadata.files():  # the committed checkpoint is intact
         storage.read_verified(stream)
     leftovers = sorted(h.path for h in late)
-    assert recovered.unreferenced_files() == leftovers
-    assert find_garbage(storage.root).files == leftovers
+    assert find_garbage(storage).files == leftovers
 
 
 def test_newer_format_version_is_not_skipped(storage: CheckpointStorage) -> None:
@@ -514,11 +516,11 @@ def test_not_owned_files_are_never_deleted(storage: CheckpointStorage) -> None:
     checkpoint(coordinator)
     checkpoint(coordinator)  # nothing references the user's files any more
     assert all(storage.exists(h.path) for h in user.values())
-    assert not {h.path for h in user.values()} & set(coordinator.unreferenced_files())
+    assert not {h.path for h in user.values()} & set(find_garbage(storage).files)
     # After a crash, the restore settings are passed again (as Flink reads its job config).
     again = CheckpointCoordinator.recover(storage, **config(parallelism=1), not_owned=[restored])
     assert all(storage.exists(h.path) for h in user.values())
-    assert again.unreferenced_files() == []
+    assert find_garbage(storage).files == []
     assert again.trigger().checkpoint_id == 11
 
 

@@ -19,6 +19,7 @@ from keyedstate.checkpoint.coordinator import (
 )
 from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.errors import CheckpointAbortedError, CheckpointError, CorruptCheckpointError
+from keyedstate.processor.inspection import find_garbage
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, StreamHandle
 from keyedstate.storage.layout import checkpoint_id_of_shared_file
@@ -288,7 +289,7 @@ class CheckpointMachine(RuleBasedStateMachine):
         chk_dirs = {int(p.split("/")[0][4:]) for p in self.storage.list_files()
                     if p.startswith("chk-")}
         assert chk_dirs <= {c.checkpoint_id for c in self.coord.retained} | pending
-        assert self.coord.unreferenced_files() == []
+        assert find_garbage(self.storage).files == []
 
 
 CheckpointMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=40,

@@ -84,7 +84,7 @@ def test_every_file_is_stored_once_and_referenced_in_place(store, tmp_path, back
             if round_:
                 assert checkpoint.metadata.incremental_size < checkpoint.metadata.full_size
         # inline and merged files are tracked exactly: gc finds nothing, restores are whole
-        assert op.coordinator.unreferenced_files() == []
+        assert find_garbage(op.storage).files == []
         assert find_garbage(store.url("job"), store.options).files == []
         expected = counts(op)
     with job(store, "job", backend, tmp_path, parallelism=3) as again:
@@ -108,7 +108,7 @@ def test_small_files_are_inlined_or_merged_and_gc_sees_exact_references(store, t
             assert summary["inline_files"] == len(inline)
             assert summary["objects"] == len({f.path for f in checkpoint.metadata.files()})
             # subsumed checkpoints' objects are gone, the retained one's are all there
-            assert op.coordinator.unreferenced_files() == []
+            assert find_garbage(op.storage).files == []
             storage = CheckpointStorage(store.url("job"), store.options)
             on_store = {p for p in storage.list_files("shared")}
             assert on_store == {f.path for f in checkpoint.metadata.files()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keyedstate.errors import CorruptCheckpointError, MissingCheckpointFileError
+from keyedstate.processor.inspection import find_garbage
 from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.descriptors import ListStateDescriptor, ValueStateDescriptor
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -83,4 +84,4 @@ def test_checkpoint_restore_and_rescale_on_s3(s3_bucket, tmp_path, backend):
                 counts[op.key_serializer.deserialize(entry.key_bytes)] = entry.value
         assert counts == {k: 6 for k in keys}
         # No orphan objects: every shared object is referenced by the retained checkpoint.
-        assert op.coordinator.unreferenced_files() == []
+        assert find_garbage(op.storage).files == []

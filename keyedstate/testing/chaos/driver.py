@@ -288,15 +288,17 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
 
 
 def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[str, Any]:
-    """gc (as an operator's cron would), then what is left: every file must be referenced by
-    a committed checkpoint or belong to the layout (``_metadata``, the latest sink-commit
-    markers); every referenced file must exist with its size and checksum."""
+    """gc (as an operator's cron would: the one garbage finder, ``find_garbage``), then what
+    is left, judged independently of it: every file must be referenced by a committed
+    checkpoint or belong to the layout (``_metadata``, sink-commit markers, claim markers,
+    the pending batch's staged output); every referenced file must exist with its size and
+    checksum."""
     from keyedstate.checkpoint.resolve import ResolvedSnapshot
     from keyedstate.checkpoint.savepoint import verify_snapshot_files
     from keyedstate.processor.inspection import delete_garbage, find_garbage
 
     storage = CheckpointStorage(directory, plan.storage_options)
-    report = find_garbage(directory, plan.storage_options)
+    report = find_garbage(storage)
     collected = delete_garbage(report) if apply_gc and report.files else 0
     referenced: set[str] = set()
     missing: list[str] = []
@@ -321,8 +323,7 @@ def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[
     files = [p for p in storage.list_files()
              if not p.startswith(f"{SPARK_OFFSETS_DIR}/") and p != COMPLETED_MARKER_FILE]
     layout = [p for p in files if p.startswith(f"{COMMITS_DIR}/")
-              or p.endswith(f"/{CLAIM_MARKER_FILE}")
-              or (pending and p.startswith(pending))]
+              or p.endswith(f"/{CLAIM_MARKER_FILE}") or (pending and p.startswith(pending))]
     orphans = [p for p in files if p not in referenced and p not in layout]
     return {"directory": directory, "checkpoints": ids, "files": len(files),
             "referenced": len(referenced), "gc_collected": collected,

@@ -1,0 +1,61 @@
+"""``keyedstate bench NAME``: run one of the benchmarks (figures go to docs/benchmarks.md).
+
+The benchmarks are the package ``keyedstate_benchmarks`` (the source tree's ``benchmarks/``
+folder, installed under that name by ``pip install -e .``); they are imported by name only
+when a benchmark runs, so the library and the other commands never need them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any, Callable
+
+import click
+
+from keyedstate.cli.output import stderr
+
+BENCHMARKS = {
+    "checkpoint": "keyedstate_benchmarks.checkpoint",
+    "backend-rescale": "keyedstate_benchmarks.backend_rescale",
+    "access": "keyedstate_benchmarks.access",
+    "throughput": "keyedstate_benchmarks.throughput",
+    "remote": "keyedstate_benchmarks.remote",
+    "rescale": "keyedstate_benchmarks.rescale",
+}
+
+
+def _load_benchmark(name: str) -> Any:
+    try:
+        return importlib.import_module(BENCHMARKS[name])
+    except ModuleNotFoundError as exc:
+        # Either the benchmarks are not installed (a wheel built without them, or an editable
+        # install older than their package-dir entry) or one of them needs a missing extra.
+        raise click.ClickException(
+            f"benchmark {name!r} can't be imported ({exc}); install keyedstate from a source "
+            f"checkout with its benchmark extra: pip install -e '.[bench]'"
+        ) from exc
+
+
+@click.command()
+@click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
+@click.option("--keys", type=int, default=None, help="Override the benchmark's key count.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON result to this file.")
+def bench(name: str, keys: int | None, as_json: bool, out: str | None) -> None:
+    """Run a benchmark (figures belong in docs/benchmarks.md)."""
+    module = _load_benchmark(name)
+    kwargs: dict[str, Any] = {}
+    if keys is not None:
+        kwargs["keys"] = keys
+    with stderr.status(f"bench {name}") as status:
+        progress: Callable[[str], None] = lambda msg: status.update(f"bench {name}: {msg}")
+        result = module.run(progress=progress, **kwargs)
+    text = json.dumps(result, indent=2)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    if as_json:
+        click.echo(text)
+    else:
+        stderr.print_json(text)

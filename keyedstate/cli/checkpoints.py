@@ -1,0 +1,164 @@
+"""``keyedstate checkpoints list|show|transfer``: look into a job's checkpoints and savepoints
+(read only; :mod:`keyedstate.processor.inspection`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from keyedstate.cli.output import (
+    echo_json,
+    human_bytes,
+    json_option,
+    parse_storage_options,
+    reported_errors,
+    stderr,
+    storage_options_option,
+)
+
+#: The rows of :func:`transfer_table`: label, bytes key, count key of a transfer summary.
+_TRANSFER_ROWS = (("uploaded", "uploaded_bytes", "uploaded_objects"),
+                  ("downloaded", "downloaded_bytes", "downloaded_objects"),
+                  ("duplicated server-side", "duplicated_bytes", "duplicated_objects"),
+                  ("inlined in _metadata", "inlined_bytes", "inlined_files"),
+                  ("from executors' file caches", "cache_hit_bytes", "cache_hit_files"))
+
+
+@click.group()
+def checkpoints() -> None:
+    """Inspect a job's checkpoints and savepoints."""
+
+
+@checkpoints.command("list")
+@click.argument("directory")
+@json_option()
+@storage_options_option()
+def checkpoints_list(directory: str, as_json: bool, storage_options: str | None) -> None:
+    """List the retained checkpoints of a job's checkpoint DIRECTORY (any fsspec URL; for a
+    savepoint directory, the savepoint)."""
+    from keyedstate.processor.inspection import list_checkpoints
+
+    with reported_errors():
+        listing = list_checkpoints(directory, parse_storage_options(storage_options))
+    if as_json:
+        echo_json(listing)
+        return
+    table = Table(title=f"checkpoints in {directory}")
+    for column in ("id", "kind", "batch", "p", "max p", "backend", "incremental", "full",
+                   "files"):
+        table.add_column(column, justify="left" if column in ("kind", "backend") else "right",
+                         no_wrap=True)
+    for c in listing:
+        if "error" in c:
+            table.add_row(str(c["id"]), "[red]unreadable[/red]", "", "", "", c["error"], "", "",
+                          "")
+            continue
+        table.add_row(str(c["id"]), c["kind"], "" if c["batch_id"] is None else str(c["batch_id"]),
+                      str(c["parallelism"]), str(c["max_parallelism"]), c["backend"],
+                      human_bytes(c["incremental_bytes"]), human_bytes(c["full_bytes"]),
+                      str(len(c["files"])))
+    Console().print(table)
+
+
+@checkpoints.command("show")
+@click.argument("path")
+@json_option()
+@click.option("--no-state-sizes", is_flag=True,
+              help="Skip computing per-state sizes (they read the snapshot's files).")
+@storage_options_option()
+def checkpoints_show(path: str, as_json: bool, no_state_sizes: bool,
+                     storage_options: str | None) -> None:
+    """Show one checkpoint or savepoint: PATH is a checkpoint directory (its latest
+    checkpoint), a chk-N folder, a savepoint folder or a _metadata file."""
+    from keyedstate.processor.inspection import show
+
+    with reported_errors():
+        with stderr.status("reading the snapshot"):
+            detail = show(path, parse_storage_options(storage_options),
+                          state_sizes=not no_state_sizes)
+    if as_json:
+        echo_json(detail)
+        return
+    out = Console()
+    summary = Table(title=f"{detail['kind']} {detail['id']} ({detail['format']})",
+                    show_header=False)
+    summary.add_column("field")
+    summary.add_column("value")
+    for key in ("metadata", "batch_id", "backend", "parallelism", "max_parallelism",
+                "key_types"):
+        summary.add_row(key, str(detail[key]))
+    summary.add_row("incremental / full", f"{human_bytes(detail['incremental_bytes'])} / "
+                                          f"{human_bytes(detail['full_bytes'])}")
+    summary.add_row("files", str(len(detail["files"])))
+    out.print(summary)
+    subtasks = Table(title="subtasks")
+    for column in ("subtask", "key groups", "shared files", "private files", "incremental",
+                   "full"):
+        subtasks.add_column(column, justify="right")
+    for s in detail["subtasks"]:
+        subtasks.add_row(str(s["index"]), f"{s['key_group_start']}-{s['key_group_end']}",
+                         str(len(s["shared"])), str(len(s["private"])),
+                         human_bytes(s["incremental_bytes"]), human_bytes(s["full_bytes"]))
+    out.print(subtasks)
+    states = Table(title=f"states (sizes {detail['state_sizes']})")
+    for column in ("state", "kind", "value type", "bytes"):
+        states.add_column(column, justify="right" if column == "bytes" else "left")
+    for s in detail["states"]:
+        states.add_row(s["name"], s["kind"] or "", s["value_type"] or "",
+                       "" if s["bytes"] is None else human_bytes(s["bytes"]))
+    out.print(states)
+    out.print(transfer_table(detail["transfer"], "transfers (bytes, objects)"))
+
+
+@checkpoints.command("transfer")
+@click.argument("path")
+@storage_options_option("fsspec options as a JSON object.")
+@json_option()
+def checkpoints_transfer(path: str, storage_options: str | None, as_json: bool) -> None:
+    """Bytes uploaded, downloaded, duplicated server-side and inlined by each retained
+    checkpoint of a job's checkpoint directory PATH (or one chk-N, or a savepoint), and
+    by the restores before them. Reads only the _metadata files."""
+    from keyedstate.checkpoint.resolve import resolve_snapshot
+    from keyedstate.processor.inspection import transfer_summary
+    from keyedstate.storage.checkpoint_storage import CheckpointStorage
+    from keyedstate.storage.layout import METADATA_FILE
+
+    options = parse_storage_options(storage_options)
+    with reported_errors():
+        root = CheckpointStorage(path, options)
+        ids = [] if root.exists(METADATA_FILE) else root.checkpoint_ids()
+        targets = [f"{path.rstrip('/')}/chk-{i}" for i in ids] or [path]
+        out = []
+        for target in targets:
+            snapshot = resolve_snapshot(target, options)
+            out.append({"id": snapshot.metadata.checkpoint_id,
+                        "kind": str(snapshot.metadata.kind),
+                        "metadata": snapshot.storage.url_of(snapshot.metadata_path),
+                        **transfer_summary(snapshot.metadata)})
+    if as_json:
+        echo_json(out)
+        return
+    console = Console()
+    for entry in out:
+        console.print(transfer_table(entry, f"{entry['kind']} {entry['id']}: transfers"))
+
+
+def transfer_table(summary: dict[str, Any], title: str) -> Table:
+    """A table of :func:`~keyedstate.processor.inspection.transfer_summary`: one row per
+    kind of transfer, for the snapshot and for the restores before it."""
+    table = Table(title=title)
+    for column in ("transfer", "snapshot", "restore"):
+        table.add_column(column, justify="left" if column == "transfer" else "right")
+    for label, size_key, count_key in _TRANSFER_ROWS:
+        cells = []
+        for part in ("snapshot", "restore"):
+            size, count = summary[part][size_key], summary[part][count_key]
+            cells.append(f"{human_bytes(size)} ({count})" if size or count else "-")
+        table.add_row(label, *cells)
+    retries = summary["snapshot"]["retries"] + summary["restore"]["retries"]
+    table.caption = (f"{summary['objects']} objects, {summary['merged_objects']} merged, "
+                     f"{summary['inline_files']} inline files; {retries} retried calls")
+    return table
