@@ -11,27 +11,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
-from keyedstate.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    has_completed_checkpoints,
-)
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.restore_modes import (
-    claim_snapshot,
-    max_parallelism_of_job,
-    open_restore_snapshot,
-)
 from keyedstate.checkpoint.savepoint import write_native_savepoint
 from keyedstate.config import RestoreMode, parse_restore_mode
 from keyedstate.errors import NoCheckpointError
-from keyedstate.keygroups import (
-    KeyGroupRange,
-    check_parallelism,
-    compute_default_max_parallelism,
-    operator_index_for_key_group,
-)
+from keyedstate.keygroups import KeyGroupRange, check_parallelism, operator_index_for_key_group
 from keyedstate.keys import KeySerializer
+from keyedstate.runtime.startup import open_coordinator, start_job
 from keyedstate.state.ttl import TtlTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat
@@ -75,49 +62,32 @@ class LocalKeyedOperator:
         self.parallelism = parallelism
         self.key_serializer = KeySerializer(list(key_types))
         self.storage = CheckpointStorage(checkpoint_dir, storage_options, transfer)
-        # Step 0. Credentials and location, before anything is read or written.
-        self.storage.check_access()
         self.time_provider = time_provider
         # None: the backends' default below the temp dir (one directory per process there,
         # removed with its process), not a new directory per operator that nothing removes.
         self.local_dir = local_dir
         self.num_retained = num_retained
         self.restore_mode = parse_restore_mode(restore_mode)
+        # Steps 0-3 (runtime/startup.py): storage access, the restore snapshot (checked, then
+        # claimed or kept), key groups, the coordinator; then the subtasks.
+        start = start_job(self.storage, backend=self.backend.name,
+                          key_types=self.key_serializer.type_strings, parallelism=parallelism,
+                          max_parallelism=max_parallelism, num_retained=num_retained,
+                          restore_path=restore_path, restore_mode=self.restore_mode,
+                          storage_options=storage_options,
+                          on_restore=lambda _: {"restored_from": str(restore_path)})
+        self.max_parallelism = start.max_parallelism
+        self.coordinator = start.coordinator
         #: the snapshot restored in NO_CLAIM or LEGACY mode, until the first checkpoint
-        self.restored: ResolvedSnapshot | None = None
-        # Step 1. A new job started from a snapshot: check it (reads only), then claim it or
-        # keep it as the restore source.
-        if restore_path and not has_completed_checkpoints(self.storage):
-            snapshot = open_restore_snapshot(self.storage, restore_path, self.restore_mode,
-                                             max_parallelism=max_parallelism,
-                                             backend=self.backend.name,
-                                             key_types=self.key_serializer.type_strings,
-                                             storage_options=storage_options)
-            max_parallelism = snapshot.metadata.max_parallelism
-            if self.restore_mode is RestoreMode.CLAIM:
-                claim_snapshot(snapshot, self.storage, {"restored_from": str(restore_path)})
-            else:
-                # The backends restore with share_restored_files=False: their first snapshot
-                # references none of the snapshot's files (it duplicates them).
-                self.restored = snapshot
-        # Step 2. The key groups: configured, else those of the state, else Flink's default.
-        self.max_parallelism = (max_parallelism or max_parallelism_of_job(self.storage)
-                                or compute_default_max_parallelism(parallelism))
-        check_parallelism(parallelism, self.max_parallelism)
-        # Step 3. The coordinator (recovering the job's own checkpoints), then the subtasks.
-        self.coordinator = self._coordinator()
+        self.restored: ResolvedSnapshot | None = start.restored
         self.subtasks = self._open_subtasks()
 
     def _coordinator(self) -> CheckpointCoordinator:
-        args: dict[str, Any] = dict(
-            backend=self.backend.name, parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism, key_types=self.key_serializer.type_strings,
-            num_retained=self.num_retained)
-        # A job that completed checkpoints recovers from them, also when every _metadata was
-        # lost: recover() then raises instead of this job starting from empty state.
-        if has_completed_checkpoints(self.storage):
-            return CheckpointCoordinator.recover(self.storage, **args)
-        return CheckpointCoordinator(self.storage, **args)
+        return open_coordinator(self.storage, backend=self.backend.name,
+                                parallelism=self.parallelism,
+                                max_parallelism=self.max_parallelism,
+                                key_types=self.key_serializer.type_strings,
+                                num_retained=self.num_retained)
 
     def _open_subtasks(self) -> list[KeyedStateBackend]:
         latest = self.coordinator.latest_completed

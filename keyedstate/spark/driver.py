@@ -32,23 +32,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from keyedstate.backends import load_backend
-from keyedstate.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    has_completed_checkpoints,
-)
+from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.restore_modes import (
-    claim_snapshot,
-    max_parallelism_of_job,
-    open_restore_snapshot,
-)
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
     LateEvents,
-    RestoreMode,
     SourcePositions,
 )
 from keyedstate.errors import (
@@ -61,9 +51,9 @@ from keyedstate.errors import (
     SourcePositionsError,
     TransientStorageError,
 )
-from keyedstate.keygroups import check_parallelism
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.startup import start_job
 from keyedstate.runtime.subtask import (
     KG_COLUMN,
     MIN_WATERMARK,
@@ -177,11 +167,6 @@ class KeyedJobDriver:
 
     # -- start-up ------------------------------------------------------------------------------
 
-    def _coordinator_args(self) -> dict[str, Any]:
-        return dict(backend=self.backend.name, parallelism=self.config.parallelism,
-                    max_parallelism=self.max_parallelism, key_types=self.key_types,
-                    num_retained=self.config.num_retained)
-
     def _open(self) -> None:
         """Recover from the job's own checkpoints, else start from the configured snapshot in
         its restore mode (:mod:`keyedstate.checkpoint.restore_modes`), else from empty state.
@@ -204,40 +189,29 @@ class KeyedJobDriver:
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
 
-        Before all: the checkpoint storage must accept the job's credentials and exist
+        Steps 0-3 are :func:`keyedstate.runtime.startup.start_job`, as in the local runtime.
+        Before all (its step 0): the checkpoint storage must accept the job's credentials and exist
         (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.check_access`), so a wrong key
         or a missing bucket fails the start, not the first batch.
         """
         cfg = self.config
-        self.storage.check_access()
         self.base: RestoreSource | None = None
         self.share_restored_files = True
         self.lineage = {"restored_from": cfg.restore_path or "",
                         "spark_checkpoint_location": self.spark_checkpoint_location}
         self._query_id: str | None = None
-        # Step 1. Check (and claim) the snapshot before anything is touched.
-        snap = None
-        resumed_batch = -1
-        if cfg.restore_path and not has_completed_checkpoints(self.storage):
-            snap = open_restore_snapshot(self.storage, cfg.restore_path, cfg.restore_mode,
-                                         max_parallelism=cfg.max_parallelism,
-                                         backend=self.backend.name, key_types=self.key_types,
-                                         storage_options=cfg.storage_options)
-            resumed_batch = self._resume_source(snap)
-            self._commit_carried_output(snap)
-            if cfg.restore_mode is RestoreMode.CLAIM:
-                claim_snapshot(snap, self.storage, self._claim_properties(snap, resumed_batch))
-        # Step 2. Key groups.
-        self.max_parallelism = (cfg.max_parallelism
-                                or (snap.metadata.max_parallelism if snap else None)
-                                or max_parallelism_of_job(self.storage)
-                                or cfg.effective_max_parallelism)
-        check_parallelism(cfg.parallelism, self.max_parallelism)
-        # Step 3. Own checkpoints (a claimed snapshot is one now); also when every _metadata
-        # was lost: recover() then raises rather than start from empty state or the snapshot.
-        if has_completed_checkpoints(self.storage):
-            self.coordinator = CheckpointCoordinator.recover(self.storage,
-                                                             **self._coordinator_args())
+        self._resumed_batch = -1
+        # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
+        # (_on_restore) before it is claimed.
+        start = start_job(self.storage, backend=self.backend.name, key_types=self.key_types,
+                          parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
+                          num_retained=cfg.num_retained, restore_path=cfg.restore_path,
+                          restore_mode=cfg.restore_mode, storage_options=cfg.storage_options,
+                          on_restore=self._on_restore)
+        self.max_parallelism = start.max_parallelism
+        self.coordinator = start.coordinator
+        if start.recovered:
+            # Step 3, the driver's checks of the recovered checkpoint.
             latest = self.coordinator.latest_completed
             assert latest is not None
             restored_from = latest.metadata.properties.get("restored_from", "")
@@ -258,18 +232,27 @@ class KeyedJobDriver:
             self.last_batch_id = int(latest.metadata.properties.get("batch_id", -1))
             self._check_query(latest.metadata.properties)
             return
-        self.coordinator = CheckpointCoordinator(self.storage, **self._coordinator_args())
         self.base = None
         self.watermark = MIN_WATERMARK
         self.last_batch_id = -1
+        snap = start.restored
         if snap is not None:
             # Step 4. NO_CLAIM / LEGACY.
             self.base = self._restore_source(snap.storage, snap.metadata, own=False)
             self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
-            self.last_batch_id = resumed_batch
+            self.last_batch_id = self._resumed_batch
             # NO_CLAIM: the first checkpoint references none of the snapshot's files (the
             # backends duplicate them into this job's root instead).
             self.share_restored_files = False
+
+    def _on_restore(self, snap: ResolvedSnapshot) -> dict[str, str]:
+        """Step 1, the driver's part, on the checked snapshot a new job starts from: restore
+        its source positions (:meth:`_resume_source`), commit the output it carries
+        (:meth:`_commit_carried_output`); returns the properties of the checkpoint it becomes
+        if claimed (:meth:`_claim_properties`)."""
+        self._resumed_batch = self._resume_source(snap)
+        self._commit_carried_output(snap)
+        return self._claim_properties(snap, self._resumed_batch)
 
     def _resume_source(self, snap: ResolvedSnapshot) -> int:
         """Restore the source positions of a snapshot this new job starts from; returns the
