@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeAlias
 import msgspec
 import pyarrow as pa
 
-from keyedstate.errors import SerializationError
+from keyedstate.errors import OutputSchemaError, SerializationError
 
 EPOCH_DATE = _dt.date(1970, 1, 1)
 EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -173,6 +173,19 @@ _INT_BOUNDS = {8: 1 << 7, 16: 1 << 15, 32: 1 << 31, 64: 1 << 63}
 _I64 = 1 << 63
 # Spark decimals have up to 38 digits; the default context (28) would round or refuse them.
 _DECIMAL_CONTEXT = decimal.Context(prec=80, traps=[decimal.InvalidOperation])
+
+
+def to_arrow_schema(spec: TypeLike | pa.Schema | Any) -> pa.Schema:
+    """A pyarrow schema from a DDL string ("a string, b bigint"), a struct type, a pyarrow
+    schema or a Spark StructType."""
+    if isinstance(spec, pa.Schema):
+        return spec
+    if hasattr(spec, "simpleString") and hasattr(spec, "fields"):  # Spark StructType
+        spec = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in spec.fields)
+    arrow = parse_type(spec)
+    if not pa.types.is_struct(arrow):
+        raise OutputSchemaError(f"an output schema needs named columns, got {spec!r}")
+    return pa.schema([arrow.field(i) for i in range(arrow.num_fields)])
 
 
 def _fail(value: Any, type_: pa.DataType) -> SerializationError:
