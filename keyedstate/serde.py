@@ -188,6 +188,27 @@ def to_arrow_schema(spec: TypeLike | pa.Schema | Any) -> pa.Schema:
     return pa.schema([arrow.field(i) for i in range(arrow.num_fields)])
 
 
+#: pyarrow type -> the name Spark's ``DataType.simpleString()`` gives it
+_SPARK_NAMES: dict[pa.DataType, str] = {
+    pa.bool_(): "boolean", pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int",
+    pa.int64(): "bigint", pa.float32(): "float", pa.float64(): "double",
+    pa.string(): "string", pa.large_string(): "string", pa.binary(): "binary",
+    pa.large_binary(): "binary", pa.date32(): "date",
+}
+
+
+def type_ddl(type_: pa.DataType) -> str:
+    """The Spark DDL of a key column's pyarrow type, spelled as Spark's ``simpleString()``
+    spells it (``bigint``, ``timestamp``, ``decimal(10,2)``), so that a job keyed by a
+    pyarrow table records the same key types as the same job on Spark; other types as
+    pyarrow prints them."""
+    if pa.types.is_timestamp(type_):
+        return "timestamp" if type_.tz else "timestamp_ntz"
+    if pa.types.is_decimal(type_):
+        return f"decimal({type_.precision},{type_.scale})"
+    return _SPARK_NAMES.get(type_, str(type_))
+
+
 def _fail(value: Any, type_: pa.DataType) -> SerializationError:
     return SerializationError(f"value {value!r} ({type(value).__name__}) does not match type {type_}")
 
