@@ -24,10 +24,11 @@ from keyedstate.checkpoint.coordinator import (
     CompletedCheckpoint,
     PendingCheckpoint,
 )
-from keyedstate.config import LATE_EVENTS_TAG, LateEvents
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
 from keyedstate.errors import CheckpointProtocolError, ConfigurationError, JobDrainedError
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
-from keyedstate.runtime.subtask import RestoreSource, decode_handle
+from keyedstate.runtime.startup import JobStart
+from keyedstate.runtime.subtask import MIN_WATERMARK, RestoreSource, decode_handle
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, SnapshotFormat
 from keyedstate.storage.layout import (
@@ -108,6 +109,39 @@ def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str,
             f"the job in {checkpoint_dir} was stopped with drain; start a new "
             f"job from its savepoint (execution.state-recovery.path) in a new directory"
         )
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a started job's next batch begins (from :func:`resume_point`)."""
+
+    #: what its subtasks restore from (None: empty state)
+    base: RestoreSource | None
+    #: False while the job depends on a snapshot it did not claim (its first checkpoint then
+    #: duplicates the restored files instead of referencing them)
+    share_restored_files: bool
+    watermark: int
+    #: the batch id the restored state covers, as recorded (-1: none)
+    batch_id: int
+
+
+def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
+    """What the job ``start`` describes resumes from: its recovered latest checkpoint
+    (checked by :func:`check_recovered`), else the snapshot it restores in NO_CLAIM / LEGACY
+    mode, else empty state; with the watermark and batch id they recorded."""
+    latest = start.coordinator.latest_completed
+    if start.recovered and latest is not None:
+        check_recovered(latest, config.checkpoint_dir, config.restore_path)
+        base, share, props = (restore_source(start.coordinator.storage, latest.metadata, own=True),
+                              True, latest.metadata.properties)
+    elif start.restored is not None:
+        snapshot = start.restored
+        base, share, props = (restore_source(snapshot.storage, snapshot.metadata, own=False),
+                              False, snapshot.metadata.properties)
+    else:
+        return ResumePoint(None, True, MIN_WATERMARK, -1)
+    return ResumePoint(base, share, int(props.get("watermark", MIN_WATERMARK)),
+                       int(props.get("batch_id", -1)))
 
 
 def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoint,

@@ -25,20 +25,19 @@ from keyedstate.keygroups import KeyGroupRange, check_parallelism, operator_inde
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.batch import (
     MAIN_OUTPUT,
-    check_recovered,
     complete_batch,
     mark_output_committed,
     read_staged,
     restore_source,
+    resume_point,
     side_output_schemas,
     staged_outputs,
 )
 from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
-from keyedstate.runtime.startup import open_coordinator, start_job
+from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
 from keyedstate.runtime.subtask import (
     KG_COLUMN,
-    MIN_WATERMARK,
     SUBTASK_COLUMN,
     BatchPlan,
     RestoreSource,
@@ -292,32 +291,19 @@ class LocalJob:
         self.last_outputs: dict[str, pa.Table] = {}
         self.drained = False
         self._closed = False
-        # Steps 0-3 (runtime/startup.py), then what the first batch restores from.
-        start = start_job(self.storage, backend=self.backend.name, key_types=self.key_types,
-                          parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
-                          num_retained=cfg.num_retained, restore_path=cfg.restore_path,
-                          restore_mode=cfg.restore_mode, storage_options=cfg.storage_options,
-                          on_restore=self._claim_properties)
+        # Steps 0-3 (runtime/startup.py), then what the first batch resumes from.
+        start = start_configured_job(self.storage, cfg, backend=self.backend.name,
+                                     key_types=self.key_types,
+                                     on_restore=self._claim_properties)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
         self.key_serializer = KeySerializer(self.key_types)
-        self.base: RestoreSource | None = None
-        self.share_restored_files = True
-        source = None
-        if start.recovered:
-            latest = self.coordinator.latest_completed
-            assert latest is not None
-            check_recovered(latest, cfg.checkpoint_dir, cfg.restore_path)
-            self.base = restore_source(self.storage, latest.metadata, own=True)
-            source = latest.metadata
-        elif start.restored is not None:
-            # NO_CLAIM / LEGACY: the first checkpoint references none of the snapshot's files.
-            self.base = restore_source(start.restored.storage, start.restored.metadata, own=False)
-            self.share_restored_files = False
-            source = start.restored.metadata
-        props = source.properties if source is not None else {}
-        self.watermark = int(props.get("watermark", MIN_WATERMARK))
-        self.last_batch_id = int(props.get("batch_id", -1))
+        point = resume_point(start, cfg)
+        self.base: RestoreSource | None = point.base
+        self.share_restored_files = point.share_restored_files
+        self.watermark = point.watermark
+        # A local job has no source positions: its batch ids continue the restored state's.
+        self.last_batch_id = point.batch_id
 
     def _claim_properties(self, snapshot: ResolvedSnapshot) -> dict[str, str]:
         """The properties of the checkpoint a claimed snapshot becomes: this job's lineage,

@@ -31,7 +31,7 @@ from keyedstate.checkpoint.restore_modes import (
     max_parallelism_of_job,
     open_restore_snapshot,
 )
-from keyedstate.config import RestoreMode
+from keyedstate.config import JobConfig, RestoreMode
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
@@ -100,6 +100,17 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
                                    max_parallelism=max_parallelism, key_types=key_types,
                                    num_retained=num_retained)
     return JobStart(coordinator, max_parallelism, recovered, restored)
+
+
+def start_configured_job(storage: CheckpointStorage, config: JobConfig, *, backend: str,
+                         key_types: Sequence[str], on_restore: OnRestore) -> JobStart:
+    """:func:`start_job` for a job configured by ``config`` (parallelism, max parallelism,
+    retained checkpoints, restore path and mode, storage options)."""
+    return start_job(storage, backend=backend, key_types=key_types,
+                     parallelism=config.parallelism, max_parallelism=config.max_parallelism,
+                     num_retained=config.num_retained, restore_path=config.restore_path,
+                     restore_mode=config.restore_mode, storage_options=config.storage_options,
+                     on_restore=on_restore)
 
 
 def open_coordinator(storage: CheckpointStorage, *, backend: str, parallelism: int,

@@ -52,16 +52,16 @@ from keyedstate.errors import (
 )
 from keyedstate.runtime.batch import (
     MAIN_OUTPUT,
-    check_recovered,
     complete_batch,
     mark_output_committed,
     output_pending,
     restore_source,
+    resume_point,
     side_output_schemas,
     staged_outputs,
 )
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
-from keyedstate.runtime.startup import start_job
+from keyedstate.runtime.startup import start_configured_job
 from keyedstate.runtime.subtask import (
     KG_COLUMN,
     MIN_WATERMARK,
@@ -204,35 +204,24 @@ class KeyedJobDriver:
         self._resumed_batch = -1
         # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
         # (_on_restore) before it is claimed.
-        start = start_job(self.storage, backend=self.backend.name, key_types=self.key_types,
-                          parallelism=cfg.parallelism, max_parallelism=cfg.max_parallelism,
-                          num_retained=cfg.num_retained, restore_path=cfg.restore_path,
-                          restore_mode=cfg.restore_mode, storage_options=cfg.storage_options,
-                          on_restore=self._on_restore)
+        start = start_configured_job(self.storage, cfg, backend=self.backend.name,
+                                     key_types=self.key_types, on_restore=self._on_restore)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
+        # Step 3 (the recovered checkpoint's lineage and drain checked) or step 4 (NO_CLAIM /
+        # LEGACY: the first checkpoint references none of the snapshot's files, the backends
+        # duplicate them into this job's root instead).
+        point = resume_point(start, cfg)
+        self.base = point.base
+        self.share_restored_files = point.share_restored_files
+        self.watermark = point.watermark
+        # Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
+        # source positions were restored in this job's offset log (_resume_source).
+        self.last_batch_id = point.batch_id if start.recovered else self._resumed_batch
         if start.recovered:
-            # Step 3, the driver's checks of the recovered checkpoint.
             latest = self.coordinator.latest_completed
             assert latest is not None
-            check_recovered(latest, cfg.checkpoint_dir, cfg.restore_path)
-            self.base = restore_source(self.storage, latest.metadata, own=True)
-            self.watermark = int(latest.metadata.properties.get("watermark", MIN_WATERMARK))
-            self.last_batch_id = int(latest.metadata.properties.get("batch_id", -1))
             self._check_query(latest.metadata.properties)
-            return
-        self.base = None
-        self.watermark = MIN_WATERMARK
-        self.last_batch_id = -1
-        snap = start.restored
-        if snap is not None:
-            # Step 4. NO_CLAIM / LEGACY.
-            self.base = restore_source(snap.storage, snap.metadata, own=False)
-            self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
-            self.last_batch_id = self._resumed_batch
-            # NO_CLAIM: the first checkpoint references none of the snapshot's files (the
-            # backends duplicate them into this job's root instead).
-            self.share_restored_files = False
 
     def _on_restore(self, snap: ResolvedSnapshot) -> dict[str, str]:
         """Step 1, the driver's part, on the checked snapshot a new job starts from: restore
