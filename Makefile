@@ -30,7 +30,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/ruff check keyedstate tests benchmarks
+	$(VENV)/bin/ruff check keyedstate tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -18,7 +18,8 @@ from keyedstate.keygroups import (
 )
 from keyedstate.keys import KeySerializer
 from keyedstate.processor.canonical import restore_canonical, write_canonical_savepoint
-from keyedstate.runtime.local import LocalKeyedOperator
+from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.runtime.local import LocalJob, LocalKeyedOperator
 from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
@@ -35,9 +36,10 @@ from keyedstate.storage.transfer import TransferOptions
 
 __all__ = [
     "AggregatingState", "AggregatingStateDescriptor", "CheckpointCoordinator",
-    "CheckpointMetadata", "CheckpointStorage", "CompletedCheckpoint", "HeapStateBackend",
-    "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedStateError", "KeyedStateHandle",
-    "LateEvents", "ListState", "ListStateDescriptor", "LocalKeyedOperator", "MapState",
+    "CheckpointMetadata", "CheckpointStorage", "CompletedCheckpoint", "Context",
+    "HeapStateBackend", "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedProcessFunction",
+    "KeyedStateError", "KeyedStateHandle", "LateEvents", "ListState", "ListStateDescriptor",
+    "LocalJob", "LocalKeyedOperator", "MapState",
     "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",
     "RocksDBOptions", "RocksDBStateBackend", "StateTtlConfig", "TransferOptions",
     "TtlUpdateType", "ValueState",

@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeAlias
 import msgspec
 import pyarrow as pa
 
-from keyedstate.errors import SerializationError
+from keyedstate.errors import OutputSchemaError, SerializationError
 
 EPOCH_DATE = _dt.date(1970, 1, 1)
 EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -173,6 +173,40 @@ _INT_BOUNDS = {8: 1 << 7, 16: 1 << 15, 32: 1 << 31, 64: 1 << 63}
 _I64 = 1 << 63
 # Spark decimals have up to 38 digits; the default context (28) would round or refuse them.
 _DECIMAL_CONTEXT = decimal.Context(prec=80, traps=[decimal.InvalidOperation])
+
+
+def to_arrow_schema(spec: TypeLike | pa.Schema | Any) -> pa.Schema:
+    """A pyarrow schema from a DDL string ("a string, b bigint"), a struct type, a pyarrow
+    schema or a Spark StructType."""
+    if isinstance(spec, pa.Schema):
+        return spec
+    if hasattr(spec, "simpleString") and hasattr(spec, "fields"):  # Spark StructType
+        spec = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in spec.fields)
+    arrow = parse_type(spec)
+    if not pa.types.is_struct(arrow):
+        raise OutputSchemaError(f"an output schema needs named columns, got {spec!r}")
+    return pa.schema([arrow.field(i) for i in range(arrow.num_fields)])
+
+
+#: pyarrow type -> the name Spark's ``DataType.simpleString()`` gives it
+_SPARK_NAMES: dict[pa.DataType, str] = {
+    pa.bool_(): "boolean", pa.int8(): "tinyint", pa.int16(): "smallint", pa.int32(): "int",
+    pa.int64(): "bigint", pa.float32(): "float", pa.float64(): "double",
+    pa.string(): "string", pa.large_string(): "string", pa.binary(): "binary",
+    pa.large_binary(): "binary", pa.date32(): "date",
+}
+
+
+def type_ddl(type_: pa.DataType) -> str:
+    """The Spark DDL of a key column's pyarrow type, spelled as Spark's ``simpleString()``
+    spells it (``bigint``, ``timestamp``, ``decimal(10,2)``), so that a job keyed by a
+    pyarrow table records the same key types as the same job on Spark; other types as
+    pyarrow prints them."""
+    if pa.types.is_timestamp(type_):
+        return "timestamp" if type_.tz else "timestamp_ntz"
+    if pa.types.is_decimal(type_):
+        return f"decimal({type_.precision},{type_.scale})"
+    return _SPARK_NAMES.get(type_, str(type_))
 
 
 def _fail(value: Any, type_: pa.DataType) -> SerializationError:

@@ -21,9 +21,18 @@ def test_local_demo_json_matches_its_oracle(tmp_path):
                                        "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    assert summary["verified"] is True
-    assert summary["batches"] == 6 and summary["parallelism"] == [2, 3]
-    assert all(c["full_bytes"] > 0 for c in summary["checkpoints"])
+    assert summary["verified"] is True and all(summary["checks"].values())
+    assert summary["runtime"] == "local"
+    # six files and the drain, parallelism 2, a savepoint, then 3
+    assert summary["batches"] == 6 + 1 and summary["parallelism"] == [2, 3]
+    assert summary["savepoint"] and all(s["full_bytes"] > 0 for s in summary["stats"])
+
+
+def test_example_runs_locally_from_its_own_command_line(tmp_path):
+    from examples.click_sessions import main as example
+
+    assert example(["--runtime", "local", "--dir", str(tmp_path / "d"), "--events", "2000",
+                    "--users", "50", "--files", "4"]) == 0
 
 
 def test_bench_access_runs_small(tmp_path):

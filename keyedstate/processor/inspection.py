@@ -77,7 +77,6 @@ from keyedstate.storage.layout import (
 )
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
-
 # -- listings ------------------------------------------------------------------------------------
 
 def _batch_id(metadata: CheckpointMetadata) -> int | None:

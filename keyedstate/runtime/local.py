@@ -1,38 +1,51 @@
-"""An in-process runtime for one keyed operator: p subtasks checkpointed by a coordinator.
+"""The local runtime: a keyed job in this process, without Spark or Java.
 
-The engine-independent reference for what the Spark runtime does per micro-batch (one
-checkpoint per batch, restore and rescale from the latest completed checkpoint). Tests,
-benchmarks and ``keyedstate demo --local`` use it; it imports no pyspark.
+:class:`LocalJob` runs a :class:`~keyedstate.runtime.function.KeyedProcessFunction` exactly as
+the Spark runtime does (the same start-up, routing, subtask code, checkpoints and snapshots),
+one checkpoint per batch; tests, the demo (``keyedstate demo --local``) and users testing a job
+use it. :class:`LocalKeyedOperator` is the older, lower-level form (``fn(backend, key, value)``
+over raw backends), kept for the tests and benchmarks that drive backends directly. Imports no
+pyspark.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import pyarrow as pa
+
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
-from keyedstate.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    has_completed_checkpoints,
-)
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.restore_modes import (
-    claim_snapshot,
-    max_parallelism_of_job,
-    open_restore_snapshot,
-)
-from keyedstate.checkpoint.savepoint import write_native_savepoint
-from keyedstate.config import RestoreMode, parse_restore_mode
-from keyedstate.errors import NoCheckpointError
-from keyedstate.keygroups import (
-    KeyGroupRange,
-    check_parallelism,
-    compute_default_max_parallelism,
-    operator_index_for_key_group,
-)
+from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
+from keyedstate.config import JobConfig, RestoreMode, parse_restore_mode
+from keyedstate.errors import ConfigurationError, JobDrainedError, NoCheckpointError
+from keyedstate.keygroups import KeyGroupRange, check_parallelism, operator_index_for_key_group
 from keyedstate.keys import KeySerializer
+from keyedstate.runtime.batch import (
+    MAIN_OUTPUT,
+    complete_batch,
+    mark_output_committed,
+    read_staged,
+    restore_source,
+    resume_point,
+    side_output_schemas,
+    staged_outputs,
+)
+from keyedstate.runtime.failures import batch_failure
+from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
+from keyedstate.runtime.subtask import (
+    KG_COLUMN,
+    SUBTASK_COLUMN,
+    BatchPlan,
+    RestoreSource,
+    process_group,
+    release_live,
+)
+from keyedstate.serde import to_arrow_schema, type_ddl
 from keyedstate.state.ttl import TtlTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat
@@ -43,6 +56,9 @@ ProcessFn = Callable[[KeyedStateBackend, Any, Any], None]
 
 class LocalKeyedOperator:
     """``parallelism`` keyed backends in this process, with a checkpoint coordinator.
+
+    Deprecated for jobs: run a :class:`KeyedProcessFunction` with :class:`LocalJob` (the same
+    user contract as Spark). Kept for code that drives backends directly (tests, benchmarks).
 
     On construction it restores from the latest completed checkpoint in ``checkpoint_dir``
     (any fsspec URL) when there is one, at the given parallelism (rescaling if it changed).
@@ -76,49 +92,32 @@ class LocalKeyedOperator:
         self.parallelism = parallelism
         self.key_serializer = KeySerializer(list(key_types))
         self.storage = CheckpointStorage(checkpoint_dir, storage_options, transfer)
-        # Step 0. Credentials and location, before anything is read or written.
-        self.storage.check_access()
         self.time_provider = time_provider
         # None: the backends' default below the temp dir (one directory per process there,
         # removed with its process), not a new directory per operator that nothing removes.
         self.local_dir = local_dir
         self.num_retained = num_retained
         self.restore_mode = parse_restore_mode(restore_mode)
+        # Steps 0-3 (runtime/startup.py): storage access, the restore snapshot (checked, then
+        # claimed or kept), key groups, the coordinator; then the subtasks.
+        start = start_job(self.storage, backend=self.backend.name,
+                          key_types=self.key_serializer.type_strings, parallelism=parallelism,
+                          max_parallelism=max_parallelism, num_retained=num_retained,
+                          restore_path=restore_path, restore_mode=self.restore_mode,
+                          storage_options=storage_options,
+                          on_restore=lambda _: {"restored_from": str(restore_path)})
+        self.max_parallelism = start.max_parallelism
+        self.coordinator = start.coordinator
         #: the snapshot restored in NO_CLAIM or LEGACY mode, until the first checkpoint
-        self.restored: ResolvedSnapshot | None = None
-        # Step 1. A new job started from a snapshot: check it (reads only), then claim it or
-        # keep it as the restore source.
-        if restore_path and not has_completed_checkpoints(self.storage):
-            snapshot = open_restore_snapshot(self.storage, restore_path, self.restore_mode,
-                                             max_parallelism=max_parallelism,
-                                             backend=self.backend.name,
-                                             key_types=self.key_serializer.type_strings,
-                                             storage_options=storage_options)
-            max_parallelism = snapshot.metadata.max_parallelism
-            if self.restore_mode is RestoreMode.CLAIM:
-                claim_snapshot(snapshot, self.storage, {"restored_from": str(restore_path)})
-            else:
-                # The backends restore with share_restored_files=False: their first snapshot
-                # references none of the snapshot's files (it duplicates them).
-                self.restored = snapshot
-        # Step 2. The key groups: configured, else those of the state, else Flink's default.
-        self.max_parallelism = (max_parallelism or max_parallelism_of_job(self.storage)
-                                or compute_default_max_parallelism(parallelism))
-        check_parallelism(parallelism, self.max_parallelism)
-        # Step 3. The coordinator (recovering the job's own checkpoints), then the subtasks.
-        self.coordinator = self._coordinator()
+        self.restored: ResolvedSnapshot | None = start.restored
         self.subtasks = self._open_subtasks()
 
     def _coordinator(self) -> CheckpointCoordinator:
-        args: dict[str, Any] = dict(
-            backend=self.backend.name, parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism, key_types=self.key_serializer.type_strings,
-            num_retained=self.num_retained)
-        # A job that completed checkpoints recovers from them, also when every _metadata was
-        # lost: recover() then raises instead of this job starting from empty state.
-        if has_completed_checkpoints(self.storage):
-            return CheckpointCoordinator.recover(self.storage, **args)
-        return CheckpointCoordinator(self.storage, **args)
+        return open_coordinator(self.storage, backend=self.backend.name,
+                                parallelism=self.parallelism,
+                                max_parallelism=self.max_parallelism,
+                                key_types=self.key_serializer.type_strings,
+                                num_retained=self.num_retained)
 
     def _open_subtasks(self) -> list[KeyedStateBackend]:
         latest = self.coordinator.latest_completed
@@ -225,6 +224,229 @@ class LocalKeyedOperator:
         self.close_subtasks()
 
     def __enter__(self) -> LocalKeyedOperator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalJob:
+    """A keyed job run in this process: the same :class:`KeyedProcessFunction` and
+    :class:`~keyedstate.config.JobConfig` as on Spark, without Java (a user tests the job they
+    run on Spark, a demo runs anywhere).
+
+    ``LocalJob(fn, key_columns=["user_id"], input_schema="user_id string, ts timestamp,
+    amount double", output_schema=..., side_outputs={...}, config=config)`` is Spark's
+    ``key_by(df, "user_id").process(fn, output_schema, side_outputs)`` over a DataFrame of
+    ``input_schema``, with ``config`` (a :class:`JobConfig` or its dotted keys). Each
+    :meth:`process_batch` is one micro-batch and one checkpoint, as on Spark:
+
+    1. Trigger checkpoint N; give every row its key group (:class:`KeySerializer`, the same
+       ``pmod(xxhash64(key columns), maxP)`` as Spark) and its subtask ``kg * p // maxP``.
+    2. Run every subtask with :func:`~keyedstate.runtime.subtask.process_subtask`, the code a
+       Spark task runs (timers due at the watermark, late rows, the function key by key,
+       staged output, snapshot), one after another in this process.
+    3. Complete checkpoint N (:func:`~keyedstate.runtime.batch.complete_batch`: the watermark
+       advances to the batch's largest event time less the delay).
+    4. Read the staged output, mark it committed and return it, one table per output tag
+       (``"main"``, the side outputs, ``"late-events"`` when late rows go to a side output).
+
+    Start-up is :func:`~keyedstate.runtime.startup.start_job`: a job recovers its own latest
+    checkpoint (at another parallelism: rescaling), else starts from
+    ``execution.state-recovery.path`` in its claim mode, else from empty state; a job recovered
+    from checkpoints of another lineage or one stopped with drain is refused, as on Spark.
+    Snapshots are interchangeable with Spark's: a Spark job's savepoint restores here and one
+    taken here restores on Spark (with ``keyedstate.state-recovery.source-positions: ignore``:
+    a local job has no Spark source positions to carry). Batch ids continue those of the
+    snapshot or checkpoint restored. Not here: Spark's sinks (the caller gets the output),
+    retries of a failed batch (call :meth:`process_batch` again: its state is that of the last
+    checkpoint), ``keyedstate.spark.tasks``.
+    """
+
+    def __init__(self, function: KeyedProcessFunction, *, key_columns: Sequence[str],
+                 input_schema: Any, output_schema: Any,
+                 side_outputs: Mapping[str, Any] | None = None,
+                 config: JobConfig | Mapping[str, Any]) -> None:
+        if not isinstance(function, KeyedProcessFunction):
+            raise ConfigurationError("LocalJob needs a KeyedProcessFunction instance")
+        self.function = function
+        self.config = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
+        self.input_schema = to_arrow_schema(input_schema)
+        self.key_columns = list(key_columns)
+        missing = [c for c in [*self.key_columns, *filter(None, [self.config.watermark_column])]
+                   if c not in self.input_schema.names]
+        if not self.key_columns or missing:
+            raise ConfigurationError(
+                f"key columns {self.key_columns} and watermark column "
+                f"{self.config.watermark_column!r} must be columns of the input; missing "
+                f"{missing or 'a key column'}, the input's columns are {self.input_schema.names}")
+        self.output_schema = to_arrow_schema(output_schema)
+        self.side_outputs = {k: to_arrow_schema(v) for k, v in (side_outputs or {}).items()}
+        cfg = self.config
+        self.key_types = [type_ddl(self.input_schema.field(c).type) for c in self.key_columns]
+        self.backend = load_backend(cfg.backend, **cfg.backend_options)
+        self.storage = CheckpointStorage(cfg.checkpoint_dir, cfg.storage_options,
+                                         cfg.transfer_options())
+        self.lineage = {"restored_from": cfg.restore_path or ""}
+        #: the outputs of the last batch (processed or drained)
+        self.last_outputs: dict[str, pa.Table] = {}
+        self.drained = False
+        self._closed = False
+        # Steps 0-3 (runtime/startup.py), then what the first batch resumes from.
+        start = start_configured_job(self.storage, cfg, backend=self.backend.name,
+                                     key_types=self.key_types,
+                                     on_restore=self._claim_properties)
+        self.max_parallelism = start.max_parallelism
+        self.coordinator = start.coordinator
+        self.key_serializer = KeySerializer(self.key_types)
+        point = resume_point(start, cfg)
+        self.base: RestoreSource | None = point.base
+        self.share_restored_files = point.share_restored_files
+        self.watermark = point.watermark
+        # A local job has no source positions: its batch ids continue the restored state's.
+        self.last_batch_id = point.batch_id
+
+    def _claim_properties(self, snapshot: ResolvedSnapshot) -> dict[str, str]:
+        """The properties of the checkpoint a claimed snapshot becomes: this job's lineage,
+        not drained, the snapshot's batch id (the job's batch ids continue from it)."""
+        return {**self.lineage, "drained": "false",
+                "batch_id": snapshot.metadata.properties.get("batch_id", "-1")}
+
+    # -- batches -------------------------------------------------------------------------------
+
+    def process_batch(self, data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]]
+                      ) -> dict[str, pa.Table]:
+        """Run one micro-batch over ``data`` (a table or rows of the input schema) and
+        checkpoint it (steps in the class docstring); returns its output per tag. A failure
+        raises :class:`~keyedstate.errors.BatchFailedError` (a subtask's, naming the subtask
+        and key) or the keyedstate error, and leaves the job at its last checkpoint."""
+        if self.drained:
+            raise JobDrainedError("the job was stopped with drain; it takes no more batches")
+        return self._run(self._table(data), self.last_batch_id + 1, drain=False)
+
+    def drain(self) -> dict[str, pa.Table]:
+        """Flink's ``stop --drain``: a batch of its own without rows that sets the watermark
+        to +infinity and fires every timer; returns its output. The job takes no more
+        batches, and its last checkpoint says so (a restart from it is refused)."""
+        if self.drained:
+            raise JobDrainedError("the job was stopped with drain already")
+        return self._run(self.input_schema.empty_table(), self.last_batch_id + 1, drain=True)
+
+    def _table(self, data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]]
+               ) -> pa.Table:
+        schema = self.input_schema
+        if isinstance(data, pa.RecordBatch):
+            data = pa.Table.from_batches([data])
+        if not isinstance(data, pa.Table):
+            return pa.Table.from_pylist(list(data), schema=schema)
+        missing = [n for n in schema.names if n not in data.column_names]
+        if missing:
+            raise ConfigurationError(f"the batch lacks the input columns {missing}; the input "
+                                     f"schema is {schema}")
+        return data.select(schema.names).cast(schema)
+
+    def _route(self, table: pa.Table) -> pa.Table:
+        """``table`` with each row's key group and subtask, as Spark's routing adds them."""
+        p, max_p = self.config.parallelism, self.max_parallelism
+        columns = [table.column(c).to_pylist() for c in self.key_columns]
+        keys = columns[0] if len(columns) == 1 else list(zip(*columns))
+        groups = [self.key_serializer.key_group(k, max_p) for k in keys]
+        return (table.append_column(KG_COLUMN, pa.array(groups, pa.int32()))
+                     .append_column(SUBTASK_COLUMN,
+                                    pa.array([kg * p // max_p for kg in groups], pa.int32())))
+
+    def _run(self, table: pa.Table, batch_id: int, *, drain: bool) -> dict[str, pa.Table]:
+        cfg = self.config
+        # Step 1. Trigger and route.
+        pending = self.coordinator.trigger({"batch_id": str(batch_id)})
+        late_schemas = side_output_schemas(self.side_outputs, cfg.late_events, self.input_schema)
+        plan = BatchPlan(
+            job_id=self.storage.url, batch_id=batch_id, checkpoint_id=pending.checkpoint_id,
+            parallelism=cfg.parallelism, max_parallelism=self.max_parallelism,
+            key_columns=self.key_columns, key_types=self.key_types, backend=self.backend,
+            storage=self.storage, function=self.function, output_schema=self.output_schema,
+            side_output_schemas=late_schemas, watermark=self.watermark,
+            watermark_column=cfg.watermark_column, late_events=cfg.late_events,
+            restore=self.base, share_restored_files=self.share_restored_files, drain=drain,
+            local_dir=cfg.local_dir)
+        try:
+            # Step 2. Every subtask, as one Spark task running them all would.
+            routed = self._route(table)
+            rows = [row for result in process_group(plan, range(cfg.parallelism),
+                                                     iter(routed.to_batches()))
+                    for row in result.to_pylist()]
+            # Step 3. Complete the checkpoint.
+            completed, _, watermark = complete_batch(
+                self.coordinator, pending, rows, parallelism=cfg.parallelism,
+                batch_id=batch_id, watermark=self.watermark,
+                watermark_delay_ms=cfg.watermark_delay_ms, drain=drain,
+                key_columns=self.key_columns, lineage=self.lineage)
+        except BaseException as exc:
+            if not pending.is_completed:
+                self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
+            if isinstance(exc, Exception):
+                raise batch_failure(exc, batch_id) from exc
+            raise
+        self.watermark = watermark
+        self.last_batch_id = batch_id
+        self.drained = drain
+        self.base = restore_source(self.storage, completed.metadata, own=True)
+        self.share_restored_files = True
+        # Step 4. The output, then its commit marker.
+        schemas = {MAIN_OUTPUT: self.output_schema, **late_schemas}
+        outputs = {tag: read_staged(staged) for tag, staged in
+                   staged_outputs(self.storage, completed.metadata.properties, schemas).items()}
+        mark_output_committed(self.storage, self.coordinator, completed)
+        self.last_outputs = outputs
+        return outputs
+
+    # -- snapshots and stop --------------------------------------------------------------------
+
+    @property
+    def latest_checkpoint(self) -> CompletedCheckpoint | None:
+        """The job's latest completed checkpoint (None before its first batch)."""
+        return self.coordinator.latest_completed
+
+    def savepoint(self, target: str, format: SnapshotFormat | str = SnapshotFormat.NATIVE
+                  ) -> str:
+        """A savepoint of the latest completed checkpoint in ``target`` (native or canonical,
+        refused with :class:`~keyedstate.errors.SnapshotExistsError` where one exists);
+        returns the path or URL of its ``_metadata``. The job keeps running."""
+        fmt = SnapshotFormat(str(format).lower())
+        check_savepoint_target(CheckpointStorage(target, self.config.storage_options))
+        latest = self.coordinator.latest_completed
+        if latest is None:
+            raise NoCheckpointError(
+                "no checkpoint completed yet: nothing to take a savepoint of; process a batch "
+                "first")
+        source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
+        if fmt is SnapshotFormat.NATIVE:
+            return write_native_savepoint(source, target, self.config.storage_options)
+        from keyedstate.processor.canonical import write_canonical_savepoint
+
+        return write_canonical_savepoint(source, target, self.config.storage_options)
+
+    def stop(self, *, drain: bool = False, savepoint: str | None = None,
+             format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str | None:
+        """Stop the job, as Spark's ``KeyedQuery.stop``: with ``drain``, fire every timer first
+        (:meth:`drain`; its output is :attr:`last_outputs`); with ``savepoint``, take one
+        there (after the drain, if both) and return its ``_metadata`` path. Then close."""
+        if savepoint:
+            check_savepoint_target(CheckpointStorage(savepoint, self.config.storage_options))
+        try:
+            if drain:
+                self.drain()
+            return self.savepoint(savepoint, format) if savepoint else None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the subtasks' live state in this process (idempotent); the checkpoints stay."""
+        if not self._closed:
+            self._closed = True
+            release_live(self.storage.url)
+
+    def __enter__(self) -> LocalJob:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -175,6 +175,13 @@ def _close_idle_live(job_id: str) -> None:
         _close_live(_LIVE.pop(key))
 
 
+def release_live(job_id: str) -> None:
+    """Close this process's live copies of ``job_id``'s subtasks (a job that runs its subtasks
+    in its own process, :class:`~keyedstate.runtime.local.LocalJob`, closing)."""
+    for key in [k for k in _LIVE if k[0] == job_id]:
+        _close_live(_LIVE.pop(key))
+
+
 @atexit.register
 def _close_all_live() -> None:
     """A worker that exits normally closes its copies (a killed one can't: its directory is

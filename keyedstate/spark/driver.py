@@ -32,23 +32,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from keyedstate.backends import load_backend
-from keyedstate.checkpoint.coordinator import (
-    CheckpointCoordinator,
-    CompletedCheckpoint,
-    has_completed_checkpoints,
-)
+from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.restore_modes import (
-    claim_snapshot,
-    max_parallelism_of_job,
-    open_restore_snapshot,
-)
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
-    LateEvents,
-    RestoreMode,
     SourcePositions,
 )
 from keyedstate.errors import (
@@ -61,9 +50,18 @@ from keyedstate.errors import (
     SourcePositionsError,
     TransientStorageError,
 )
-from keyedstate.keygroups import check_parallelism
-from keyedstate.processor.canonical import PROP_KEY_COLUMNS
+from keyedstate.runtime.batch import (
+    MAIN_OUTPUT,
+    complete_batch,
+    mark_output_committed,
+    output_pending,
+    restore_source,
+    resume_point,
+    side_output_schemas,
+    staged_outputs,
+)
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.startup import start_configured_job
 from keyedstate.runtime.subtask import (
     KG_COLUMN,
     MIN_WATERMARK,
@@ -71,21 +69,16 @@ from keyedstate.runtime.subtask import (
     SUBTASK_COLUMN,
     BatchPlan,
     RestoreSource,
-    decode_handle,
 )
 from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.offsets import OFFSETS, PROP_QUERY_ID, OffsetLog, seed
 from keyedstate.spark.query import StopGate
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
-from keyedstate.spark.sinks import StagedOutput
 from keyedstate.spark.tasks import run_subtask
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat
 from keyedstate.storage.layout import (
     COMMITS_DIR,
-    checkpoint_id_of_commit_marker,
-    commit_marker,
-    staging_dir,
 )
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
@@ -93,8 +86,6 @@ if TYPE_CHECKING:  # the job (api) builds its driver
     from keyedstate.spark.api import KeyedProcessJob
 
 log = logging.getLogger("keyedstate")
-
-MAIN_OUTPUT = "main"
 
 
 @dataclass
@@ -177,11 +168,6 @@ class KeyedJobDriver:
 
     # -- start-up ------------------------------------------------------------------------------
 
-    def _coordinator_args(self) -> dict[str, Any]:
-        return dict(backend=self.backend.name, parallelism=self.config.parallelism,
-                    max_parallelism=self.max_parallelism, key_types=self.key_types,
-                    num_retained=self.config.num_retained)
-
     def _open(self) -> None:
         """Recover from the job's own checkpoints, else start from the configured snapshot in
         its restore mode (:mod:`keyedstate.checkpoint.restore_modes`), else from empty state.
@@ -204,72 +190,47 @@ class KeyedJobDriver:
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
 
-        Before all: the checkpoint storage must accept the job's credentials and exist
+        Steps 0-3 are :func:`keyedstate.runtime.startup.start_job`, as in the local runtime.
+        Before all (its step 0): the checkpoint storage must accept the job's credentials and exist
         (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.check_access`), so a wrong key
         or a missing bucket fails the start, not the first batch.
         """
         cfg = self.config
-        self.storage.check_access()
         self.base: RestoreSource | None = None
         self.share_restored_files = True
         self.lineage = {"restored_from": cfg.restore_path or "",
                         "spark_checkpoint_location": self.spark_checkpoint_location}
         self._query_id: str | None = None
-        # Step 1. Check (and claim) the snapshot before anything is touched.
-        snap = None
-        resumed_batch = -1
-        if cfg.restore_path and not has_completed_checkpoints(self.storage):
-            snap = open_restore_snapshot(self.storage, cfg.restore_path, cfg.restore_mode,
-                                         max_parallelism=cfg.max_parallelism,
-                                         backend=self.backend.name, key_types=self.key_types,
-                                         storage_options=cfg.storage_options)
-            resumed_batch = self._resume_source(snap)
-            self._commit_carried_output(snap)
-            if cfg.restore_mode is RestoreMode.CLAIM:
-                claim_snapshot(snap, self.storage, self._claim_properties(snap, resumed_batch))
-        # Step 2. Key groups.
-        self.max_parallelism = (cfg.max_parallelism
-                                or (snap.metadata.max_parallelism if snap else None)
-                                or max_parallelism_of_job(self.storage)
-                                or cfg.effective_max_parallelism)
-        check_parallelism(cfg.parallelism, self.max_parallelism)
-        # Step 3. Own checkpoints (a claimed snapshot is one now); also when every _metadata
-        # was lost: recover() then raises rather than start from empty state or the snapshot.
-        if has_completed_checkpoints(self.storage):
-            self.coordinator = CheckpointCoordinator.recover(self.storage,
-                                                             **self._coordinator_args())
+        self._resumed_batch = -1
+        # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
+        # (_on_restore) before it is claimed.
+        start = start_configured_job(self.storage, cfg, backend=self.backend.name,
+                                     key_types=self.key_types, on_restore=self._on_restore)
+        self.max_parallelism = start.max_parallelism
+        self.coordinator = start.coordinator
+        # Step 3 (the recovered checkpoint's lineage and drain checked) or step 4 (NO_CLAIM /
+        # LEGACY: the first checkpoint references none of the snapshot's files, the backends
+        # duplicate them into this job's root instead).
+        point = resume_point(start, cfg)
+        self.base = point.base
+        self.share_restored_files = point.share_restored_files
+        self.watermark = point.watermark
+        # Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
+        # source positions were restored in this job's offset log (_resume_source).
+        self.last_batch_id = point.batch_id if start.recovered else self._resumed_batch
+        if start.recovered:
             latest = self.coordinator.latest_completed
             assert latest is not None
-            restored_from = latest.metadata.properties.get("restored_from", "")
-            if restored_from != self.lineage["restored_from"]:
-                raise ConfigurationError(
-                    f"{self.config.checkpoint_dir} holds the checkpoints of a job started from "
-                    f"{restored_from or 'empty state'}, not from "
-                    f"{self.config.restore_path or 'empty state'}; start a job from a snapshot "
-                    f"in a new checkpoint directory"
-                )
-            if latest.metadata.properties.get("drained") == "true":
-                raise JobDrainedError(
-                    f"the job in {self.config.checkpoint_dir} was stopped with drain; start a new "
-                    f"job from its savepoint (execution.state-recovery.path) in a new directory"
-                )
-            self.base = self._restore_source(self.storage, latest.metadata, own=True)
-            self.watermark = int(latest.metadata.properties.get("watermark", MIN_WATERMARK))
-            self.last_batch_id = int(latest.metadata.properties.get("batch_id", -1))
             self._check_query(latest.metadata.properties)
-            return
-        self.coordinator = CheckpointCoordinator(self.storage, **self._coordinator_args())
-        self.base = None
-        self.watermark = MIN_WATERMARK
-        self.last_batch_id = -1
-        if snap is not None:
-            # Step 4. NO_CLAIM / LEGACY.
-            self.base = self._restore_source(snap.storage, snap.metadata, own=False)
-            self.watermark = int(snap.metadata.properties.get("watermark", MIN_WATERMARK))
-            self.last_batch_id = resumed_batch
-            # NO_CLAIM: the first checkpoint references none of the snapshot's files (the
-            # backends duplicate them into this job's root instead).
-            self.share_restored_files = False
+
+    def _on_restore(self, snap: ResolvedSnapshot) -> dict[str, str]:
+        """Step 1, the driver's part, on the checked snapshot a new job starts from: restore
+        its source positions (:meth:`_resume_source`), commit the output it carries
+        (:meth:`_commit_carried_output`); returns the properties of the checkpoint it becomes
+        if claimed (:meth:`_claim_properties`)."""
+        self._resumed_batch = self._resume_source(snap)
+        self._commit_carried_output(snap)
+        return self._claim_properties(snap, self._resumed_batch)
 
     def _resume_source(self, snap: ResolvedSnapshot) -> int:
         """Restore the source positions of a snapshot this new job starts from; returns the
@@ -382,15 +343,6 @@ class KeyedJobDriver:
     def _offset_log(self) -> OffsetLog:
         """Spark's offset log of this job (its Spark checkpoint location, which must be set)."""
         return OffsetLog.at(self.spark_checkpoint_location, self.config.storage_options)
-
-    def _restore_source(self, storage: CheckpointStorage, metadata: Any, own: bool
-                        ) -> RestoreSource:
-        tokens = json.loads(metadata.properties["tokens"]) if own and "tokens" in \
-            metadata.properties else None
-        # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
-        canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
-        return RestoreSource(metadata.checkpoint_id, storage, list(metadata.handles),
-                             metadata.parallelism, tokens, canonical)
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -516,9 +468,8 @@ class KeyedJobDriver:
             max_parallelism=self.max_parallelism, key_columns=self.job.stream.key_columns,
             key_types=self.key_types, backend=self.backend, storage=self.storage,
             function=self.job.function, output_schema=self.job.output_schema,
-            side_output_schemas={**self.job.side_outputs,
-                                 **({LATE_EVENTS_TAG: self._late_schema()}
-                                    if cfg.late_events is LateEvents.SIDE_OUTPUT else {})},
+            side_output_schemas=side_output_schemas(self.job.side_outputs, cfg.late_events,
+                                                    self._late_schema()),
             watermark=self.watermark, watermark_column=cfg.watermark_column,
             late_events=cfg.late_events, restore=self.base,
             share_restored_files=self.share_restored_files, drain=drain,
@@ -558,36 +509,15 @@ class KeyedJobDriver:
         try:
             rows = (self._route(df, tasks).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
                     .collect())
-            results = sorted(rows, key=lambda r: r["subtask"])
-            if [r["subtask"] for r in results] != list(range(self.config.parallelism)):
-                raise CheckpointProtocolError(
-                    f"batch {batch_id}: expected one result per subtask 0..{self.config.parallelism - 1}, "
-                    f"got {[r['subtask'] for r in results]}"
-                )
             # Step 3. Acknowledge and complete the checkpoint.
-            for r in results:
-                self.coordinator.acknowledge(pending, decode_handle(r["handle"]))
-            event_times = [r["max_event_time"] for r in results if r["max_event_time"] is not None]
-            watermark = self.watermark
-            if event_times:
-                watermark = max(watermark, max(event_times) - self.config.watermark_delay_ms)
-            staged: dict[str, list[str]] = {}
-            for r in results:
-                for tag, path in json.loads(r["staged"]).items():
-                    staged.setdefault(tag, []).append(path)
-            properties = {
-                **self.lineage,
-                "batch_id": str(batch_id),
-                "watermark": str(watermark),
-                "tokens": json.dumps([r["token"] for r in results]),
-                "staged": json.dumps(staged),
-                "drained": "true" if drain else "false",
-                # The query the batch id belongs to: names the sinks' output, checked at restart.
-                PROP_QUERY_ID: self.query_id(),
-                # Names the key columns for the state processor API and canonical savepoints.
-                PROP_KEY_COLUMNS: json.dumps(self.job.stream.key_columns),
-            }
-            completed = self.coordinator.complete(pending, properties=properties)
+            completed, results, watermark = complete_batch(
+                self.coordinator, pending, rows, parallelism=self.config.parallelism,
+                batch_id=batch_id, watermark=self.watermark,
+                watermark_delay_ms=self.config.watermark_delay_ms, drain=drain,
+                key_columns=self.job.stream.key_columns, lineage=self.lineage,
+                # The query the batch id belongs to: names the sinks' output, checked at
+                # restart.
+                extra={PROP_QUERY_ID: self.query_id()})
         except BaseException as exc:
             if not pending.is_completed:
                 self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
@@ -599,42 +529,25 @@ class KeyedJobDriver:
         self.watermark = watermark
         self.last_batch_id = batch_id
         self.drained = drain
-        self.base = self._restore_source(self.storage, completed.metadata, own=True)
+        self.base = restore_source(self.storage, completed.metadata, own=True)
         self.share_restored_files = True
         return completed, results, tasks
 
     def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:
         """Step 4: commit a completed checkpoint's output to the sinks (skipped when its
         marker says that happened), then write the marker and drop the staged files."""
-        props = completed.metadata.properties
-        if "staged" not in props:
-            # A claimed snapshot: its output is not this job's to commit. Its own job committed
-            # it, or this job did at start from the copy the snapshot carried
-            # (_commit_carried_output); committing "nothing" for its batch on a replay would
-            # replace that output.
-            return
-        marker = commit_marker(int(props["batch_id"]), completed.checkpoint_id)
-        if self.storage.exists(marker):
+        # A claimed snapshot staged nothing: its output is not this job's to commit. Its own
+        # job committed it, or this job did at start from the copy the snapshot carried
+        # (_commit_carried_output); committing "nothing" for its batch on a replay would
+        # replace that output.
+        if not output_pending(self.storage, completed):
             return
         self._committing = completed.checkpoint_id
         try:
-            self._commit_output(spark, self.storage, props)
-            self.storage.write(marker, b"")
-            self.storage.delete_dir(staging_dir(int(props["batch_id"])))
+            self._commit_output(spark, self.storage, completed.metadata.properties)
+            mark_output_committed(self.storage, self.coordinator, completed)
         finally:
             self._committing = None
-        self._retire_markers()
-
-    def _retire_markers(self) -> None:
-        """Delete the sink-commit markers of checkpoints no longer retained: only a retained
-        checkpoint's marker is ever consulted (a replay of its batch, a savepoint of it)."""
-        retained = [c.checkpoint_id for c in self.coordinator.retained]
-        if not retained:
-            return
-        stale = [p for p in self.storage.list_files(COMMITS_DIR)
-                 if (marked := checkpoint_id_of_commit_marker(p)) is not None
-                 and marked < min(retained)]
-        self.storage.delete(stale)
 
     def _commit_output(self, spark: Any, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
@@ -646,11 +559,10 @@ class KeyedJobDriver:
         if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
             # A late-events sink also commits batches without late rows (no files).
             schemas[LATE_EVENTS_TAG] = self._late_schema()
+        outputs = staged_outputs(storage, props, schemas, lineage=props.get(PROP_QUERY_ID, ""))
         for output, sinks in self.job.sinks.items():
-            out = StagedOutput(storage, staged.get(output, []), schemas[output],
-                               lineage=props.get(PROP_QUERY_ID, ""))
             for sink in sinks:
-                sink.commit(spark, batch_id, out)
+                sink.commit(spark, batch_id, outputs[output])
 
     def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
                started: float) -> BatchStats:

@@ -6,21 +6,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from keyedstate.errors import OutputSchemaError
-from keyedstate.serde import TypeLike, parse_type
-
-
-def to_arrow_schema(spec: TypeLike | pa.Schema | Any) -> pa.Schema:
-    """A pyarrow schema from a DDL string ("a string, b bigint"), a struct type, a pyarrow
-    schema or a Spark StructType."""
-    if isinstance(spec, pa.Schema):
-        return spec
-    if hasattr(spec, "simpleString") and hasattr(spec, "fields"):  # Spark StructType
-        spec = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in spec.fields)
-    arrow = parse_type(spec)
-    if not pa.types.is_struct(arrow):
-        raise OutputSchemaError(f"an output schema needs named columns, got {spec!r}")
-    return pa.schema([arrow.field(i) for i in range(arrow.num_fields)])
+# to_arrow_schema is engine-independent (the local runtime takes the same schemas); imported
+# from here as before.
+from keyedstate.serde import to_arrow_schema as to_arrow_schema
 
 
 def to_spark_schema(schema: pa.Schema) -> Any:

@@ -15,13 +15,13 @@ import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from keyedstate.errors import ConfigurationError, MissingCheckpointFileError
+
+# StagedOutput and read_staged are engine-independent (the local runtime reads staged output
+# too); imported from here as before.
+from keyedstate.runtime.batch import StagedOutput, read_staged
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.duplication import duplicate_object
 from keyedstate.storage.filesystem import fsync_path
@@ -35,40 +35,12 @@ TEMPORARY_DIR = "_temporary"
 _LINEAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-@dataclass(frozen=True)
-class StagedOutput:
-    """One output of one batch, staged as Parquet files in checkpoint storage.
-
-    ``lineage`` names the sequence of batch ids the batch belongs to: a batch is identified by
-    ``(lineage, batch id)``. The driver passes the Spark streaming query's id (a uuid, kept
-    across restarts from one Spark checkpoint location and carried by savepoints; a new query's
-    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches are then told apart by their id alone."""
-
-    storage: CheckpointStorage
-    paths: list[str]
-    schema: pa.Schema
-    lineage: str = ""
-
-    def urls(self) -> list[str]:
-        return [self.storage.url_of(p) for p in self.paths]
-
-
 class Sink(ABC):
     """Receives one output of the job per committed batch."""
 
     @abstractmethod
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         """Make the batch's output visible; idempotent by ``(staged.lineage, batch_id)``."""
-
-
-def read_staged(staged: StagedOutput) -> pa.Table:
-    """The batch's output as one Arrow table of ``staged.schema``, read in this process through
-    the staging storage's filesystem (any fsspec URL, S3 included)."""
-    tables = [pq.read_table(pa.BufferReader(staged.storage.read(relative)))
-              for relative in sorted(staged.paths)]
-    if not tables:
-        return staged.schema.empty_table()
-    return pa.concat_tables(tables).cast(staged.schema)
 
 
 class CallbackSink(Sink):

@@ -146,3 +146,38 @@ class FailingSink(ParquetSink):
             open(self.marker, "w").close()
             raise RuntimeError("driver stopped between checkpoint commit and sink commit")
         super().commit(spark, batch_id, staged)
+
+
+IDLE_AFTER_MS = 10_000
+IDLE_SCHEMA = "user_id string, at bigint, count bigint"
+
+
+class IdleCounts(KeyedProcessFunction):
+    """A running count per user, and an event-time timer ``IDLE_AFTER_MS`` after each user's
+    latest event that emits the count to the side output ``idle`` (run locally and on Spark:
+    :class:`~keyedstate.runtime.local.LocalJob` must give the same output and state)."""
+
+    count = ValueStateDescriptor("count", "bigint")
+    last = ValueStateDescriptor("last", "bigint")
+
+    def open(self, ctx: Context) -> None:
+        self.count_state = ctx.get_state(self.count)
+        self.last_state = ctx.get_state(self.last)
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        ts_ms = [int(t.timestamp() * 1000) for t in rows.column("ts").to_pylist()]
+        count = (self.count_state.value() or 0) + len(ts_ms)
+        self.count_state.update(count)
+        old = self.last_state.value()
+        new = max(ts_ms) if old is None else max(old, *ts_ms)
+        if new != old:
+            if old is not None:
+                ctx.timer_service.delete_event_time_timer(old + IDLE_AFTER_MS)
+            ctx.timer_service.register_event_time_timer(new + IDLE_AFTER_MS)
+            self.last_state.update(new)
+        return [{"user_id": key, "count": count, "total": 0.0, "batch_id": ctx.batch_id}]
+
+    def on_timer(self, timestamp: int, ctx: Context) -> None:
+        ctx.output("idle", {"user_id": ctx.current_key, "at": timestamp,
+                            "count": self.count_state.value()})
+        self.last_state.clear()

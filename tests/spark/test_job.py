@@ -358,11 +358,10 @@ def test_restart_from_other_snapshot_into_used_directory_is_refused(spark, tmp_p
 
 
 def test_demo_end_to_end_with_savepoint_rescale_and_drain(spark, tmp_path):
-    from keyedstate.spark.demo import run_spark_demo
+    from examples.click_sessions import run_spark
 
-    report = run_spark_demo(spark, str(tmp_path / "demo"), events=6000, users=80, files=4,
-                            on_batch=lambda s: None)
-    assert report.checks and all(report.checks.values()), report.checks
+    report = run_spark(spark, str(tmp_path / "demo"), events=6000, users=80, files=4)
+    assert report.verified, report.checks
     assert os.path.exists(report.savepoint)
     assert report.batches == 4 + 1  # four files and the drain
 
@@ -386,11 +385,9 @@ def test_unreadable_checkpoint_stops_with_the_file_named(spark, tmp_path):
 LOCAL_CLUSTER_SCRIPT = """
 import json, os, sys
 from keyedstate.spark.session import local_session
-from keyedstate.spark.demo import run_spark_demo
+from examples.click_sessions import run_spark
 spark = local_session("local-cluster[2,1,1024]", "keyedstate-local-cluster")
-report = run_spark_demo(spark, sys.argv[1], events=6000, users=80, files=4,
-                        on_batch=lambda s: None)
-workers = {s["batch_id"]: s for s in report.stats}
+report = run_spark(spark, sys.argv[1], events=6000, users=80, files=4)
 print(json.dumps({"checks": report.checks, "batches": report.batches}))
 spark.stop()
 """

@@ -1,0 +1,354 @@
+"""The click-sessions job: one KeyedProcessFunction, run locally (no Java) or on Spark.
+
+Per user it keeps running totals (a typed ValueState) and event-time session windows with a
+30-minute gap (a MapState of open sessions plus event-time timers, merged as Flink merges
+session windows); every batch it emits the user's totals, and each session when its timer
+fires (side output ``sessions``). The run, on either runtime:
+
+1. Generate a click stream (``user_id``, ``ts``, ``amount``) as Parquet files (disorder below
+   the watermark delay, so no event is late).
+2. Run the job over the first half of the files (one file per micro-batch, one checkpoint
+   each) at parallelism 2, RocksDB state; stop it with a native savepoint.
+3. Start a new job from that savepoint at parallelism 3 (rescaling) over the rest of the
+   files; stop with drain (the watermark goes to +infinity, every open session fires).
+4. Check the outputs against an oracle computed from the events in plain Python.
+
+``python examples/click_sessions.py --runtime local`` (or ``spark``); ``keyedstate demo``
+runs it on Spark, ``keyedstate demo --local`` locally. Installed, this folder is the
+``keyedstate_examples`` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from keyedstate.config import JobConfig
+from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.runtime.local import LocalJob
+from keyedstate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
+
+GAP_MS = 30 * 60 * 1000
+WATERMARK_DELAY_MS = 5 * 60 * 1000
+
+INPUT_SCHEMA = pa.schema([("user_id", pa.string()), ("ts", pa.timestamp("us", tz="UTC")),
+                          ("amount", pa.float64())])
+INPUT_DDL = "user_id string, ts timestamp, amount double"
+COUNTS_SCHEMA = "user_id string, count bigint, total double, batch_id bigint"
+SESSIONS_SCHEMA = ("user_id string, session_start timestamp, session_end timestamp, "
+                   "events bigint, amount double")
+UTC = dt.timezone.utc
+
+Event = tuple[str, int, float]  # user_id, event time (ms), amount
+
+
+def generate_events(n: int, users: int, seed: int = 42) -> Iterator[Event]:
+    """Clicks in event-time order up to ``WATERMARK_DELAY_MS`` of disorder (so none is late)."""
+    rng = random.Random(seed)
+    t = 1_700_000_000_000
+    for _ in range(n):
+        t += rng.randint(0, 400)
+        jitter = rng.randint(0, WATERMARK_DELAY_MS // 2)
+        yield f"user-{rng.randrange(users):06d}", t - jitter, round(rng.uniform(0.5, 100.0), 2)
+
+
+class ClickAnalytics(KeyedProcessFunction):
+    """Running totals per user, and event-time session windows merged per key batch."""
+
+    totals = ValueStateDescriptor("totals", "count bigint, total double")
+    sessions = MapStateDescriptor("sessions", "bigint", "last bigint, events bigint, amount double")
+
+    def open(self, ctx: Context) -> None:
+        self.totals_state = ctx.get_state(self.totals)
+        self.sessions_state = ctx.get_state(self.sessions)
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        ts_ms = [int(t.timestamp() * 1000) for t in rows.column("ts").to_pylist()]
+        amounts = rows.column("amount").to_pylist()
+        now = self.totals_state.value() or {"count": 0, "total": 0.0}
+        count, total = now["count"] + len(ts_ms), now["total"] + sum(amounts)
+        self.totals_state.update({"count": count, "total": total})
+        # Session windows: merge each event's [ts, ts + gap) with the open sessions it touches
+        # (Flink's MergingWindowSet), in memory for the whole key batch, then write back.
+        before = dict(self.sessions_state.items())
+        open_sessions = dict(before)
+        for ts, amount in zip(ts_ms, amounts):
+            start, last, events, amt = ts, ts, 1, amount
+            for s_start in [s for s, v in open_sessions.items()
+                            if s <= ts + GAP_MS and ts <= v["last"] + GAP_MS]:
+                s = open_sessions.pop(s_start)
+                start, last = min(start, s_start), max(last, s["last"])
+                events, amt = events + s["events"], amt + s["amount"]
+            open_sessions[start] = {"last": last, "events": events, "amount": amt}
+        # One event-time timer per open session, at its end; deletes before registers, since
+        # a merged session may keep the end of one it replaced.
+        timers = ctx.timer_service
+        for s_start, old in before.items():
+            new = open_sessions.get(s_start)
+            if new is None:
+                self.sessions_state.remove(s_start)
+            if new is None or new["last"] != old["last"]:
+                timers.delete_event_time_timer(old["last"] + GAP_MS)
+        for s_start, s in open_sessions.items():
+            old = before.get(s_start)
+            if old != s:
+                self.sessions_state.put(s_start, s)
+            if old is None or old["last"] != s["last"]:
+                timers.register_event_time_timer(s["last"] + GAP_MS)
+        return [{"user_id": key, "count": count, "total": total, "batch_id": ctx.batch_id}]
+
+    def on_timer(self, timestamp: int, ctx: Context) -> None:
+        for s_start, s in list(self.sessions_state.items()):
+            if s["last"] + GAP_MS == timestamp:
+                self.sessions_state.remove(s_start)
+                ctx.output("sessions", {
+                    "user_id": ctx.current_key,
+                    "session_start": dt.datetime.fromtimestamp(s_start / 1000, UTC),
+                    "session_end": dt.datetime.fromtimestamp(timestamp / 1000, UTC),
+                    "events": s["events"], "amount": s["amount"]})
+
+
+def write_input(directory: str, events: list[Event], files: int) -> list[str]:
+    """``events`` as ``files`` Parquet files under ``directory/generated``, in order."""
+    staging = os.path.join(directory, "generated")
+    os.makedirs(staging, exist_ok=True)
+    per_file = -(-len(events) // files)
+    paths = []
+    for n in range(files):
+        chunk = events[n * per_file:(n + 1) * per_file]
+        table = pa.table({
+            "user_id": [e[0] for e in chunk],
+            "ts": pa.array([e[1] * 1000 for e in chunk], pa.timestamp("us", tz="UTC")),
+            "amount": [e[2] for e in chunk],
+        }, schema=INPUT_SCHEMA)
+        path = os.path.join(staging, f"events-{n:04d}.parquet")
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths
+
+
+# -- the oracle ------------------------------------------------------------------------------
+
+
+def oracle(events: list[Event]) -> tuple[dict[str, tuple[int, float]], list[tuple]]:
+    """Totals and sessions ``(user, start, end, events, amount)`` computed directly from all
+    events, independently of keyedstate."""
+    totals: dict[str, tuple[int, float]] = {}
+    by_user: dict[str, list[Event]] = {}
+    for e in events:
+        c, t = totals.get(e[0], (0, 0.0))
+        totals[e[0]] = (c + 1, t + e[2])
+        by_user.setdefault(e[0], []).append(e)
+    sessions = []
+    for user, evs in by_user.items():
+        evs.sort(key=lambda e: e[1])
+        start = last = evs[0][1]
+        n, amount = 0, 0.0
+        for _, ts, a in evs:
+            if ts > last + GAP_MS:
+                sessions.append((user, start, last + GAP_MS, n, amount))
+                start, n, amount = ts, 0, 0.0
+            last = max(last, ts)
+            n, amount = n + 1, amount + a
+        sessions.append((user, start, last + GAP_MS, n, amount))
+    return totals, sessions
+
+
+def _ms(column: pa.ChunkedArray) -> list[int]:
+    micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+    return pc.divide(micros, 1000).to_pylist()
+
+
+def verify(events: list[Event], counts: pa.Table, sessions: pa.Table) -> dict[str, bool]:
+    """The job's outputs (every batch's ``counts``, every emitted session) against the
+    oracle; one verdict per check."""
+    expected_totals, expected_sessions = oracle(events)
+    rows = sorted(counts.to_pylist(), key=lambda r: r["batch_id"])
+    final = {r["user_id"]: r for r in rows}
+    totals_ok = final.keys() == expected_totals.keys() and all(
+        final[u]["count"] == c and abs(final[u]["total"] - t) < 1e-6
+        for u, (c, t) in expected_totals.items())
+    once_ok = len({(r["user_id"], r["batch_id"]) for r in rows}) == len(rows)
+    got = sorted(zip(sessions.column("user_id").to_pylist(),
+                     _ms(sessions.column("session_start")), _ms(sessions.column("session_end")),
+                     sessions.column("events").to_pylist()))
+    want = sorted((u, s, e, n) for u, s, e, n, _ in expected_sessions)
+    return {"totals match the oracle": totals_ok, "one count row per user and batch": once_ok,
+            "sessions match the oracle": got == want}
+
+
+# -- the two runtimes ------------------------------------------------------------------------
+
+
+@dataclass
+class DemoReport:
+    """What a run did: per batch, the checkpoint and its sizes (and on Spark its timings)."""
+
+    runtime: str
+    events: int
+    batches: int = 0
+    seconds: float = 0.0
+    parallelism: list[int] = field(default_factory=lambda: [2, 3])
+    savepoint: str = ""
+    sessions: int = 0
+    stats: list[dict[str, Any]] = field(default_factory=list)
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.checks) and all(self.checks.values())
+
+
+def _config(directory: str, job: int, parallelism: int, restore: str | None = None
+            ) -> JobConfig:
+    return JobConfig(checkpoint_dir=os.path.join(directory, "checkpoints", f"job-{job}"),
+                     parallelism=parallelism, backend="rocksdb", restore_path=restore,
+                     watermark_column="ts",
+                     watermark_delay=dt.timedelta(milliseconds=WATERMARK_DELAY_MS),
+                     local_dir=os.path.join(directory, "local"))
+
+
+def run_local(directory: str, events: int, users: int, files: int,
+              on_batch: Callable[[dict[str, Any]], None] = lambda s: None) -> DemoReport:
+    """The job with :class:`~keyedstate.runtime.local.LocalJob` (steps in the module
+    docstring), in ``directory`` (emptied first)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    all_events = list(generate_events(events, users))
+    paths = write_input(directory, all_events, files)
+    report = DemoReport(runtime="local", events=events)
+    outputs: dict[str, list[pa.Table]] = {"main": [], "sessions": []}
+
+    def record(job: LocalJob, out: dict[str, pa.Table]) -> None:
+        for tag in outputs:
+            outputs[tag].append(out[tag])
+        latest = job.latest_checkpoint
+        assert latest is not None
+        stats = {"batch_id": job.last_batch_id, "checkpoint_id": latest.checkpoint_id,
+                 "incremental_bytes": latest.metadata.incremental_size,
+                 "full_bytes": latest.metadata.full_size}
+        report.stats.append(stats)
+        on_batch(stats)
+
+    def new_job(config: JobConfig) -> LocalJob:
+        return LocalJob(ClickAnalytics(), key_columns=["user_id"], input_schema=INPUT_DDL,
+                        output_schema=COUNTS_SCHEMA, side_outputs={"sessions": SESSIONS_SCHEMA},
+                        config=config)
+
+    started = time.perf_counter()
+    savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
+    with new_job(_config(directory, 1, 2)) as job:
+        for path in paths[:files // 2]:
+            record(job, job.process_batch(pq.read_table(path)))
+        report.savepoint = job.stop(savepoint=savepoint_dir) or ""
+    with new_job(_config(directory, 2, 3, restore=savepoint_dir)) as job:
+        for path in paths[files // 2:]:
+            record(job, job.process_batch(pq.read_table(path)))
+        job.stop(drain=True)
+        record(job, job.last_outputs)
+    report.seconds = time.perf_counter() - started
+    report.batches = len(report.stats)
+    sessions = pa.concat_tables(outputs["sessions"])
+    report.sessions = sessions.num_rows
+    report.checks = verify(all_events, pa.concat_tables(outputs["main"]), sessions)
+    return report
+
+
+def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
+              on_batch: Callable[[dict[str, Any]], None] = lambda s: None) -> DemoReport:
+    """The job on Spark (steps in the module docstring): a file source over
+    ``directory/input`` (one file per micro-batch), outputs to ``directory/output/`` through
+    :class:`~keyedstate.spark.sinks.ParquetSink`; ``directory`` is emptied first."""
+    from keyedstate.spark.api import key_by
+    from keyedstate.spark.driver import BatchStats
+    from keyedstate.spark.sinks import ParquetSink
+
+    shutil.rmtree(directory, ignore_errors=True)
+    all_events = list(generate_events(events, users))
+    generated = write_input(directory, all_events, files)
+    input_dir = os.path.join(directory, "input")
+    os.makedirs(input_dir)
+    report = DemoReport(runtime="spark", events=events)
+
+    def record(s: BatchStats) -> None:
+        report.stats.append(dict(s.__dict__))
+        on_batch(report.stats[-1])
+
+    def publish(paths: list[str]) -> None:
+        # The file source takes files in modification-time order: make it the event-time
+        # order, or later files would make earlier ones late.
+        for path in paths:
+            target = os.path.join(input_dir, os.path.basename(path))
+            shutil.copy(path, target)
+            n = int(os.path.basename(path).split("-")[1].split(".")[0])
+            os.utime(target, (1_700_000_000 + n, 1_700_000_000 + n))
+
+    def phase(config: JobConfig, *, savepoint: str | None = None, drain: bool = False
+              ) -> str | None:
+        source = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
+                  .parquet(input_dir))
+        job = (key_by(source, "user_id")
+               .process(ClickAnalytics(), output_schema=COUNTS_SCHEMA,
+                        side_outputs={"sessions": SESSIONS_SCHEMA})
+               .sink(ParquetSink(os.path.join(directory, "output", "counts")))
+               .sink(ParquetSink(os.path.join(directory, "output", "sessions")),
+                     output="sessions"))
+        query = job.start(config, trigger={"availableNow": True},
+                          spark_checkpoint_location=os.path.join(directory, "checkpoints",
+                                                                 "spark"))
+        query.add_listener(record)
+        query.await_termination()
+        return query.stop(savepoint=savepoint, drain=drain)
+
+    started = time.perf_counter()
+    publish(generated[: files // 2])
+    savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
+    report.savepoint = phase(_config(directory, 1, 2), savepoint=savepoint_dir) or ""
+    publish(generated[files // 2:])
+    phase(_config(directory, 2, 3, restore=savepoint_dir), drain=True)
+    report.seconds = time.perf_counter() - started
+    report.stats = [s for s in report.stats if s["checkpoint_id"] >= 0]
+    report.batches = len(report.stats)
+    sessions = pq.read_table(os.path.join(directory, "output", "sessions"))
+    report.sessions = sessions.num_rows
+    report.checks = verify(all_events, pq.read_table(os.path.join(directory, "output", "counts")),
+                           sessions)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python examples/click_sessions.py --runtime local|spark``: run the job, print the
+    report as JSON; exit status 1 if the outputs differ from the oracle."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runtime", choices=["local", "spark"], default="local")
+    parser.add_argument("--dir", default="./click-sessions", help="where everything goes")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=10_000)
+    parser.add_argument("--files", type=int, default=10, help="input files, one batch each")
+    args = parser.parse_args(argv)
+    if args.runtime == "local":
+        report = run_local(args.dir, args.events, args.users, args.files)
+    else:
+        from keyedstate.spark.session import local_session
+
+        spark = local_session("local[2]", "click-sessions")
+        try:
+            report = run_spark(spark, args.dir, args.events, args.users, args.files)
+        finally:
+            spark.stop()
+    print(json.dumps({**asdict(report), "verified": report.verified}, indent=2, default=str))
+    return 0 if report.verified else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""One batch of a keyed job, the engine-independent half of a driver: what a batch restores
+from, how its checkpoint completes, and the bookkeeping of its output's commit.
+
+A runtime (the Spark driver, :class:`~keyedstate.runtime.local.LocalJob`) triggers checkpoint
+N, runs the batch's p subtasks (:func:`~keyedstate.runtime.subtask.process_subtask`, one
+result row each), completes the checkpoint with :func:`complete_batch`, hands the staged
+output (:class:`StagedOutput`) to its consumers while :func:`output_pending` says so, then
+:func:`mark_output_committed`. A checkpoint is complete before its output is committed: a
+crash in between is repaired by committing again (idempotent by batch id), never by running
+the batch again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from keyedstate.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CompletedCheckpoint,
+    PendingCheckpoint,
+)
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
+from keyedstate.errors import CheckpointProtocolError, ConfigurationError, JobDrainedError
+from keyedstate.processor.canonical import PROP_KEY_COLUMNS
+from keyedstate.runtime.startup import JobStart
+from keyedstate.runtime.subtask import MIN_WATERMARK, RestoreSource, decode_handle
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, SnapshotFormat
+from keyedstate.storage.layout import (
+    COMMITS_DIR,
+    checkpoint_id_of_commit_marker,
+    commit_marker,
+    staging_dir,
+)
+
+#: the tag of a job's main output (side outputs have their own tags)
+MAIN_OUTPUT = "main"
+
+
+@dataclass(frozen=True)
+class StagedOutput:
+    """One output of one batch, staged as Parquet files in checkpoint storage.
+
+    ``lineage`` names the sequence of batch ids the batch belongs to: a batch is identified by
+    ``(lineage, batch id)``. The driver passes the Spark streaming query's id (a uuid, kept
+    across restarts from one Spark checkpoint location and carried by savepoints; a new query's
+    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches are then told apart by their id alone."""
+
+    storage: CheckpointStorage
+    paths: list[str]
+    schema: pa.Schema
+    lineage: str = ""
+
+    def urls(self) -> list[str]:
+        return [self.storage.url_of(p) for p in self.paths]
+
+
+def read_staged(staged: StagedOutput) -> pa.Table:
+    """The batch's output as one Arrow table of ``staged.schema``, read in this process through
+    the staging storage's filesystem (any fsspec URL, S3 included)."""
+    tables = [pq.read_table(pa.BufferReader(staged.storage.read(relative)))
+              for relative in sorted(staged.paths)]
+    if not tables:
+        return staged.schema.empty_table()
+    return pa.concat_tables(tables).cast(staged.schema)
+
+
+def side_output_schemas(side_outputs: Mapping[str, pa.Schema], late_events: LateEvents,
+                        late_schema: pa.Schema) -> dict[str, pa.Schema]:
+    """The side outputs a batch's subtasks may stage: the job's, plus the late rows (of the
+    input's schema, ``late_schema``) when late events go to a side output."""
+    return {**side_outputs,
+            **({LATE_EVENTS_TAG: late_schema} if late_events is LateEvents.SIDE_OUTPUT else {})}
+
+
+def restore_source(storage: CheckpointStorage, metadata: CheckpointMetadata, own: bool
+                   ) -> RestoreSource:
+    """What the next batch's subtasks restore from: the job's own checkpoint (``own``: its
+    subtasks' tokens let a worker reuse the live copy of exactly that version) or the snapshot
+    a new job started from."""
+    tokens = json.loads(metadata.properties["tokens"]) if own and "tokens" in \
+        metadata.properties else None
+    # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
+    canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
+    return RestoreSource(metadata.checkpoint_id, storage, list(metadata.handles),
+                         metadata.parallelism, tokens, canonical)
+
+
+def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str,
+                    restore_path: str | None) -> None:
+    """Refuse to continue a recovered job that is not the configured one: its checkpoints
+    started from another snapshot (:class:`ConfigurationError`), or it was stopped with drain
+    (:class:`JobDrainedError`)."""
+    restored_from = latest.metadata.properties.get("restored_from", "")
+    if restored_from != (restore_path or ""):
+        raise ConfigurationError(
+            f"{checkpoint_dir} holds the checkpoints of a job started from "
+            f"{restored_from or 'empty state'}, not from "
+            f"{restore_path or 'empty state'}; start a job from a snapshot "
+            f"in a new checkpoint directory"
+        )
+    if latest.metadata.properties.get("drained") == "true":
+        raise JobDrainedError(
+            f"the job in {checkpoint_dir} was stopped with drain; start a new "
+            f"job from its savepoint (execution.state-recovery.path) in a new directory"
+        )
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a started job's next batch begins (from :func:`resume_point`)."""
+
+    #: what its subtasks restore from (None: empty state)
+    base: RestoreSource | None
+    #: False while the job depends on a snapshot it did not claim (its first checkpoint then
+    #: duplicates the restored files instead of referencing them)
+    share_restored_files: bool
+    watermark: int
+    #: the batch id the restored state covers, as recorded (-1: none)
+    batch_id: int
+
+
+def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
+    """What the job ``start`` describes resumes from: its recovered latest checkpoint
+    (checked by :func:`check_recovered`), else the snapshot it restores in NO_CLAIM / LEGACY
+    mode, else empty state; with the watermark and batch id they recorded."""
+    latest = start.coordinator.latest_completed
+    if start.recovered and latest is not None:
+        check_recovered(latest, config.checkpoint_dir, config.restore_path)
+        base, share, props = (restore_source(start.coordinator.storage, latest.metadata, own=True),
+                              True, latest.metadata.properties)
+    elif start.restored is not None:
+        snapshot = start.restored
+        base, share, props = (restore_source(snapshot.storage, snapshot.metadata, own=False),
+                              False, snapshot.metadata.properties)
+    else:
+        return ResumePoint(None, True, MIN_WATERMARK, -1)
+    return ResumePoint(base, share, int(props.get("watermark", MIN_WATERMARK)),
+                       int(props.get("batch_id", -1)))
+
+
+def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoint,
+                   results: Sequence[Any], *, parallelism: int, batch_id: int, watermark: int,
+                   watermark_delay_ms: int, drain: bool, key_columns: Sequence[str],
+                   lineage: Mapping[str, str], extra: Mapping[str, str] | None = None,
+                   ) -> tuple[CompletedCheckpoint, list[Any], int]:
+    """Acknowledge every subtask's handle and complete ``pending``; returns the completed
+    checkpoint, the results in subtask order and the watermark after the batch.
+
+    ``results``: one result row per subtask (:data:`~keyedstate.runtime.subtask.RESULT_SCHEMA`,
+    anything indexable by field name). The watermark advances to the batch's largest event
+    time less ``watermark_delay_ms``, never back. The checkpoint's properties record
+    ``lineage`` (where the job started from), the batch id, the new watermark, each subtask's
+    snapshot token, the staged outputs, whether the batch drained the job, the key columns,
+    and ``extra``. Raises :class:`CheckpointProtocolError` unless there is exactly one result
+    per subtask; the caller aborts ``pending`` on any failure.
+    """
+    ordered = sorted(results, key=lambda r: r["subtask"])
+    if [r["subtask"] for r in ordered] != list(range(parallelism)):
+        raise CheckpointProtocolError(
+            f"batch {batch_id}: expected one result per subtask 0..{parallelism - 1}, "
+            f"got {[r['subtask'] for r in ordered]}"
+        )
+    for r in ordered:
+        coordinator.acknowledge(pending, decode_handle(r["handle"]))
+    event_times = [r["max_event_time"] for r in ordered if r["max_event_time"] is not None]
+    if event_times:
+        watermark = max(watermark, max(event_times) - watermark_delay_ms)
+    staged: dict[str, list[str]] = {}
+    for r in ordered:
+        for tag, path in json.loads(r["staged"]).items():
+            staged.setdefault(tag, []).append(path)
+    properties = {
+        **lineage,
+        "batch_id": str(batch_id),
+        "watermark": str(watermark),
+        "tokens": json.dumps([r["token"] for r in ordered]),
+        "staged": json.dumps(staged),
+        "drained": "true" if drain else "false",
+        **(extra or {}),
+        # Names the key columns for the state processor API and canonical savepoints.
+        PROP_KEY_COLUMNS: json.dumps(list(key_columns)),
+    }
+    completed = coordinator.complete(pending, properties=properties)
+    return completed, ordered, watermark
+
+
+def staged_outputs(storage: CheckpointStorage, properties: Mapping[str, str],
+                   schemas: Mapping[str, pa.Schema], lineage: str = "") -> dict[str, StagedOutput]:
+    """Every output of ``schemas`` a checkpoint's batch staged in ``storage``
+    (``properties["staged"]``); an output without rows has no files."""
+    staged = json.loads(properties.get("staged", "{}"))
+    return {tag: StagedOutput(storage, staged.get(tag, []), schema, lineage=lineage)
+            for tag, schema in schemas.items()}
+
+
+def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint) -> bool:
+    """Whether ``completed``'s output still has to be committed: it staged output (a claimed
+    snapshot did not: its output is not this job's to commit) and its commit marker is not
+    written yet."""
+    props = completed.metadata.properties
+    if "staged" not in props:
+        return False
+    return not storage.exists(commit_marker(int(props["batch_id"]), completed.checkpoint_id))
+
+
+def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
+                          completed: CompletedCheckpoint) -> None:
+    """After ``completed``'s output was committed: write its marker, drop its staged files,
+    and delete the markers of checkpoints no longer retained (only a retained checkpoint's
+    marker is ever consulted: a replay of its batch, a savepoint of it)."""
+    batch_id = int(completed.metadata.properties["batch_id"])
+    storage.write(commit_marker(batch_id, completed.checkpoint_id), b"")
+    storage.delete_dir(staging_dir(batch_id))
+    retained = [c.checkpoint_id for c in coordinator.retained]
+    if not retained:
+        return
+    stale = [p for p in storage.list_files(COMMITS_DIR)
+             if (marked := checkpoint_id_of_commit_marker(p)) is not None
+             and marked < min(retained)]
+    storage.delete(stale)

@@ -1,0 +1,128 @@
+"""One job start-up, shared by every runtime (the local runtime and the Spark driver).
+
+:func:`start_job` decides what a job starts from, in order (Flink's
+``CheckpointCoordinator.restoreLatestCheckpointedState`` and ``RecoveryClaimMode``):
+
+0. The checkpoint storage accepts the job's credentials and exists, so that a wrong key or a
+   missing bucket fails the start, not the first checkpoint.
+1. A new job (no completed checkpoint of its own) with a restore path: the snapshot is checked,
+   reading only (:func:`~keyedstate.checkpoint.restore_modes.open_restore_snapshot`), the
+   runtime's own steps run on it (``on_restore``: Spark resumes its source positions and
+   commits the output the snapshot carries), then CLAIM imports it as the job's first
+   checkpoint and NO_CLAIM / LEGACY keep it as the restore source.
+2. Key groups: the configured max parallelism, else the snapshot's, else that of the job's own
+   checkpoints, else Flink's default; the parallelism must fit.
+3. The coordinator: recovered from the job's own checkpoints when it completed any (a claimed
+   snapshot is one now), else a new one.
+
+What a runtime does after that (restore its subtasks, check the recovered checkpoint against
+its source) stays with the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from keyedstate.checkpoint.coordinator import CheckpointCoordinator, has_completed_checkpoints
+from keyedstate.checkpoint.resolve import ResolvedSnapshot
+from keyedstate.checkpoint.restore_modes import (
+    claim_snapshot,
+    max_parallelism_of_job,
+    open_restore_snapshot,
+)
+from keyedstate.config import JobConfig, RestoreMode
+from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+
+#: Called with the checked snapshot a new job starts from, before it is claimed; returns the
+#: properties of the checkpoint a claimed snapshot becomes (used in CLAIM mode only).
+OnRestore = Callable[[ResolvedSnapshot], Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class JobStart:
+    """What :func:`start_job` decided a job starts from."""
+
+    coordinator: CheckpointCoordinator
+    max_parallelism: int
+    #: True: the coordinator recovered the job's own checkpoints (its ``latest_completed`` is
+    #: the state to restore); False: a new job, starting from ``restored`` or empty state
+    recovered: bool
+    #: the snapshot a new job restores from where it lies (NO_CLAIM / LEGACY) until its first
+    #: checkpoint; None when it recovered or claimed, or starts from empty state
+    restored: ResolvedSnapshot | None
+
+
+def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[str],
+              parallelism: int, max_parallelism: int | None, num_retained: int,
+              restore_path: str | None, restore_mode: RestoreMode,
+              storage_options: Mapping[str, Any] | None, on_restore: OnRestore) -> JobStart:
+    """Start a job whose checkpoints live in ``storage`` (steps in the module docstring).
+
+    ``max_parallelism``: the configured one (None: adopted, step 2). ``restore_path`` is used
+    only by a job that has completed no checkpoint of its own: a job's own checkpoints always
+    win. Raises what the steps raise, before the job writes anything, except a CLAIM, which
+    is the job's first write: :class:`~keyedstate.errors.StorageAccessError` /
+    :class:`~keyedstate.errors.StorageLocationError` (step 0), the snapshot's errors (step 1,
+    see :func:`~keyedstate.checkpoint.restore_modes.open_restore_snapshot`), a parallelism
+    beyond the max parallelism (step 2), and a job that completed checkpoints but has none
+    left (:class:`~keyedstate.errors.MissingCheckpointFileError`, step 3: never an empty
+    start).
+    """
+    # Step 0. Credentials and location, before anything is read or written.
+    storage.check_access()
+    # Step 1. A new job started from a snapshot: check it (reads only), let the runtime act
+    # on it, then claim it or keep it as the restore source.
+    snapshot: ResolvedSnapshot | None = None
+    restored: ResolvedSnapshot | None = None
+    if restore_path and not has_completed_checkpoints(storage):
+        snapshot = open_restore_snapshot(storage, restore_path, restore_mode,
+                                         max_parallelism=max_parallelism, backend=backend,
+                                         key_types=key_types, storage_options=storage_options)
+        properties = on_restore(snapshot)
+        if restore_mode is RestoreMode.CLAIM:
+            claim_snapshot(snapshot, storage, dict(properties))
+        else:
+            # The backends restore it with share_restored_files=False: the job's first
+            # snapshot references none of its files (it duplicates them).
+            restored = snapshot
+    # Step 2. The key groups: configured, else the snapshot's, else those of the job's own
+    # state, else Flink's default.
+    max_parallelism = (max_parallelism
+                       or (snapshot.metadata.max_parallelism if snapshot else None)
+                       or max_parallelism_of_job(storage)
+                       or compute_default_max_parallelism(parallelism))
+    check_parallelism(parallelism, max_parallelism)
+    # Step 3. The coordinator.
+    recovered = has_completed_checkpoints(storage)
+    coordinator = open_coordinator(storage, backend=backend, parallelism=parallelism,
+                                   max_parallelism=max_parallelism, key_types=key_types,
+                                   num_retained=num_retained)
+    return JobStart(coordinator, max_parallelism, recovered, restored)
+
+
+def start_configured_job(storage: CheckpointStorage, config: JobConfig, *, backend: str,
+                         key_types: Sequence[str], on_restore: OnRestore) -> JobStart:
+    """:func:`start_job` for a job configured by ``config`` (parallelism, max parallelism,
+    retained checkpoints, restore path and mode, storage options)."""
+    return start_job(storage, backend=backend, key_types=key_types,
+                     parallelism=config.parallelism, max_parallelism=config.max_parallelism,
+                     num_retained=config.num_retained, restore_path=config.restore_path,
+                     restore_mode=config.restore_mode, storage_options=config.storage_options,
+                     on_restore=on_restore)
+
+
+def open_coordinator(storage: CheckpointStorage, *, backend: str, parallelism: int,
+                     max_parallelism: int, key_types: Sequence[str],
+                     num_retained: int) -> CheckpointCoordinator:
+    """The coordinator of the job in ``storage`` (step 3): recovered when the job completed
+    checkpoints (a claimed snapshot is one), also when every ``_metadata`` was lost:
+    :meth:`~keyedstate.checkpoint.coordinator.CheckpointCoordinator.recover` then raises
+    instead of the job starting from empty state or its initial snapshot. Else a new one."""
+    args: dict[str, Any] = dict(backend=backend, parallelism=parallelism,
+                                max_parallelism=max_parallelism, key_types=key_types,
+                                num_retained=num_retained)
+    if has_completed_checkpoints(storage):
+        return CheckpointCoordinator.recover(storage, **args)
+    return CheckpointCoordinator(storage, **args)
