@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from keyedstate import LocalKeyedOperator
+from keyedstate.checkpoint.properties import CLAIMED_FROM
 from keyedstate.checkpoint.resolve import resolve_snapshot
-from keyedstate.checkpoint.restore_modes import PROP_CLAIMED_FROM
 from keyedstate.errors import MissingCheckpointFileError, SnapshotClaimedError
 from keyedstate.processor.inspection import find_garbage
 from keyedstate.storage.layout import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
@@ -107,7 +107,7 @@ def test_claim_takes_ownership_and_deletes_the_snapshot_once_subsumed(tmp_path, 
     assert set(files_under(snapshot)) == set(original) | {CLAIM_MARKER_FILE}
     claimed = op.coordinator.latest_completed
     assert claimed.checkpoint_id == snapshot_id
-    assert claimed.metadata.properties[PROP_CLAIMED_FROM] == os.path.join(snapshot,
+    assert claimed.metadata.properties[CLAIMED_FROM] == os.path.join(snapshot,
                                                                           METADATA_FILE)
     assert inodes(job) >= inodes(snapshot) - {os.stat(os.path.join(snapshot,
                                                                    CLAIM_MARKER_FILE)).st_ino,

@@ -29,8 +29,9 @@ from keyedstate.checkpoint.pending import (
     PendingCheckpoint,
     check_subtask_index,
 )
+from keyedstate.checkpoint.properties import CLAIMED_FROM
 from keyedstate.checkpoint.registry import SharedStateRegistry
-from keyedstate.checkpoint.restore_modes import PROP_CLAIMED_FROM, dispose_claimed_snapshot
+from keyedstate.checkpoint.restore_modes import dispose_claimed_snapshot
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointProtocolError,
@@ -382,7 +383,7 @@ class CheckpointCoordinator:
     def _discard_completed(self, checkpoint: CompletedCheckpoint) -> None:
         # CLAIM restore mode: a checkpoint imported from a claimed snapshot takes the snapshot
         # with it, before its own _metadata goes (a crash in between repeats this on recover).
-        claimed = checkpoint.metadata.properties.get(PROP_CLAIMED_FROM)
+        claimed = checkpoint.metadata.properties.get(CLAIMED_FROM)
         if claimed:
             try:
                 dispose_claimed_snapshot(claimed, self.storage)

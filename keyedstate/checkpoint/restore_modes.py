@@ -11,7 +11,7 @@ a file of a snapshot in another directory; the three modes differ in who deletes
   (``_claimed`` beside its ``_metadata``, naming the job), duplicates its files into the job's
   root (hard links on one disk, server-side copies on an object store) and commits them as the
   job's first checkpoint ``chk-<M>`` (M = the snapshot's checkpoint id), whose ``_metadata``
-  records the snapshot in :data:`PROP_CLAIMED_FROM`. The job then runs as if it had written that
+  records the snapshot in :data:`CLAIMED_FROM`. The job then runs as if it had written that
   checkpoint: the next checkpoint is incremental on top of it, and when ``chk-<M>`` is subsumed
   the coordinator deletes the original snapshot (:func:`dispose_claimed_snapshot`) before
   ``chk-<M>`` itself. A second job may not start from a claimed snapshot
@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import msgspec
 import pyarrow as pa
 
+from keyedstate.checkpoint.properties import CLAIMED_FROM, RESTORE_MODE
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import (
     CONTEXT_DIR,
@@ -68,10 +69,6 @@ from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 logger = logging.getLogger(__name__)
 
-#: ``_metadata`` property of a checkpoint imported by CLAIM: the claimed snapshot's _metadata.
-PROP_CLAIMED_FROM = "claimed_from"
-#: ``_metadata`` property: the restore mode the job's lineage started with.
-PROP_RESTORE_MODE = "restore_mode"
 
 
 class ClaimMarker(msgspec.Struct, frozen=True):
@@ -243,7 +240,7 @@ def claim_snapshot(snapshot: ResolvedSnapshot, job: CheckpointStorage,
         id): shared files to ``shared/chk-M-claimed-sub-<i>-<name>`` (later checkpoints may
         re-reference them), private ones to ``chk-M/sub-<i>/<name>``.
     Step 3. Write ``chk-M/_metadata`` (kind checkpoint, ``properties`` over the snapshot's,
-        :data:`PROP_CLAIMED_FROM`): the claim is complete. A crash before this leaves the
+        :data:`CLAIMED_FROM`): the claim is complete. A crash before this leaves the
         snapshot intact and claimed by this job; starting the job again claims it again.
     """
     if job.checkpoint_ids():
@@ -271,8 +268,8 @@ def claim_snapshot(snapshot: ResolvedSnapshot, job: CheckpointStorage,
     merged = portable_properties(metadata.properties)
     merged.update(properties)
     merged.update(stats.to_properties(RESTORE_PREFIX))
-    merged[PROP_CLAIMED_FROM] = snapshot.storage.url_of(snapshot.metadata_path)
-    merged[PROP_RESTORE_MODE] = str(RestoreMode.CLAIM)
+    merged[CLAIMED_FROM] = snapshot.storage.url_of(snapshot.metadata_path)
+    merged[RESTORE_MODE] = str(RestoreMode.CLAIM)
     imported = msgspec.structs.replace(
         metadata, handles=[msgspec.structs.replace(h, checkpoint_id=checkpoint_id)
                            for h in handles],

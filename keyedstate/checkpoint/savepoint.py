@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 import msgspec
 import xxhash
 
+from keyedstate.checkpoint.properties import CONTEXT, SAVEPOINT_OF, portable_properties
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.errors import (
     ConfigurationError,
@@ -63,35 +64,18 @@ Attach = Callable[[CheckpointStorage], Mapping[str, str]]
 #: Where a savepoint keeps the job context an :data:`Attach` wrote; deleted with a claimed
 #: savepoint.
 CONTEXT_DIR = "context"
-#: ``_metadata`` property listing the properties an :data:`Attach` returned: they name files
-#: of this snapshot's context, so they are never carried into another snapshot root (a
-#: savepoint of it attaches its own).
-PROP_CONTEXT = "context_properties"
-
-#: Properties that only mean something inside the job that wrote them (live-copy tokens, the
-#: staged outputs of the batch): never carried into another snapshot root.
-JOB_LOCAL_PROPERTIES = ("tokens", "staged")
-#: ``_metadata`` property of a savepoint naming the snapshot it was duplicated from.
-PROP_SAVEPOINT_OF = "savepoint_of"
 
 _CHUNK = 4 << 20
 _REMOTE_WORKERS = 8
 
 
-def portable_properties(properties: Mapping[str, str]) -> dict[str, str]:
-    """The properties of a snapshot that another snapshot root may carry: without transfer
-    statistics, :data:`JOB_LOCAL_PROPERTIES` and the context properties (:data:`PROP_CONTEXT`)."""
-    local = {*JOB_LOCAL_PROPERTIES, PROP_CONTEXT, *json.loads(properties.get(PROP_CONTEXT, "[]"))}
-    return {k: v for k, v in strip_transfer_properties(properties).items() if k not in local}
-
-
 def attach_context(attach: Attach | None, storage: CheckpointStorage) -> dict[str, str]:
-    """Run ``attach`` into the savepoint ``storage``; its properties, with :data:`PROP_CONTEXT`
+    """Run ``attach`` into the savepoint ``storage``; its properties, with :data:`CONTEXT`
     naming them."""
     if attach is None:
         return {}
     attached = dict(attach(storage))
-    return {**attached, PROP_CONTEXT: json.dumps(sorted(attached))} if attached else {}
+    return {**attached, CONTEXT: json.dumps(sorted(attached))} if attached else {}
 
 
 def root_url(storage: CheckpointStorage) -> str:
@@ -330,7 +314,7 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
     # Step 4. Commit, with what it cost.
     properties = portable_properties(metadata.properties)
     properties.update(attached)
-    properties[PROP_SAVEPOINT_OF] = source.storage.url_of(source.metadata_path)
+    properties[SAVEPOINT_OF] = source.storage.url_of(source.metadata_path)
     properties.update(stats.to_properties())
     savepoint = msgspec.structs.replace(
         metadata, timestamp_ms=time.time_ns() // 1_000_000, handles=handles,

@@ -29,8 +29,9 @@ console = Console(stderr=True)
 def demo(directory: str, events: int, users: int, files: int, in_process: bool,
          as_json: bool) -> None:
     """Run the main job: a click stream with running totals and session windows."""
-    from keyedstate_examples import click_sessions as sessions
     from rich.progress import Progress
+
+    from keyedstate_examples import click_sessions as sessions
 
     spark = None
     if not in_process:

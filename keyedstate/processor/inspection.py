@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from keyedstate.backends import backend_names, load_backend
+from keyedstate.checkpoint.properties import BATCH_ID, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import unique_files
 from keyedstate.errors import (
@@ -80,7 +81,7 @@ from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 # -- listings ------------------------------------------------------------------------------------
 
 def _batch_id(metadata: CheckpointMetadata) -> int | None:
-    value = metadata.properties.get("batch_id")
+    value = metadata.properties.get(BATCH_ID)
     try:
         return None if value is None else int(value)
     except ValueError:
@@ -97,7 +98,7 @@ def describe(snapshot: ResolvedSnapshot) -> dict[str, Any]:
         "id": metadata.checkpoint_id,
         "kind": str(metadata.kind),
         "format": str(metadata.format),
-        "batch_id": _batch_id(metadata),
+        BATCH_ID: _batch_id(metadata),
         "timestamp_ms": metadata.timestamp_ms,
         "parallelism": metadata.parallelism,
         "max_parallelism": metadata.max_parallelism,
@@ -323,7 +324,7 @@ def find_garbage(directory: str | CheckpointStorage,
         for checkpoint_id, metadata in committed.items():
             batch = _batch_id(metadata)
             if batch is not None and not storage.exists(commit_marker(batch, checkpoint_id)):
-                for paths in json.loads(metadata.properties.get("staged", "{}")).values():
+                for paths in json.loads(metadata.properties.get(STAGED, "{}")).values():
                     waiting.update(paths)
         for p in storage.list_files(STAGING_DIR):
             staged_for = batch_id_of_staged_file(p)

@@ -24,6 +24,14 @@ from keyedstate.checkpoint.coordinator import (
     CompletedCheckpoint,
     PendingCheckpoint,
 )
+from keyedstate.checkpoint.properties import (
+    BATCH_ID,
+    DRAINED,
+    RESTORED_FROM,
+    STAGED,
+    TOKENS,
+    WATERMARK,
+)
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
 from keyedstate.errors import CheckpointProtocolError, ConfigurationError, JobDrainedError
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
@@ -83,7 +91,7 @@ def restore_source(storage: CheckpointStorage, metadata: CheckpointMetadata, own
     """What the next batch's subtasks restore from: the job's own checkpoint (``own``: its
     subtasks' tokens let a worker reuse the live copy of exactly that version) or the snapshot
     a new job started from."""
-    tokens = json.loads(metadata.properties["tokens"]) if own and "tokens" in \
+    tokens = json.loads(metadata.properties[TOKENS]) if own and TOKENS in \
         metadata.properties else None
     # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
     canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
@@ -96,7 +104,7 @@ def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str,
     """Refuse to continue a recovered job that is not the configured one: its checkpoints
     started from another snapshot (:class:`ConfigurationError`), or it was stopped with drain
     (:class:`JobDrainedError`)."""
-    restored_from = latest.metadata.properties.get("restored_from", "")
+    restored_from = latest.metadata.properties.get(RESTORED_FROM, "")
     if restored_from != (restore_path or ""):
         raise ConfigurationError(
             f"{checkpoint_dir} holds the checkpoints of a job started from "
@@ -104,7 +112,7 @@ def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str,
             f"{restore_path or 'empty state'}; start a job from a snapshot "
             f"in a new checkpoint directory"
         )
-    if latest.metadata.properties.get("drained") == "true":
+    if latest.metadata.properties.get(DRAINED) == "true":
         raise JobDrainedError(
             f"the job in {checkpoint_dir} was stopped with drain; start a new "
             f"job from its savepoint (execution.state-recovery.path) in a new directory"
@@ -140,8 +148,8 @@ def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
                               False, snapshot.metadata.properties)
     else:
         return ResumePoint(None, True, MIN_WATERMARK, -1)
-    return ResumePoint(base, share, int(props.get("watermark", MIN_WATERMARK)),
-                       int(props.get("batch_id", -1)))
+    return ResumePoint(base, share, int(props.get(WATERMARK, MIN_WATERMARK)),
+                       int(props.get(BATCH_ID, -1)))
 
 
 def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoint,
@@ -177,11 +185,11 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
             staged.setdefault(tag, []).append(path)
     properties = {
         **lineage,
-        "batch_id": str(batch_id),
-        "watermark": str(watermark),
-        "tokens": json.dumps([r["token"] for r in ordered]),
-        "staged": json.dumps(staged),
-        "drained": "true" if drain else "false",
+        BATCH_ID: str(batch_id),
+        WATERMARK: str(watermark),
+        TOKENS: json.dumps([r["token"] for r in ordered]),
+        STAGED: json.dumps(staged),
+        DRAINED: "true" if drain else "false",
         **(extra or {}),
         # Names the key columns for the state processor API and canonical savepoints.
         PROP_KEY_COLUMNS: json.dumps(list(key_columns)),
@@ -193,8 +201,8 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
 def staged_outputs(storage: CheckpointStorage, properties: Mapping[str, str],
                    schemas: Mapping[str, pa.Schema], lineage: str = "") -> dict[str, StagedOutput]:
     """Every output of ``schemas`` a checkpoint's batch staged in ``storage``
-    (``properties["staged"]``); an output without rows has no files."""
-    staged = json.loads(properties.get("staged", "{}"))
+    (``properties[STAGED]``); an output without rows has no files."""
+    staged = json.loads(properties.get(STAGED, "{}"))
     return {tag: StagedOutput(storage, staged.get(tag, []), schema, lineage=lineage)
             for tag, schema in schemas.items()}
 
@@ -204,9 +212,9 @@ def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint) -
     snapshot did not: its output is not this job's to commit) and its commit marker is not
     written yet."""
     props = completed.metadata.properties
-    if "staged" not in props:
+    if STAGED not in props:
         return False
-    return not storage.exists(commit_marker(int(props["batch_id"]), completed.checkpoint_id))
+    return not storage.exists(commit_marker(int(props[BATCH_ID]), completed.checkpoint_id))
 
 
 def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
@@ -214,7 +222,7 @@ def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoo
     """After ``completed``'s output was committed: write its marker, drop its staged files,
     and delete the markers of checkpoints no longer retained (only a retained checkpoint's
     marker is ever consulted: a replay of its batch, a savepoint of it)."""
-    batch_id = int(completed.metadata.properties["batch_id"])
+    batch_id = int(completed.metadata.properties[BATCH_ID])
     storage.write(commit_marker(batch_id, completed.checkpoint_id), b"")
     storage.delete_dir(staging_dir(batch_id))
     retained = [c.checkpoint_id for c in coordinator.retained]

@@ -18,6 +18,7 @@ from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.config import JobConfig, RestoreMode, parse_restore_mode
@@ -105,7 +106,7 @@ class LocalKeyedOperator:
                           max_parallelism=max_parallelism, num_retained=num_retained,
                           restore_path=restore_path, restore_mode=self.restore_mode,
                           storage_options=storage_options,
-                          on_restore=lambda _: {"restored_from": str(restore_path)})
+                          on_restore=lambda _: {RESTORED_FROM: str(restore_path)})
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
         #: the snapshot restored in NO_CLAIM or LEGACY mode, until the first checkpoint
@@ -287,7 +288,7 @@ class LocalJob:
         self.backend = load_backend(cfg.backend, **cfg.backend_options)
         self.storage = CheckpointStorage(cfg.checkpoint_dir, cfg.storage_options,
                                          cfg.transfer_options())
-        self.lineage = {"restored_from": cfg.restore_path or ""}
+        self.lineage = {RESTORED_FROM: cfg.restore_path or ""}
         #: the outputs of the last batch (processed or drained)
         self.last_outputs: dict[str, pa.Table] = {}
         self.drained = False
@@ -309,8 +310,8 @@ class LocalJob:
     def _claim_properties(self, snapshot: ResolvedSnapshot) -> dict[str, str]:
         """The properties of the checkpoint a claimed snapshot becomes: this job's lineage,
         not drained, the snapshot's batch id (the job's batch ids continue from it)."""
-        return {**self.lineage, "drained": "false",
-                "batch_id": snapshot.metadata.properties.get("batch_id", "-1")}
+        return {**self.lineage, DRAINED: "false",
+                BATCH_ID: snapshot.metadata.properties.get(BATCH_ID, "-1")}
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -358,7 +359,7 @@ class LocalJob:
     def _run(self, table: pa.Table, batch_id: int, *, drain: bool) -> dict[str, pa.Table]:
         cfg = self.config
         # Step 1. Trigger and route.
-        pending = self.coordinator.trigger({"batch_id": str(batch_id)})
+        pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
         late_schemas = side_output_schemas(self.side_outputs, cfg.late_events, self.input_schema)
         plan = BatchPlan(
             job_id=self.storage.url, batch_id=batch_id, checkpoint_id=pending.checkpoint_id,

@@ -21,9 +21,16 @@ import logging
 import posixpath
 from typing import Any, Mapping
 
+from keyedstate.checkpoint.properties import BATCH_ID, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import CONTEXT_DIR, Attach, duplicate_file
-from keyedstate.spark.offsets import OFFSETS, PROP_SOURCE_LOG, OffsetLog, capture
+from keyedstate.spark.offsets import (
+    OFFSETS,
+    PROP_SOURCE_LOG,
+    PROP_SPARK_CHECKPOINT_LOCATION,
+    OffsetLog,
+    capture,
+)
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotKind
 from keyedstate.storage.layout import commit_marker
@@ -36,7 +43,7 @@ PENDING_OUTPUT_DIR = f"{CONTEXT_DIR}/pending-output"
 
 def batch_of(snapshot: ResolvedSnapshot) -> int:
     """The Spark batch a snapshot's state covers, -1 if none."""
-    return int(snapshot.metadata.properties.get("batch_id", -1))
+    return int(snapshot.metadata.properties.get(BATCH_ID, -1))
 
 
 def source_log_of(snapshot: ResolvedSnapshot, storage_options: Mapping[str, Any] | None
@@ -47,7 +54,7 @@ def source_log_of(snapshot: ResolvedSnapshot, storage_options: Mapping[str, Any]
     if props.get(PROP_SOURCE_LOG):
         return OffsetLog(CheckpointStorage(snapshot.storage.url_of(props[PROP_SOURCE_LOG]),
                                            storage_options))
-    location = props.get("spark_checkpoint_location")
+    location = props.get(PROP_SPARK_CHECKPOINT_LOCATION)
     if not location:
         return None
     try:
@@ -62,7 +69,7 @@ def output_committed(snapshot: ResolvedSnapshot) -> bool:
     """Whether the sinks are known to have committed the snapshot's staged output (a
     checkpoint with its marker, or a snapshot that stages none)."""
     props = snapshot.metadata.properties
-    if "staged" not in props or batch_of(snapshot) < 0:
+    if STAGED not in props or batch_of(snapshot) < 0:
         return True
     return snapshot.metadata.kind is SnapshotKind.CHECKPOINT and snapshot.storage.exists(
         commit_marker(batch_of(snapshot), snapshot.metadata.checkpoint_id))
@@ -87,14 +94,14 @@ def carry(source: ResolvedSnapshot, storage_options: Mapping[str, Any] | None = 
             else:
                 props.update(capture(found, batch, target))
         if not (output_committed(source) if committed is None else committed):
-            props["staged"] = json.dumps(_copy_staged(source, target))
+            props[STAGED] = json.dumps(_copy_staged(source, target))
         return props
 
     return attach
 
 
 def _copy_staged(source: ResolvedSnapshot, target: CheckpointStorage) -> dict[str, list[str]]:
-    staged: dict[str, list[str]] = json.loads(source.metadata.properties["staged"])
+    staged: dict[str, list[str]] = json.loads(source.metadata.properties[STAGED])
     carried: dict[str, list[str]] = {}
     for tag, paths in staged.items():
         for path in paths:

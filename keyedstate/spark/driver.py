@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from keyedstate.backends import load_backend
 from keyedstate.checkpoint.coordinator import CompletedCheckpoint
+from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
 from keyedstate.config import (
@@ -71,7 +72,13 @@ from keyedstate.runtime.subtask import (
     RestoreSource,
 )
 from keyedstate.spark.carry import carry, output_committed, source_log_of
-from keyedstate.spark.offsets import OFFSETS, PROP_QUERY_ID, OffsetLog, seed
+from keyedstate.spark.offsets import (
+    OFFSETS,
+    PROP_QUERY_ID,
+    PROP_SPARK_CHECKPOINT_LOCATION,
+    OffsetLog,
+    seed,
+)
 from keyedstate.spark.query import StopGate
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
@@ -198,8 +205,8 @@ class KeyedJobDriver:
         cfg = self.config
         self.base: RestoreSource | None = None
         self.share_restored_files = True
-        self.lineage = {"restored_from": cfg.restore_path or "",
-                        "spark_checkpoint_location": self.spark_checkpoint_location}
+        self.lineage = {RESTORED_FROM: cfg.restore_path or "",
+                        PROP_SPARK_CHECKPOINT_LOCATION: self.spark_checkpoint_location}
         self._query_id: str | None = None
         self._resumed_batch = -1
         # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
@@ -256,7 +263,7 @@ class KeyedJobDriver:
         the state processor API), the source starts afresh.
         """
         props = snap.metadata.properties
-        batch = int(props.get("batch_id", -1))
+        batch = int(props.get(BATCH_ID, -1))
         location = self.spark_checkpoint_location
         where = snap.storage.url_of(snap.metadata_path)
         if batch < 0:
@@ -267,7 +274,7 @@ class KeyedJobDriver:
                         "the source starts from where %s starts", where, batch,
                         location or "the new query")
             return -1
-        if location and props.get("spark_checkpoint_location") == location:
+        if location and props.get(PROP_SPARK_CHECKPOINT_LOCATION) == location:
             own = self._offset_log().batches(OFFSETS)
             if own and own[-1] >= batch:
                 return batch
@@ -294,7 +301,7 @@ class KeyedJobDriver:
         drained (a drained job's savepoint starts a new job), the batch id it covers in this
         job's offset log (:meth:`_resume_source`)."""
         query_id = snap.metadata.properties.get(PROP_QUERY_ID, "") if batch_id >= 0 else ""
-        return {**self.lineage, "drained": "false", "batch_id": str(batch_id),
+        return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
                 PROP_QUERY_ID: query_id}
 
     def _commit_carried_output(self, snap: ResolvedSnapshot) -> None:
@@ -321,7 +328,7 @@ class KeyedJobDriver:
                 f"or double input. Start with the query's own Spark checkpoint location, or take "
                 f"a savepoint and start a new job from it in a new checkpoint directory"
             )
-        if current is None and int(props.get("batch_id", -1)) >= 0:
+        if current is None and int(props.get(BATCH_ID, -1)) >= 0:
             raise SourcePositionsError(
                 f"the Spark checkpoint location {self.spark_checkpoint_location} is empty, but "
                 f"the checkpoints in {self.config.checkpoint_dir} cover batches up to "
@@ -367,7 +374,7 @@ class KeyedJobDriver:
         # Step 1. A replay of a batch a completed checkpoint already covers.
         if batch_id <= self.last_batch_id:
             latest = self.coordinator.latest_completed
-            if latest is not None and latest.metadata.properties.get("batch_id") == str(batch_id):
+            if latest is not None and latest.metadata.properties.get(BATCH_ID) == str(batch_id):
                 self._commit_sinks(df.sparkSession, latest)
             log.info("batch %s is covered by checkpoint state; skipped", batch_id)
             self._record(BatchStats(batch_id, -1, skipped_replay=True))
@@ -503,7 +510,7 @@ class KeyedJobDriver:
         completed checkpoint, the subtasks' result rows and the Spark tasks used. A failure
         aborts the checkpoint (the driver's state is then as before the call)."""
         # Step 2. Trigger, route, run every subtask.
-        pending = self.coordinator.trigger({"batch_id": str(batch_id)})
+        pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
         tasks = self.spark_tasks(df.sparkSession)
         plan = self._plan(batch_id, pending.checkpoint_id, tasks, drain=drain)
         try:
@@ -551,10 +558,10 @@ class KeyedJobDriver:
 
     def _commit_output(self, spark: Any, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
-        """Hand every output staged in ``storage`` (``props["staged"]``) to its sinks, under
+        """Hand every output staged in ``storage`` (``props[STAGED]``) to its sinks, under
         the batch id and query id ``props`` record."""
-        batch_id = int(props["batch_id"])
-        staged = json.loads(props.get("staged", "{}"))
+        batch_id = int(props[BATCH_ID])
+        staged = json.loads(props.get(STAGED, "{}"))
         schemas = {MAIN_OUTPUT: self.job.output_schema, **self.job.side_outputs}
         if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
             # A late-events sink also commits batches without late rows (no files).
@@ -634,7 +641,7 @@ class KeyedJobDriver:
                 )
             # Step 2.
             committing = self._committing == latest.checkpoint_id
-            if int(latest.metadata.properties.get("batch_id", -1)) >= 0 and not committing:
+            if int(latest.metadata.properties.get(BATCH_ID, -1)) >= 0 and not committing:
                 self._commit_with_retries(self.job.stream.df.sparkSession, latest)
             # Step 3.
             source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)

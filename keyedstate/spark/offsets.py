@@ -44,6 +44,8 @@ SOURCE_LOG_DIR = f"{CONTEXT_DIR}/spark-source"
 #: ``_metadata`` properties: the copy's directory, and the query id the batch ids belong to.
 PROP_SOURCE_LOG = "spark_source_log"
 PROP_QUERY_ID = "spark_query_id"
+#: ``_metadata`` property: the Spark checkpoint location (offset log) of the query.
+PROP_SPARK_CHECKPOINT_LOCATION = "spark_checkpoint_location"
 
 
 def _storage(location: str, storage_options: Mapping[str, Any] | None) -> CheckpointStorage:
