@@ -449,3 +449,20 @@ def test_state_read_command_on_native_and_canonical(source):
     both = runner.invoke(_cli(), ["state", "read", canonical, "--state", "value", "--limit",
                                   "1", "--out", str(source.tmp / "x")])
     assert both.exit_code == 2
+
+
+def test_a_canonical_savepoint_carries_what_a_native_one_does():
+    """One rule for every savepoint (issue 12): the job's properties travel, including a
+    runtime's own (Spark's offset location and query id), which the processor never names;
+    job-local ones, the context's, transfer figures and the source format's bookkeeping stay."""
+    from keyedstate.checkpoint import properties as p
+    from keyedstate.processor.canonical_layout import PROP_SOURCE, carried_properties
+
+    job = {p.BATCH_ID: "7", p.WATERMARK: "1000", p.RESTORED_FROM: "/sp", p.DRAINED: "false",
+           "spark_checkpoint_location": "/spark", "spark_query_id": "q-1", "key_columns": '["u"]'}
+    local = {p.TOKENS: "[]", p.STAGED: "{}", p.CONTEXT: '["spark_source_log"]',
+             "spark_source_log": "context/spark-source", "transfer.uploaded-bytes": "5",
+             p.SAVEPOINT_OF: "/cp/chk-7/_metadata", PROP_SOURCE: "/other/_metadata"}
+    assert carried_properties({**job, **local}) == job
+    assert p.portable_properties({**job, **local}) == {
+        **job, p.SAVEPOINT_OF: "/cp/chk-7/_metadata", PROP_SOURCE: "/other/_metadata"}

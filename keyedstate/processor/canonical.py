@@ -56,7 +56,6 @@ from keyedstate.keygroups import KeyGroupRange, check_parallelism
 from keyedstate.keys import KeySerializer
 from keyedstate.processor.canonical_layout import (
     CANONICAL_BACKEND,
-    CARRIED_PROPERTIES,
     PROP_KEY_COLUMNS,
     PROP_SOURCE,
     PROP_SOURCE_BACKEND,
@@ -67,6 +66,7 @@ from keyedstate.processor.canonical_layout import (
     ParquetFileWriter,
     canonical_handle,
     canonical_metadata,
+    carried_properties,
     check_target,
     key_columns_of,
     key_types_of,
@@ -217,8 +217,7 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
                 progress(index + 1, parallelism)
         # Step 3. Commit (files of an interrupted earlier write into the target go first).
         remove_unreferenced(storage, written)
-        properties = {k: metadata.properties[k] for k in CARRIED_PROPERTIES
-                      if k in metadata.properties}
+        properties = carried_properties(metadata.properties)
         properties[PROP_SOURCE] = source.storage.url_of(source.metadata_path)
         properties[PROP_SOURCE_BACKEND] = metadata.properties.get(PROP_SOURCE_BACKEND,
                                                                   metadata.backend)
@@ -544,7 +543,7 @@ def open_snapshot_range(snapshot: ResolvedSnapshot, key_group_range: KeyGroupRan
 
 
 __all__ = [
-    "CANONICAL_BACKEND", "CARRIED_PROPERTIES", "PROP_KEY_COLUMNS", "PROP_SOURCE",
+    "CANONICAL_BACKEND", "carried_properties", "PROP_KEY_COLUMNS", "PROP_SOURCE",
     "PROP_SOURCE_BACKEND", "ROW_GROUP_ROWS", "STATES_DIR", "TIMERS_DIR", "TIMERS_ENTRY",
     "CanonicalRange", "ParquetFileWriter", "canonical_handle", "canonical_metadata",
     "check_target", "key_columns_of", "key_types_of", "open_snapshot_range",

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from keyedstate.checkpoint.properties import SAVEPOINT_OF, portable_properties
 from keyedstate.errors import ConfigurationError, CorruptCheckpointError, SnapshotExistsError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical_schema import (
@@ -46,9 +47,8 @@ PROP_KEY_COLUMNS = "key_columns"
 PROP_FORMAT_VERSION = "canonical.format-version"
 PROP_SOURCE = "canonical.source"
 PROP_SOURCE_BACKEND = "canonical.source-backend"
-#: Job-level properties a canonical savepoint keeps from its source (event time, where Spark's
-#: offsets are, the key column names); job-local ones (tokens, staged outputs) are dropped.
-CARRIED_PROPERTIES = ("watermark", "batch_id", "spark_checkpoint_location", PROP_KEY_COLUMNS)
+#: The prefix of the canonical format's own properties (not carried from a canonical source).
+CANONICAL_PREFIX = "canonical."
 #: Rows per Parquet row group, and per chunk converted in memory.
 ROW_GROUP_ROWS = 65_536
 
@@ -203,3 +203,12 @@ def canonical_metadata(*, checkpoint_id: int, max_parallelism: int, key_types: S
         backend=CANONICAL_BACKEND, parallelism=len(handles), max_parallelism=max_parallelism,
         key_types=list(key_types), handles=list(handles), kind=SnapshotKind.SAVEPOINT,
         format=SnapshotFormat.CANONICAL, properties=props)
+
+
+def carried_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """What a canonical savepoint keeps of its source's properties: what any savepoint carries
+    (:func:`~keyedstate.checkpoint.properties.portable_properties`: the job's batch, watermark,
+    lineage and a runtime's own keys such as Spark's offset location), less the bookkeeping of
+    the source's own format (``canonical.*``, the savepoint it was duplicated from)."""
+    return {k: v for k, v in portable_properties(properties).items()
+            if not k.startswith(CANONICAL_PREFIX) and k != SAVEPOINT_OF}

@@ -40,13 +40,13 @@ from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.errors import ConfigurationError, KeyedStateError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange, check_max_parallelism, check_parallelism
 from keyedstate.processor.canonical import (
-    CARRIED_PROPERTIES,
     PROP_SOURCE,
     STATES_DIR,
     TIMERS_DIR,
     TIMERS_ENTRY,
     canonical_handle,
     canonical_metadata,
+    carried_properties,
     check_target,
     key_columns_of,
     key_types_of,
@@ -259,8 +259,7 @@ class SavepointWriter:
                         ttl_timestamp_column=TTL_TIMESTAMP if meta.ttl_ms is not None else None)
         writer._timers = writer._timer_frame(reader.timers(), reader.key_columns, DOMAIN,
                                              TIMESTAMP, NAMESPACE)
-        writer._properties = {k: v for k, v in reader.metadata.properties.items()
-                              if k in CARRIED_PROPERTIES}
+        writer._properties = carried_properties(reader.metadata.properties)
         return writer
 
     # -- states --------------------------------------------------------------------------------
