@@ -179,5 +179,22 @@ class JobConfig:
             )
         return cls(**{known[k]: v for k, v in options.items()})
 
+    def recorded(self) -> dict[str, Any]:
+        """The configuration as a checkpoint records it (``job_config``, shown by
+        ``keyedstate checkpoints report``): dotted key -> value, enums as their names, the
+        watermark delay in ms. ``keyedstate.checkpointing.storage-options`` is left out: it
+        may hold credentials, and ``_metadata`` is read by whoever may list the checkpoints."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "storage_options":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, dt.timedelta):
+                value = self.watermark_delay_ms
+            elif isinstance(value, StrEnum):
+                value = str(value)
+            out[f.metadata["key"]] = value
+        return out
+
     def replace(self, **changes: Any) -> JobConfig:
         return dataclasses.replace(self, **changes)

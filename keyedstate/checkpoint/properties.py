@@ -30,6 +30,16 @@ STAGED = "staged"
 DRAINED = "drained"
 #: The snapshot the job's lineage started from ("" for empty state).
 RESTORED_FROM = "restored_from"
+#: The job's configuration (JSON: dotted key -> value, storage options left out: they may hold
+#: credentials; :meth:`keyedstate.config.JobConfig.recorded`).
+JOB_CONFIG = "job_config"
+
+# -- statistics (:mod:`keyedstate.checkpoint.stats`, written by both runtimes) -----------------
+
+#: This job's last checkpoints' statistics, one row each, this checkpoint's last (JSON).
+CHECKPOINT_HISTORY = "checkpoint_history"
+#: This checkpoint's statistics per subtask (JSON).
+SUBTASK_STATS = "subtask_stats"
 
 # -- the protocol ------------------------------------------------------------------------------
 
@@ -44,13 +54,14 @@ SAVEPOINT_OF = "savepoint_of"
 CONTEXT = "context_properties"
 
 #: Properties that only mean something inside the job that wrote them (live-copy tokens, the
-#: staged outputs of the batch): never carried into another snapshot root.
-JOB_LOCAL = (TOKENS, STAGED)
+#: staged outputs of the batch) or describe it and its checkpoints (its configuration and
+#: statistics, as transfer counts do): never carried into another snapshot root.
+JOB_LOCAL = (TOKENS, STAGED, JOB_CONFIG, CHECKPOINT_HISTORY, SUBTASK_STATS)
 
 
 def portable_properties(properties: Mapping[str, str]) -> dict[str, str]:
     """The properties of a snapshot that another snapshot root may carry (a native or canonical
-    savepoint, a state processor rewrite): all but transfer statistics, :data:`JOB_LOCAL` and
-    the context properties (:data:`CONTEXT` and the keys it lists)."""
+    savepoint, a state processor rewrite): all but transfer counts, :data:`JOB_LOCAL` (the
+    job's configuration and checkpoint statistics among them) and the context properties (:data:`CONTEXT` and the keys it lists)."""
     local = {*JOB_LOCAL, CONTEXT, *json.loads(properties.get(CONTEXT, "[]"))}
     return {k: v for k, v in strip_transfer_properties(properties).items() if k not in local}

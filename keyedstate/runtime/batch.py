@@ -13,6 +13,7 @@ the batch again.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -27,11 +28,13 @@ from keyedstate.checkpoint.coordinator import (
 from keyedstate.checkpoint.properties import (
     BATCH_ID,
     DRAINED,
+    JOB_CONFIG,
     RESTORED_FROM,
     STAGED,
     TOKENS,
     WATERMARK,
 )
+from keyedstate.checkpoint.stats import completed_stats, stats_properties, subtask_stats
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
 from keyedstate.errors import CheckpointProtocolError, ConfigurationError, JobDrainedError
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
@@ -156,6 +159,7 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
                    results: Sequence[Any], *, parallelism: int, batch_id: int, watermark: int,
                    watermark_delay_ms: int, drain: bool, key_columns: Sequence[str],
                    lineage: Mapping[str, str], extra: Mapping[str, str] | None = None,
+                   config: JobConfig | None = None,
                    ) -> tuple[CompletedCheckpoint, list[Any], int]:
     """Acknowledge every subtask's handle and complete ``pending``; returns the completed
     checkpoint, the results in subtask order and the watermark after the batch.
@@ -165,8 +169,11 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
     time less ``watermark_delay_ms``, never back. The checkpoint's properties record
     ``lineage`` (where the job started from), the batch id, the new watermark, each subtask's
     snapshot token, the staged outputs, whether the batch drained the job, the key columns,
-    and ``extra``. Raises :class:`CheckpointProtocolError` unless there is exactly one result
-    per subtask; the caller aborts ``pending`` on any failure.
+    the checkpoint's statistics and the job's history
+    (:func:`~keyedstate.checkpoint.stats.stats_properties`), the job's ``config``
+    (:meth:`~keyedstate.config.JobConfig.recorded`) when given, and ``extra``. Raises
+    :class:`CheckpointProtocolError` unless there is exactly one result per subtask; the
+    caller aborts ``pending`` on any failure.
     """
     ordered = sorted(results, key=lambda r: r["subtask"])
     if [r["subtask"] for r in ordered] != list(range(parallelism)):
@@ -174,8 +181,16 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
             f"batch {batch_id}: expected one result per subtask 0..{parallelism - 1}, "
             f"got {[r['subtask'] for r in ordered]}"
         )
-    for r in ordered:
-        coordinator.acknowledge(pending, decode_handle(r["handle"]))
+    handles = [decode_handle(r["handle"]) for r in ordered]
+    for handle in handles:
+        coordinator.acknowledge(pending, handle)
+    # Flink's end-to-end duration: trigger to the last acknowledgement (just now).
+    end_to_end_ms = max(0.0, time.time() * 1000 - pending.timestamp_ms)
+    subtasks = [subtask_stats(json.loads(r["stats"])) for r in ordered]
+    row = completed_stats(pending.checkpoint_id, batch_id=batch_id,
+                          trigger_ms=pending.timestamp_ms, handles=handles,
+                          subtasks=subtasks, end_to_end_ms=end_to_end_ms)
+    previous = coordinator.latest_completed
     event_times = [r["max_event_time"] for r in ordered if r["max_event_time"] is not None]
     if event_times:
         watermark = max(watermark, max(event_times) - watermark_delay_ms)
@@ -190,6 +205,8 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
         TOKENS: json.dumps([r["token"] for r in ordered]),
         STAGED: json.dumps(staged),
         DRAINED: "true" if drain else "false",
+        **stats_properties(row, subtasks, None if previous is None else previous.metadata),
+        **({JOB_CONFIG: json.dumps(config.recorded(), default=str)} if config else {}),
         **(extra or {}),
         # Names the key columns for the state processor API and canonical savepoints.
         PROP_KEY_COLUMNS: json.dumps(list(key_columns)),

@@ -381,7 +381,7 @@ class LocalJob:
                 self.coordinator, pending, rows, parallelism=cfg.parallelism,
                 batch_id=batch_id, watermark=self.watermark,
                 watermark_delay_ms=cfg.watermark_delay_ms, drain=drain,
-                key_columns=self.key_columns, lineage=self.lineage)
+                key_columns=self.key_columns, lineage=self.lineage, config=cfg)
         except BaseException as exc:
             if not pending.is_completed:
                 self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")

@@ -511,6 +511,8 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,
         "process_s": process_s, "restore_s": restore_s, "reused_local_state": reused,
+        # restored from a snapshot (neither this nor reused: a new job's empty state)
+        "restored": not reused and plan.restore is not None,
         "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s,
         "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
         "worker_pid": os.getpid(),

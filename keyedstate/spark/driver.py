@@ -522,6 +522,7 @@ class KeyedJobDriver:
                 batch_id=batch_id, watermark=self.watermark,
                 watermark_delay_ms=self.config.watermark_delay_ms, drain=drain,
                 key_columns=self.job.stream.key_columns, lineage=self.lineage,
+                config=self.config,
                 # The query the batch id belongs to: names the sinks' output, checked at
                 # restart.
                 extra={PROP_QUERY_ID: self.query_id()})
