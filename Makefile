@@ -1,6 +1,8 @@
 # Two commands on a fresh machine (Python 3.11+, Java 17+):
 #   make demo   creates .venv, installs keyedstate, runs the main job
-#   make test   installs the test dependencies, runs the whole suite
+#   make test   installs the test dependencies, runs the whole suite (its browser tests
+#               need Chromium, `apt-get install chromium` as root; skipped without it,
+#               docs/checkpoints.md "Testing the page in a browser")
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python

@@ -1,8 +1,10 @@
-"""``keyedstate checkpoints list|show|transfer``: look into a job's checkpoints and savepoints
-(read only; :mod:`keyedstate.processor.inspection`)."""
+"""``keyedstate checkpoints list|show|transfer|report``: look into a job's checkpoints and
+savepoints (read only; :mod:`keyedstate.processor.inspection`, :mod:`keyedstate.processor.report`
+and its page, :mod:`keyedstate.cli.report_page`)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -144,6 +146,32 @@ def checkpoints_transfer(path: str, storage_options: str | None, as_json: bool) 
     console = Console()
     for entry in out:
         console.print(transfer_table(entry, f"{entry['kind']} {entry['id']}: transfers"))
+
+
+@checkpoints.command("report")
+@click.argument("directory")
+@click.option("--out", "out", default="checkpoint-report.html", show_default=True,
+              metavar="FILE", help="Where to write the page (a local file, replaced).")
+@storage_options_option()
+def checkpoints_report(directory: str, out: str, storage_options: str | None) -> None:
+    """Write the checkpoint history of a job's checkpoint DIRECTORY (or of one savepoint,
+    chk-N or _metadata) as one self-contained HTML page: the job's configuration, per
+    checkpoint its durations, sizes, transfers and restores, plots over time, sortable tables.
+    Reads only the _metadata files; the page loads nothing from anywhere. Prints the page's
+    path."""
+    from keyedstate.cli.report_page import render_report
+    from keyedstate.processor.report import read_report
+
+    with reported_errors():
+        with stderr.status("reading the checkpoints"):
+            report = read_report(directory, parse_storage_options(storage_options))
+        page = render_report(report)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(page)
+    stderr.print(f"{len(report.history)} checkpoints in the history, {len(report.retained)} "
+                 f"retained" + (f", {len(report.unreadable)} unreadable"
+                                if report.unreadable else ""), highlight=False)
+    click.echo(os.path.abspath(out))
 
 
 def transfer_table(summary: dict[str, Any], title: str) -> Table:
