@@ -9,6 +9,7 @@ is checked without a browser too."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 import struct
@@ -16,11 +17,13 @@ import subprocess
 import sys
 from html.parser import HTMLParser
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
 from keyedstate.checkpoint.properties import CHECKPOINT_HISTORY, JOB_CONFIG, SUBTASK_STATS
 from keyedstate.cli import main
+from keyedstate.cli.report_page import render_report
 from keyedstate.processor.report import read_report
 from tests.browser import Browser, chromium_path
 from tests.test_local_job import batches, config, new_job
@@ -140,6 +143,28 @@ def test_report_of_a_local_job_renders_in_a_browser_sorts_and_is_kept_as_a_scree
 
 
 @needs_chromium
+def test_blanks_sort_last_both_ways(tmp_path):
+    # A real report whose history has blanks where older checkpoints recorded nothing.
+    data = read_report(local_job_history(tmp_path))
+    blanked = [msgspec.structs.replace(r, sync_ms=None) if r.checkpoint_id in (2, 4) else r
+               for r in data.history]
+    out = tmp_path / "report.html"
+    out.write_text(render_report(dataclasses.replace(data, history=blanked)), encoding="utf-8")
+    with Browser(CHROMIUM) as browser:
+        browser.open(f"file://{out}")
+        sync = browser.evaluate(
+            "Array.from(document.querySelectorAll('#history-table thead button'))"
+            ".findIndex(b => b.textContent === 'sync')")
+        for _ in ("ascending", "descending"):
+            browser.click(f"#history-table thead button[data-column='{sync}']")
+            keys = history_column(browser, sync)
+            assert keys[-2:] == ["", ""] and "" not in keys[:-2]
+            ids = history_column(browser, 0)
+            assert sorted(ids[-2:]) == ["2", "4"]
+        assert browser.errors() == []
+
+
+@needs_chromium
 def test_the_browser_check_sees_console_errors_and_blocked_requests(tmp_path):
     """The harness's negative control: "no console errors" would also hold if it saw none."""
     page = tmp_path / "broken.html"
@@ -177,6 +202,11 @@ def test_paths_are_escaped_and_old_checkpoints_without_statistics_render_blank(t
         assert browser.evaluate("document.querySelector('#plot-duration .empty').textContent"
                                 ) == "not recorded"
         assert browser.evaluate("document.querySelectorAll('#plot-size circle').length") == 4
+        # Per subtask too: blank, and sorted as blank (an empty key), not as the dash shown.
+        assert browser.evaluate(
+            "Array.from(document.querySelectorAll('#subtasks-3 tbody tr')).map(r => "
+            "[r.cells[8].textContent, r.cells[8].getAttribute('data-sort')])"
+        ) == [["\u2013", ""], ["\u2013", ""]]
 
 
 def test_report_data_matches_what_the_checkpoints_record(tmp_path):

@@ -155,9 +155,9 @@ def _subtask_columns(largest: int) -> list[Column]:
     def stat(field: str) -> Callable[[Any], Any]:
         return lambda s: None if s.stats is None else getattr(s.stats, field)
 
-    def state(s: Any) -> str:
+    def state(s: Any) -> str | None:
         if s.stats is None or s.stats.reused is None:
-            return BLANK
+            return None
         return "reused" if s.stats.reused else "restored" if s.stats.restored else "new"
 
     def full(s: Any) -> str:
@@ -182,7 +182,7 @@ def _subtask_columns(largest: int) -> list[Column]:
         ("restore", "restoring or opening state before the batch", stat("restore_ms"),
          lambda s: _e(_duration(stat("restore_ms")(s)))),
         ("state", "reused the live state, restored it from a snapshot, or new (empty)",
-         state, lambda s: _e(state(s))),
+         state, lambda s: _e(state(s) or BLANK)),
         ("uploaded", "bytes sent to checkpoint storage", lambda s: s.uploaded_bytes,
          lambda s: _e(human_bytes(s.uploaded_bytes))),
         ("duplicated", "bytes the store copied itself", lambda s: s.duplicated_bytes,
