@@ -52,6 +52,12 @@ def test_the_package_type_checks() -> None:
     assert status == 0, out
 
 
+def test_the_examples_type_check() -> None:
+    """The examples are user code as the docs show it: typed, and checked like the package."""
+    out, status = _mypy(os.path.join(ROOT, "examples"))
+    assert status == 0, out
+
+
 def test_get_state_is_typed_by_its_descriptor(tmp_path) -> None:
     user = tmp_path / "user_job.py"
     user.write_text(textwrap.dedent(USER_CODE))

@@ -33,6 +33,14 @@ SUCCESS_FILE = "_SUCCESS"
 #: Spark, pyarrow and pandas by its leading underscore
 TEMPORARY_DIR = "_temporary"
 _LINEAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: The name of a batch's directory (:func:`batch_dir_name`): the lineage (a Spark query's id)
+#: if known, and the batch id. docs/spark.md shows these names from a real run; a test checks
+#: that page and a real run against the patterns.
+BATCH_DIR_PATTERN = re.compile(
+    r"^(?:(?P<lineage>[A-Za-z0-9][A-Za-z0-9_.-]*)-)?batch-(?P<batch_id>\d{10,})$")
+#: The name of a part in a batch's directory: ``n`` counts the batch's staged files (one per
+#: subtask that emitted rows, in subtask order) from 0.
+PART_FILE_PATTERN = re.compile(r"^part-(?P<n>\d{5,})\.parquet$")
 
 
 class Sink(ABC):
@@ -77,23 +85,27 @@ def batch_dir_name(lineage: str, batch_id: int) -> str:
 class ParquetSink(Sink):
     """Exactly-once Parquet files, any fsspec URL: one directory per batch,
     ``<path>/<lineage>-batch-<B:010d>/part-<n:05d>.parquet``, with a ``_SUCCESS`` file listing
-    the parts. Batches of other lineages (other jobs writing to ``path``) are never touched; a
-    batch with no output rows writes nothing.
+    the parts (:data:`BATCH_DIR_PATTERN`, :data:`PART_FILE_PATTERN`). In a streaming query the
+    lineage is the query's id (Spark's ``StreamingQuery.id``, a uuid kept across restarts and
+    savepoint restores; not its ``query_name``), the batch id Spark's. Batches of other
+    lineages (other jobs writing to ``path``) are never touched; a batch with no output rows
+    writes nothing.
 
     A commit whose batch is already published does nothing (a replay). Otherwise, on a local
     disk (:meth:`_commit_by_rename`) the parts and ``_SUCCESS`` are written into
-    ``<path>/_temporary/`` and the batch directory appears by one atomic rename: a reader of
-    ``path`` sees every part of a batch or none. On an object store (no rename,
-    :meth:`_commit_by_marker`) the parts are copied into the batch directory one by one, and
-    ``_SUCCESS`` is written last: a reader sees a batch's parts appear one by one (and a
-    crashed commit's parts until the restarted job commits the batch again); a batch is
-    complete when its ``_SUCCESS`` exists. Parts are copied by the store itself (a reflink or
-    kernel copy on one disk, a server-side copy on one object store), else streamed.
+    ``<path>/_temporary/`` (which stays, empty between commits) and the batch directory
+    appears by one atomic rename: a reader of ``path`` sees every part of a batch or none. On
+    an object store (no rename, :meth:`_commit_by_marker`) the parts are copied into the batch
+    directory one by one, and ``_SUCCESS`` is written last: a reader sees a batch's parts
+    appear one by one (and a crashed commit's parts until the restarted job commits the batch
+    again); a batch is complete when its ``_SUCCESS`` exists. Parts are copied by the store
+    itself (a reflink or kernel copy on one disk, a server-side copy on one object store), else
+    streamed.
 
     Reading everything: ``pd.read_parquet(path)``, ``pyarrow.dataset.dataset(path)``,
     ``spark.read.option("recursiveFileLookup", "true").parquet(path)`` (Spark reads nested
-    directories only as ``key=value`` partitions) or DuckDB ``read_parquet('<path>/*/*.parquet')``
-    (``**`` would also read ``_temporary/``). See docs/spark.md, *Exactly once*.
+    directories only as ``key=value`` partitions) or DuckDB
+    ``read_parquet('<path>/*/*.parquet')`` (``**`` would also read ``_temporary/``). See docs/spark.md, *ParquetSink files*.
     """
 
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None) -> None:

@@ -57,7 +57,10 @@ class StateTtlConfig:
     (and also on read with ``ON_READ_AND_WRITE``). Expired entries are never returned
     (``NeverReturnExpired``), left out of full snapshots, and cleaned incrementally: every state
     access also checks up to ``incremental_cleanup_size`` other entries of the same state and
-    drops expired ones. The RocksDB backend also drops them when it compacts (see its docs).
+    drops expired ones. The RocksDB backend has no compaction filter (rocksdict exposes none), so
+    compaction keeps them (docs/rocksdb-backend.md, *TTL*). The clock is processing time (the
+    wall clock of the process accessing the state, unless the backend is given another
+    ``time_provider``), as Flink's.
     """
 
     ttl: _dt.timedelta

@@ -212,6 +212,26 @@ def test_a_lineage_that_cannot_name_a_directory_is_refused():
             batch_dir_name(bad, 0)
 
 
+def test_the_names_written_match_the_published_patterns(tmp_path):
+    """BATCH_DIR_PATTERN and PART_FILE_PATTERN (what docs/spark.md is checked against) parse
+    back what a commit writes, with and without a lineage."""
+    storage = CheckpointStorage(str(tmp_path / "ckpt"))
+    out = str(tmp_path / "out")
+    ParquetSink(out).commit(None, 12, stage(storage, 12, 3))
+    ParquetSink(out).commit(None, 3, stage(storage, 3, 1, lineage=""))
+    parsed = {}
+    for name, files in published(out).items():
+        if name == TEMPORARY_DIR:
+            continue
+        match = sinks.BATCH_DIR_PATTERN.match(name)
+        assert match, name
+        parsed[match["lineage"]] = int(match["batch_id"])
+        parts = [sinks.PART_FILE_PATTERN.match(f) for f in files if f != SUCCESS_FILE]
+        assert all(parts) and sorted(int(p["n"]) for p in parts) == list(range(len(parts)))
+    assert parsed == {LINEAGE: 12, None: 3}
+    assert not sinks.BATCH_DIR_PATTERN.match(TEMPORARY_DIR)
+
+
 # -- object store --------------------------------------------------------------------------------
 
 @pytest.mark.s3
