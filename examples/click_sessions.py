@@ -28,11 +28,14 @@ import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from keyedstate.config import JobConfig
 from keyedstate.runtime.function import Context, KeyedProcessFunction
@@ -141,28 +144,24 @@ def write_input(directory: str, events: list[Event], files: int) -> list[str]:
 # -- the oracle ------------------------------------------------------------------------------
 
 
-def oracle(events: list[Event]) -> tuple[dict[str, tuple[int, float]], list[tuple]]:
-    """Totals and sessions ``(user, start, end, events, amount)`` computed directly from all
-    events, independently of keyedstate."""
-    totals: dict[str, tuple[int, float]] = {}
-    by_user: dict[str, list[Event]] = {}
-    for e in events:
-        c, t = totals.get(e[0], (0, 0.0))
-        totals[e[0]] = (c + 1, t + e[2])
-        by_user.setdefault(e[0], []).append(e)
-    sessions = []
-    for user, evs in by_user.items():
-        evs.sort(key=lambda e: e[1])
-        start = last = evs[0][1]
-        n, amount = 0, 0.0
-        for _, ts, a in evs:
-            if ts > last + GAP_MS:
-                sessions.append((user, start, last + GAP_MS, n, amount))
-                start, n, amount = ts, 0, 0.0
-            last = max(last, ts)
-            n, amount = n + 1, amount + a
-        sessions.append((user, start, last + GAP_MS, n, amount))
-    return totals, sessions
+def oracle(events: list[Event]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Computed directly from all events, independently of keyedstate (vectorized pandas):
+    the totals per user (index ``user_id``; ``count``, ``total``) and the sessions
+    (``user_id``, ``start``, ``end`` in ms, ``events``, ``amount``)."""
+    import pandas as pd
+
+    df = pd.DataFrame(events, columns=["user_id", "ts", "amount"])
+    totals = df.groupby("user_id").agg(count=("ts", "size"), total=("amount", "sum"))
+    df = df.sort_values(["user_id", "ts"], kind="stable", ignore_index=True)
+    # Sorted by time within a user, a session starts where the gap to the previous event
+    # exceeds GAP_MS (or at the user's first event); numbering those starts names them.
+    previous = df.groupby("user_id")["ts"].shift()
+    session_id = (previous.isna() | (df["ts"] > previous + GAP_MS)).cumsum()
+    sessions = df.groupby(session_id).agg(
+        user_id=("user_id", "first"), start=("ts", "min"), last=("ts", "max"),
+        events=("ts", "size"), amount=("amount", "sum"))
+    sessions["end"] = sessions.pop("last") + GAP_MS
+    return totals, sessions.reset_index(drop=True)
 
 
 def _ms(column: pa.ChunkedArray) -> list[int]:
@@ -173,22 +172,60 @@ def _ms(column: pa.ChunkedArray) -> list[int]:
 def verify(events: list[Event], counts: pa.Table, sessions: pa.Table) -> dict[str, bool]:
     """The job's outputs (every batch's ``counts``, every emitted session) against the
     oracle; one verdict per check."""
+    import pandas as pd
+
     expected_totals, expected_sessions = oracle(events)
-    rows = sorted(counts.to_pylist(), key=lambda r: r["batch_id"])
-    final = {r["user_id"]: r for r in rows}
-    totals_ok = final.keys() == expected_totals.keys() and all(
-        final[u]["count"] == c and abs(final[u]["total"] - t) < 1e-6
-        for u, (c, t) in expected_totals.items())
-    once_ok = len({(r["user_id"], r["batch_id"]) for r in rows}) == len(rows)
-    got = sorted(zip(sessions.column("user_id").to_pylist(),
-                     _ms(sessions.column("session_start")), _ms(sessions.column("session_end")),
-                     sessions.column("events").to_pylist()))
-    want = sorted((u, s, e, n) for u, s, e, n, _ in expected_sessions)
+    rows = counts.to_pandas()
+    once_ok = not rows.duplicated(["user_id", "batch_id"]).any()
+    final = (rows.sort_values("batch_id", kind="stable").groupby("user_id").last()
+             .reindex(expected_totals.index))
+    totals_ok = (len(rows.groupby("user_id")) == len(expected_totals)
+                 and bool((final["count"] == expected_totals["count"]).all())
+                 and bool(((final["total"] - expected_totals["total"]).abs() < 1e-6).all()))
+    key = ["user_id", "start", "end", "events"]
+    got = pd.DataFrame({
+        "user_id": sessions.column("user_id").to_pylist(),
+        "start": _ms(sessions.column("session_start")),
+        "end": _ms(sessions.column("session_end")),
+        "events": sessions.column("events").to_pylist(),
+    }).sort_values(key, ignore_index=True)
+    want = expected_sessions[key].sort_values(key, ignore_index=True)
+    sessions_ok = len(got) == len(want) and bool(
+        (got.astype({"events": "int64"}) == want.astype({"events": "int64"})).all().all())
     return {"totals match the oracle": totals_ok, "one count row per user and batch": once_ok,
-            "sessions match the oracle": got == want}
+            "sessions match the oracle": sessions_ok}
 
 
 # -- the two runtimes ------------------------------------------------------------------------
+
+#: The phases of a run, in order (``keyedstate demo`` shows one progress bar per phase).
+PHASES = ("generate", "run p=2", "savepoint", "restart p=3", "drain", "verify")
+
+
+class RunProgress(Protocol):
+    """Where a run is: told when each of :data:`PHASES` begins and after each checkpointed
+    batch. Called on the thread that runs the job (on Spark: from the query listener)."""
+
+    def phase(self, name: str, batches: int) -> None:
+        """Phase ``name`` begins; it will run ``batches`` micro-batches (0: none)."""
+
+    def batch(self, stats: dict[str, Any]) -> None:
+        """A batch of the current phase completed its checkpoint: ``stats`` has at least
+        ``batch_id``, ``rows_in``, ``incremental_bytes`` and ``full_bytes``."""
+
+
+class Quiet:
+    """A :class:`RunProgress` that shows nothing."""
+
+    def phase(self, name: str, batches: int) -> None:
+        pass
+
+    def batch(self, stats: dict[str, Any]) -> None:
+        pass
+
+
+QUIET = Quiet()
+
 
 
 @dataclass
@@ -220,25 +257,26 @@ def _config(directory: str, job: int, parallelism: int, restore: str | None = No
 
 
 def run_local(directory: str, events: int, users: int, files: int,
-              on_batch: Callable[[dict[str, Any]], None] = lambda s: None) -> DemoReport:
+              progress: RunProgress = QUIET) -> DemoReport:
     """The job with :class:`~keyedstate.runtime.local.LocalJob` (steps in the module
     docstring), in ``directory`` (emptied first)."""
     shutil.rmtree(directory, ignore_errors=True)
+    progress.phase("generate", 0)
     all_events = list(generate_events(events, users))
     paths = write_input(directory, all_events, files)
     report = DemoReport(runtime="local", events=events)
     outputs: dict[str, list[pa.Table]] = {"main": [], "sessions": []}
 
-    def record(job: LocalJob, out: dict[str, pa.Table]) -> None:
+    def record(job: LocalJob, out: dict[str, pa.Table], rows_in: int) -> None:
         for tag in outputs:
             outputs[tag].append(out[tag])
         latest = job.latest_checkpoint
         assert latest is not None
         stats = {"batch_id": job.last_batch_id, "checkpoint_id": latest.checkpoint_id,
-                 "incremental_bytes": latest.metadata.incremental_size,
+                 "rows_in": rows_in, "incremental_bytes": latest.metadata.incremental_size,
                  "full_bytes": latest.metadata.full_size}
         report.stats.append(stats)
-        on_batch(stats)
+        progress.batch(stats)
 
     def new_job(config: JobConfig) -> LocalJob:
         return LocalJob(ClickAnalytics(), key_columns=["user_id"], input_schema=INPUT_DDL,
@@ -247,16 +285,24 @@ def run_local(directory: str, events: int, users: int, files: int,
 
     started = time.perf_counter()
     savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
+    first, rest = paths[:files // 2], paths[files // 2:]
+    progress.phase("run p=2", len(first))
     with new_job(_config(directory, 1, 2)) as job:
-        for path in paths[:files // 2]:
-            record(job, job.process_batch(pq.read_table(path)))
+        for path in first:
+            table = pq.read_table(path)
+            record(job, job.process_batch(table), table.num_rows)
+        progress.phase("savepoint", 0)
         report.savepoint = job.stop(savepoint=savepoint_dir) or ""
+    progress.phase("restart p=3", len(rest))
     with new_job(_config(directory, 2, 3, restore=savepoint_dir)) as job:
-        for path in paths[files // 2:]:
-            record(job, job.process_batch(pq.read_table(path)))
+        for path in rest:
+            table = pq.read_table(path)
+            record(job, job.process_batch(table), table.num_rows)
+        progress.phase("drain", 1)
         job.stop(drain=True)
-        record(job, job.last_outputs)
+        record(job, job.last_outputs, 0)
     report.seconds = time.perf_counter() - started
+    progress.phase("verify", 0)
     report.batches = len(report.stats)
     sessions = pa.concat_tables(outputs["sessions"])
     report.sessions = sessions.num_rows
@@ -265,7 +311,7 @@ def run_local(directory: str, events: int, users: int, files: int,
 
 
 def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
-              on_batch: Callable[[dict[str, Any]], None] = lambda s: None) -> DemoReport:
+              progress: RunProgress = QUIET) -> DemoReport:
     """The job on Spark (steps in the module docstring): a file source over
     ``directory/input`` (one file per micro-batch), outputs to ``directory/output/`` through
     :class:`~keyedstate.spark.sinks.ParquetSink`; ``directory`` is emptied first."""
@@ -274,6 +320,7 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
     from keyedstate.spark.sinks import ParquetSink
 
     shutil.rmtree(directory, ignore_errors=True)
+    progress.phase("generate", 0)
     all_events = list(generate_events(events, users))
     generated = write_input(directory, all_events, files)
     input_dir = os.path.join(directory, "input")
@@ -281,8 +328,10 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
     report = DemoReport(runtime="spark", events=events)
 
     def record(s: BatchStats) -> None:
+        if s.checkpoint_id < 0:  # a batch without a checkpoint (nothing new to read)
+            return
         report.stats.append(dict(s.__dict__))
-        on_batch(report.stats[-1])
+        progress.batch(report.stats[-1])
 
     def publish(paths: list[str]) -> None:
         # The file source takes files in modification-time order: make it the event-time
@@ -293,8 +342,8 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
             n = int(os.path.basename(path).split("-")[1].split(".")[0])
             os.utime(target, (1_700_000_000 + n, 1_700_000_000 + n))
 
-    def phase(config: JobConfig, *, savepoint: str | None = None, drain: bool = False
-              ) -> str | None:
+    def run(config: JobConfig, *, savepoint: str | None = None, drain: bool = False
+            ) -> str | None:
         source = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
                   .parquet(input_dir))
         job = (key_by(source, "user_id")
@@ -308,16 +357,20 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
                                                                  "spark"))
         query.add_listener(record)
         query.await_termination()
+        progress.phase("savepoint" if savepoint else "drain", 0 if savepoint else 1)
         return query.stop(savepoint=savepoint, drain=drain)
 
     started = time.perf_counter()
-    publish(generated[: files // 2])
+    first, rest = generated[: files // 2], generated[files // 2:]
+    publish(first)
     savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
-    report.savepoint = phase(_config(directory, 1, 2), savepoint=savepoint_dir) or ""
-    publish(generated[files // 2:])
-    phase(_config(directory, 2, 3, restore=savepoint_dir), drain=True)
+    progress.phase("run p=2", len(first))
+    report.savepoint = run(_config(directory, 1, 2), savepoint=savepoint_dir) or ""
+    publish(rest)
+    progress.phase("restart p=3", len(rest))
+    run(_config(directory, 2, 3, restore=savepoint_dir), drain=True)
     report.seconds = time.perf_counter() - started
-    report.stats = [s for s in report.stats if s["checkpoint_id"] >= 0]
+    progress.phase("verify", 0)
     report.batches = len(report.stats)
     sessions = pq.read_table(os.path.join(directory, "output", "sessions"))
     report.sessions = sessions.num_rows

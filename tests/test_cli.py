@@ -7,6 +7,7 @@ import json
 from click.testing import CliRunner
 
 from keyedstate.cli import main
+from keyedstate_examples.click_sessions import PHASES
 
 
 def test_help_lists_the_commands():
@@ -20,12 +21,72 @@ def test_local_demo_json_matches_its_oracle(tmp_path):
                                        "--events", "3000", "--users", "200", "--files", "6",
                                        "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
+    summary = json.loads(result.stdout)  # the progress bars go to stderr
     assert summary["verified"] is True and all(summary["checks"].values())
+    assert list(summary["phase_seconds"]) == list(PHASES)
     assert summary["runtime"] == "local"
     # six files and the drain, parallelism 2, a savepoint, then 3
     assert summary["batches"] == 6 + 1 and summary["parallelism"] == [2, 3]
     assert summary["savepoint"] and all(s["full_bytes"] > 0 for s in summary["stats"])
+
+
+def test_demo_phases_come_in_order_with_the_batches_they_planned(tmp_path):
+    from examples.click_sessions import PHASES, run_local
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.planned: dict[str, int] = {}
+            self.done: dict[str, int] = {}
+            self.current = ""
+
+        def phase(self, name: str, batches: int) -> None:
+            self.current = name
+            self.planned[name], self.done[name] = batches, 0
+
+        def batch(self, stats: dict) -> None:
+            assert stats["full_bytes"] > 0 and "rows_in" in stats
+            self.done[self.current] += 1
+
+    recorder = Recorder()
+    report = run_local(str(tmp_path / "d"), 3000, 200, 5, recorder)
+    assert report.verified, report.checks
+    assert tuple(recorder.planned) == PHASES
+    assert recorder.planned == recorder.done == {
+        "generate": 0, "run p=2": 2, "savepoint": 0, "restart p=3": 3, "drain": 1, "verify": 0}
+
+
+def test_demo_oracle_rejects_a_lost_a_doubled_and_a_wrong_output():
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from examples.click_sessions import generate_events, oracle, verify
+
+    events = list(generate_events(3000, 100))
+    totals, expected = oracle(events)
+    counts = pa.table({"user_id": list(totals.index), "count": list(totals["count"]),
+                       "total": list(totals["total"]), "batch_id": [0] * len(totals)})
+
+    def at(ms: list[int]) -> pa.Array:
+        return pa.array([dt.datetime.fromtimestamp(m / 1000, dt.timezone.utc) for m in ms])
+
+    sessions = pa.table({"user_id": list(expected["user_id"]),
+                         "session_start": at(list(expected["start"])),
+                         "session_end": at(list(expected["end"])),
+                         "events": list(expected["events"]), "amount": list(expected["amount"])})
+    assert all(verify(events, counts, sessions).values())
+    assert not verify(events, counts, sessions.slice(1))["sessions match the oracle"]
+    doubled = pa.concat_tables([counts, counts.slice(0, 1)])
+    assert not verify(events, doubled, sessions)["one count row per user and batch"]
+    wrong = counts.set_column(1, "count", pa.array([c + 1 for c in counts["count"].to_pylist()]))
+    assert not verify(events, wrong, sessions)["totals match the oracle"]
+    assert not verify(events, counts.slice(1), sessions)["totals match the oracle"]
+
+
+def test_demo_refuses_fewer_than_two_files(tmp_path):
+    result = CliRunner().invoke(main, ["demo", "--local", "--dir", str(tmp_path / "d"),
+                                       "--files", "1"])
+    assert result.exit_code == 2 and "--files" in result.output
 
 
 def test_example_runs_locally_from_its_own_command_line(tmp_path):

@@ -255,7 +255,7 @@ def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: 
                          rng.choice((1, 2)))
         first = end + 1
     ending: dict[int, tuple[str, dict[str, Any]]] = {}  # last file -> format, drill
-    for i, end in enumerate(stop_ends):
+    for end in stop_ends:
         following = starts[end + 1][0]
         fmt = "native" if following == "CLAIM" or rng.random() < 0.7 else "canonical"
         ending[end] = (fmt, _drill(rng))
