@@ -211,7 +211,7 @@ class _Resolver:
         sources: list[tuple[str, pa.Field, str | None, _Plan]] = []  # name, field, old name
         fills: dict[str, Any] = {}  # new name -> plain default (None: null)
         matched: set[str] = set()
-        unconfirmed: list[str] = []
+        unconfirmed: list[pa.Field] = []  # added nullable fields with no default
         for f in new_fields:
             fpath = _child(path, f.name)
             source = self.renames.get(fpath, f.name if f.name in old_fields else None)
@@ -236,7 +236,7 @@ class _Resolver:
                 self.used.add(fpath)
                 fills[f.name] = self._default(fpath, f, self.defaults[fpath])
             elif f.nullable:
-                unconfirmed.append(fpath)
+                unconfirmed.append(f)
                 fills[f.name] = None
             else:
                 raise _Incompatible(
@@ -247,10 +247,11 @@ class _Resolver:
         # Step 3: a struct that loses some fields and gains others may have renamed one.
         removed = [n for n in old_fields if n not in matched]
         if removed and unconfirmed:
-            added = new.field(unconfirmed[0].rsplit(".", 1)[-1])
             raise _Incompatible(
-                unconfirmed[0], old_fields[removed[0]].type, added.type,
-                f"field(s) {[_child(path, n) for n in removed]} removed and {unconfirmed} added "
+                _child(path, unconfirmed[0].name), old_fields[removed[0]].type,
+                unconfirmed[0].type,
+                f"field(s) {[_child(path, n) for n in removed]} removed and "
+                f"{[_child(path, f.name) for f in unconfirmed]} added "
                 f"may be a rename: pass renames={{new path: old name}} for a rename, or "
                 f"defaults={{new path: value or None}} for a new field")
         old_order = [old.field(i).name for i in range(old.num_fields)]

@@ -402,3 +402,17 @@ def test_one_evolution_step_migrates_by_field_name(
     resolution = resolve_schema_compatibility("s", old, new)
     assert resolution.compatibility is (AS_IS if old == new else MIGRATE)
     check_migration(old, new, [value], [expected])
+
+
+def test_recorded_type_strings_lose_map_value_nullability() -> None:
+    """Pins what docs/schema-evolution.md says of today's recorded types: restore with
+    evolution must compare the strings before parsing the recorded one."""
+    from keyedstate.processor.canonical_schema import type_from_string
+
+    not_null = pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False))
+    assert str(not_null) == str(pa.map_(pa.string(), pa.int64()))
+    assert type_from_string(str(not_null)) == pa.map_(pa.string(), pa.int64())
+    assert not resolve_schema_compatibility(
+        "s", type_from_string(str(not_null)), not_null).is_compatible
+    nested = parse_type("p struct<a: array<struct<b: map<string, decimal(38,18)>>>>")
+    assert type_from_string(str(nested)) == nested
