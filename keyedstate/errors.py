@@ -90,6 +90,16 @@ class OutputSchemaError(KeyedStateError, TypeError):
     """Rows a function emitted do not match the declared output schema."""
 
 
+class SinkSchemaError(ConfigurationError):
+    """A sink's destination (an existing Delta table) can't take rows of the job's output
+    schema, or is partitioned otherwise; raised by ``start()`` before the first batch."""
+
+
+class MissingDependencyError(KeyedStateError, ImportError):
+    """An optional dependency a feature needs is not installed; the message names the extra
+    to install (``pip install 'keyedstate[delta]'``)."""
+
+
 class BatchFailedError(KeyedStateError, RuntimeError):
     """Processing one micro-batch failed. The message names the batch, the subtask and the key
     where known, the error, and ends with the traceback of the user's code that raised (the

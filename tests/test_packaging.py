@@ -27,3 +27,15 @@ def test_listed_packages_are_the_trees_keyedstate_packages_and_the_renamed_folde
 def test_renamed_folders_are_packages():
     for name, folder in _setuptools_config().get("package-dir", {}).items():
         assert os.path.isfile(os.path.join(ROOT, folder, "__init__.py")), name
+
+
+def test_make_installs_every_optional_extra():
+    """``make test`` runs every test, so its install names every extra (``delta`` too: the
+    DeltaSink tests need delta-rs)."""
+    import re
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = set(tomllib.load(f)["project"]["optional-dependencies"])
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        [installed] = re.findall(r'pip install --quiet -e "\.\[([a-z0-9,]+)\]"', f.read())
+    assert set(installed.split(",")) == extras

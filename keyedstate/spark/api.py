@@ -73,7 +73,17 @@ class KeyedProcessJob:
 
     def driver(self, config: JobConfig | Mapping[str, Any],
                spark_checkpoint_location: str | None = None) -> KeyedJobDriver:
+        """The job's driver. Every sink is opened first (:meth:`Sink.open` with its output's
+        schema): a destination that can't take the output is refused before the driver
+        restores state or commits output a restored savepoint carries."""
         cfg = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
+        schemas = {MAIN_OUTPUT: self.output_schema, **self.side_outputs}
+        for output, sinks in self.sinks.items():
+            # Late rows have the input's schema (the driver's _late_schema).
+            schema = (to_arrow_schema(self.stream.df.schema) if output == LATE_EVENTS_TAG
+                      else schemas[output])
+            for sink in sinks:
+                sink.open(schema)
         return KeyedJobDriver(self, cfg, spark_checkpoint_location)
 
     def start(self, config: JobConfig | Mapping[str, Any], *,

@@ -17,6 +17,8 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
+import pyarrow as pa
+
 from keyedstate.errors import ConfigurationError, MissingCheckpointFileError
 
 # StagedOutput and read_staged are engine-independent (the local runtime reads staged output
@@ -45,6 +47,15 @@ PART_FILE_PATTERN = re.compile(r"^part-(?P<n>\d{5,})\.parquet$")
 
 class Sink(ABC):
     """Receives one output of the job per committed batch."""
+
+    def open(self, schema: pa.Schema) -> None:
+        """Check, once, that the destination can take rows of ``schema`` (the output's
+        declared schema): called by ``start()`` (``KeyedProcessJob.driver``) before the job
+        restores anything or commits any output, so that a destination that would refuse the
+        rows fails the start rather than a batch whose checkpoint is already complete. Raises
+        a :class:`~keyedstate.errors.ConfigurationError` leaf; it must not write the output.
+        Default: nothing to check."""
+        return None
 
     @abstractmethod
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
