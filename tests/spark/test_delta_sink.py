@@ -115,15 +115,21 @@ def test_an_incompatible_table_is_refused_and_a_compatible_one_taken(tmp_path):
         DeltaSink(reordered, mode="overwrite")
 
 
+def delta_storage_options(fsspec_options: dict[str, Any]) -> dict[str, str]:
+    """delta-rs (object_store) options for the local S3 server the fsspec ``options`` of the
+    ``s3_bucket`` fixture reach."""
+    return {"AWS_ENDPOINT_URL": fsspec_options["client_kwargs"]["endpoint_url"],
+            "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": fsspec_options["key"],
+            "AWS_SECRET_ACCESS_KEY": fsspec_options["secret"]}
+
+
 @pytest.mark.s3
 def test_on_s3_through_the_local_s3_server(s3_bucket, tmp_path):
     """delta-rs commits on S3 by conditional put (``If-None-Match``), which the local S3
     server implements; no locking provider, no unsafe rename."""
     url, options = s3_bucket
-    delta_options = {"AWS_ENDPOINT_URL": options["client_kwargs"]["endpoint_url"],
-                     "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-                     "AWS_ACCESS_KEY_ID": options["key"],
-                     "AWS_SECRET_ACCESS_KEY": options["secret"]}
+    delta_options = delta_storage_options(options)
     staging = CheckpointStorage(f"{url}/ckpt", options)  # staged on S3 too
     uri = f"{url}/table"
     sink = DeltaSink(uri, delta_options, partition_by=["batch_id"])
@@ -190,6 +196,19 @@ def test_driver_crash_around_the_delta_commit_then_restart_is_exactly_once(spark
     check_against_pandas(root, rows(uri))
     lineage = query.query.id
     assert batch_commits(uri) == [(b, lineage, b) for b in range(3)]
+
+
+@pytest.mark.spark
+@pytest.mark.s3
+def test_spark_job_into_delta_on_s3(spark, s3_bucket, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 2)
+    url, options = s3_bucket
+    uri, delta_options = f"{url}/table", delta_storage_options(options)
+    sink = DeltaSink(uri, delta_options, partition_by=["batch_id"])
+    query = run_job(spark, root, RunningTotals(), parallelism=2, extra_sinks=(sink,))
+    check_against_pandas(root, rows(uri, delta_options))
+    assert batch_commits(uri, delta_options) == [(b, query.query.id, b) for b in range(2)]
 
 
 @pytest.mark.spark
