@@ -181,3 +181,16 @@ class IdleCounts(KeyedProcessFunction):
         ctx.output("idle", {"user_id": ctx.current_key, "at": timestamp,
                             "count": self.count_state.value()})
         self.last_state.clear()
+
+
+def file_stream(spark: Any, input_dir: str, tables: list[pa.Table], schema: str) -> Any:
+    """A streaming DataFrame reading ``tables`` as Parquet files in ``input_dir``, one file per
+    micro-batch in list order (Spark's file source orders by modification time: set it)."""
+    import pyarrow.parquet as pq
+
+    os.makedirs(input_dir, exist_ok=True)
+    for n, table in enumerate(tables):
+        path = os.path.join(input_dir, f"part-{n:03d}.parquet")
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir)

@@ -3,9 +3,6 @@ runtime (one ``complete_batch``), and the page renders them in a real browser.""
 
 from __future__ import annotations
 
-import os
-
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -14,7 +11,7 @@ from keyedstate.processor.report import read_report
 from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
 from tests.browser import Browser, chromium_path
-from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts
+from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts, file_stream
 from tests.test_local_job import INPUT, batches, config
 
 pytestmark = pytest.mark.spark
@@ -22,14 +19,7 @@ pytestmark = pytest.mark.spark
 
 def test_report_of_a_spark_job(spark, tmp_path):
     data = batches(3)
-    input_dir = tmp_path / "input"
-    input_dir.mkdir()
-    for n, table in enumerate(data):
-        path = str(input_dir / f"part-{n:03d}.parquet")
-        pq.write_table(table, path)
-        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
-    events = (spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1)
-              .parquet(str(input_dir)))
+    events = file_stream(spark, str(tmp_path / "input"), data, INPUT)
     job = key_by(events, "user_id").process(IdleCounts(), COUNT_SCHEMA,
                                             side_outputs={"idle": IDLE_SCHEMA})
     job.sink(ParquetSink(str(tmp_path / "out")))

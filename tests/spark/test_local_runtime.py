@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pyarrow as pa
@@ -14,7 +13,7 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical import read_range_tables
 from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
-from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts
+from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts, file_stream
 from tests.test_local_job import INPUT, batches, config, new_job
 
 pytestmark = pytest.mark.spark
@@ -39,16 +38,9 @@ def state_rows(savepoint: str, state: str) -> list[tuple]:
 @pytest.mark.parametrize("backend", ["rocksdb", "heap"])
 def test_local_job_gives_the_output_and_state_of_the_spark_job(spark, tmp_path, backend):
     data = batches(3)
-    input_dir = tmp_path / "input"
-    input_dir.mkdir()
-    for n, table in enumerate(data):
-        path = str(input_dir / f"part-{n:03d}.parquet")
-        pq.write_table(table, path)
-        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
 
     # On Spark: one file per micro-batch, stopped with drain and a savepoint.
-    events = (spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1)
-              .parquet(str(input_dir)))
+    events = file_stream(spark, str(tmp_path / "input"), data, INPUT)
     job = key_by(events, "user_id").process(IdleCounts(), COUNT_SCHEMA,
                                             side_outputs={"idle": IDLE_SCHEMA})
     for output in OUTPUTS:
