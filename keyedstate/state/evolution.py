@@ -222,10 +222,8 @@ class _Resolver:
                         f"field {fpath!r} is renamed from {source!r}, which {old} does not have")
             if source is not None:
                 before = old_fields[source]
-                if before.nullable and not f.nullable:
-                    raise _Incompatible(fpath, before.type, f.type,
-                                        "the field is now not null and old values may be null")
-                plan = self.resolve(fpath, before.type, f.type)
+                plan = self._resolve_member(
+                    fpath, before, f, "the field is now not null and old values may be null")
                 if before.nullable != f.nullable or source != f.name:
                     plan = _Plan(plan.value, plan.array, False)
                 sources.append((f.name, f, source, plan))
@@ -262,6 +260,15 @@ class _Resolver:
         return _Plan(_struct_value(sources, fills, new), _struct_array(sources, fills, new),
                      False)
 
+    def _resolve_member(self, path: str, old: pa.Field, new: pa.Field, not_null: str
+                        ) -> _Plan:
+        """The plan of one member of a container (a struct field, a list's element, a map's
+        value) that both types have: refused with ``not_null`` as the reason when it was
+        nullable and is no longer (old values may be null), else resolved by the rules."""
+        if old.nullable and not new.nullable:
+            raise _Incompatible(path, old.type, new.type, not_null)
+        return self.resolve(path, old.type, new.type)
+
     def _default(self, fpath: str, f: pa.Field, default: Any) -> Any:
         if default is None:
             if not f.nullable:
@@ -277,10 +284,7 @@ class _Resolver:
         if type(old) is not type(new):
             raise _Incompatible(path, old, new, "list and large_list don't convert")
         o, n = old.value_field, new.value_field
-        epath = path + _ELEMENT
-        if o.nullable and not n.nullable:
-            raise _Incompatible(epath, o.type, n.type, "elements are now not null")
-        plan = self.resolve(epath, o.type, n.type)
+        plan = self._resolve_member(path + _ELEMENT, o, n, "elements are now not null")
         return _Plan(_list_value(plan.value), _list_array(plan.array, new), False)
 
     def _map(self, path: str, old: pa.MapType, new: pa.MapType) -> _Plan:
@@ -288,10 +292,7 @@ class _Resolver:
             raise _Incompatible(path + _KEY, old.key_type, new.key_type,
                                 "a map's key type never changes (keys would collide or reorder)")
         o, n = old.item_field, new.item_field
-        vpath = path + _VALUE
-        if o.nullable and not n.nullable:
-            raise _Incompatible(vpath, o.type, n.type, "map values are now not null")
-        plan = self.resolve(vpath, o.type, n.type)
+        plan = self._resolve_member(path + _VALUE, o, n, "map values are now not null")
         return _Plan(_map_value(plan.value), _map_array(plan.array, new), False)
 
 
