@@ -42,6 +42,11 @@ from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 
+if __package__:
+    from .harness import publish, write_parquet_files
+else:  # run as a script: python examples/click_sessions.py
+    from harness import publish, write_parquet_files  # type: ignore[no-redef]
+
 GAP_MS = 30 * 60 * 1000
 WATERMARK_DELAY_MS = 5 * 60 * 1000
 
@@ -124,21 +129,12 @@ class ClickAnalytics(KeyedProcessFunction):
 
 def write_input(directory: str, events: list[Event], files: int) -> list[str]:
     """``events`` as ``files`` Parquet files under ``directory/generated``, in order."""
-    staging = os.path.join(directory, "generated")
-    os.makedirs(staging, exist_ok=True)
-    per_file = -(-len(events) // files)
-    paths = []
-    for n in range(files):
-        chunk = events[n * per_file:(n + 1) * per_file]
-        table = pa.table({
-            "user_id": [e[0] for e in chunk],
-            "ts": pa.array([e[1] * 1000 for e in chunk], pa.timestamp("us", tz="UTC")),
-            "amount": [e[2] for e in chunk],
-        }, schema=INPUT_SCHEMA)
-        path = os.path.join(staging, f"events-{n:04d}.parquet")
-        pq.write_table(table, path)
-        paths.append(path)
-    return paths
+    table = pa.table({
+        "user_id": [e[0] for e in events],
+        "ts": pa.array([e[1] * 1000 for e in events], pa.timestamp("us", tz="UTC")),
+        "amount": [e[2] for e in events],
+    }, schema=INPUT_SCHEMA)
+    return write_parquet_files(os.path.join(directory, "generated"), table, files)
 
 
 # -- the oracle ------------------------------------------------------------------------------
@@ -333,15 +329,6 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
         report.stats.append(dict(s.__dict__))
         progress.batch(report.stats[-1])
 
-    def publish(paths: list[str]) -> None:
-        # The file source takes files in modification-time order: make it the event-time
-        # order, or later files would make earlier ones late.
-        for path in paths:
-            target = os.path.join(input_dir, os.path.basename(path))
-            shutil.copy(path, target)
-            n = int(os.path.basename(path).split("-")[1].split(".")[0])
-            os.utime(target, (1_700_000_000 + n, 1_700_000_000 + n))
-
     def run(config: JobConfig, *, savepoint: str | None = None, drain: bool = False
             ) -> str | None:
         source = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
@@ -362,11 +349,11 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
 
     started = time.perf_counter()
     first, rest = generated[: files // 2], generated[files // 2:]
-    publish(first)
+    publish(first, input_dir)  # in event-time order, or later files would make earlier ones late
     savepoint_dir = os.path.join(directory, "savepoints", "savepoint-1")
     progress.phase("run p=2", len(first))
     report.savepoint = run(_config(directory, 1, 2), savepoint=savepoint_dir) or ""
-    publish(rest)
+    publish(rest, input_dir)
     progress.phase("restart p=3", len(rest))
     run(_config(directory, 2, 3, restore=savepoint_dir), drain=True)
     report.seconds = time.perf_counter() - started
