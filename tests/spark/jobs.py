@@ -183,14 +183,21 @@ class IdleCounts(KeyedProcessFunction):
         self.last_state.clear()
 
 
-def file_stream(spark: Any, input_dir: str, tables: list[pa.Table], schema: str) -> Any:
-    """A streaming DataFrame reading ``tables`` as Parquet files in ``input_dir``, one file per
-    micro-batch in list order (Spark's file source orders by modification time: set it)."""
+def write_batch_file(directory: str, n: int, table: pa.Table) -> None:
+    """``table`` as ``<directory>/part-<n:03d>.parquet``, modified at second ``n`` of a fixed
+    epoch: Spark's file source takes files oldest first, so with ``maxFilesPerTrigger`` 1
+    file ``n`` is read by the ``n``-th micro-batch."""
     import pyarrow.parquet as pq
 
-    os.makedirs(input_dir, exist_ok=True)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"part-{n:03d}.parquet")
+    pq.write_table(table, path)
+    os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+
+
+def file_stream(spark: Any, input_dir: str, tables: list[pa.Table], schema: str) -> Any:
+    """A streaming DataFrame reading ``tables`` as Parquet files in ``input_dir``, one file per
+    micro-batch in list order (:func:`write_batch_file`)."""
     for n, table in enumerate(tables):
-        path = os.path.join(input_dir, f"part-{n:03d}.parquet")
-        pq.write_table(table, path)
-        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+        write_batch_file(input_dir, n, table)
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir)

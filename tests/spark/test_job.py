@@ -12,7 +12,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,6 +30,7 @@ from tests.spark.jobs import (
     PerElementTotals,
     RunningTotals,
     WrongOutput,
+    write_batch_file,
 )
 
 pytestmark = pytest.mark.spark
@@ -42,18 +42,14 @@ def write_files(directory: str, files: int, events: int = 1500, users: int = 150
                 seed: int = 1, first: int = 0) -> None:
     """``files`` Parquet files of events; modification times increase so that the file source
     takes them in order, one per batch."""
-    os.makedirs(directory, exist_ok=True)
     rng = random.Random(seed + first)
     for n in range(first, first + files):
-        table = pa.table({
+        write_batch_file(directory, n, pa.table({
             "user_id": [f"u{rng.randrange(users):04d}" for _ in range(events)],
             "ts": pa.array([1_700_000_000_000_000 + n * 10**9 + i for i in range(events)],
                            pa.timestamp("us", tz="UTC")),
             "amount": [round(rng.uniform(0, 10), 2) for _ in range(events)],
-        })
-        path = os.path.join(directory, f"part-{n:03d}.parquet")
-        pq.write_table(table, path)
-        os.utime(path, (1_700_000_000 + n, 1_700_000_000 + n))
+        }))
 
 
 def run_job(spark: Any, root: str, fn: Any, parallelism: int, backend: str = "rocksdb",
