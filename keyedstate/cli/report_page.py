@@ -14,7 +14,6 @@ escaped: paths are user-controlled.
 from __future__ import annotations
 
 import datetime as dt
-import html
 import json
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Sequence
@@ -37,6 +36,7 @@ from keyedstate.checkpoint.stats import CompletedCheckpointStats
 from keyedstate.cli.output import human_bytes
 from keyedstate.cli.report_assets import CSP, CSS, JS
 from keyedstate.cli.report_plot import BYTE_UNITS, MS_UNITS, Series, line_plot
+from keyedstate.cli.report_plot import escape as _e
 from keyedstate.processor.canonical_layout import PROP_KEY_COLUMNS
 from keyedstate.processor.report import CheckpointReport, SnapshotReport
 from keyedstate.storage.transfer import PROP_PREFIX, RESTORE_PREFIX
@@ -52,11 +52,6 @@ _COLORS = {"full": "#2f6fb0", "incremental": "#e07b24", "sync": "#2e9a4a",
 _NO_WATERMARK = -(1 << 62)
 
 BLANK = "\u2013"  # what a value not recorded shows
-
-
-def _e(value: Any) -> str:
-    """``value`` as escaped HTML text (attribute-safe)."""
-    return html.escape(str(value), quote=True)
 
 
 def _utc(ms: int | None) -> str:

@@ -31,7 +31,9 @@ class Series:
     values: Sequence[float | None]
 
 
-def _e(value: object) -> str:
+def escape(value: object) -> str:
+    """``value`` as escaped HTML text (attribute-safe): every text the page takes from a
+    checkpoint goes through it."""
     return html.escape(str(value), quote=True)
 
 
@@ -62,13 +64,13 @@ def line_plot(plot_id: str, title: str, x_labels: Sequence[object], series: Sequ
     the figure says "not recorded"."""
     inner_w, inner_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
     known = [v for s in series for v in s.values if v is not None]
-    out = [f'<figure class="plot"><svg id="{_e(plot_id)}" viewBox="0 0 {_WIDTH} {_HEIGHT}" '
-           f'role="img" aria-labelledby="{_e(plot_id)}-title">'
-           f'<title id="{_e(plot_id)}-title">{_e(title)}</title>']
+    out = [f'<figure class="plot"><svg id="{escape(plot_id)}" viewBox="0 0 {_WIDTH} {_HEIGHT}" '
+           f'role="img" aria-labelledby="{escape(plot_id)}-title">'
+           f'<title id="{escape(plot_id)}-title">{escape(title)}</title>']
     if not known or not x_labels:
         out.append(f'<text x="{_WIDTH / 2}" y="{_HEIGHT / 2}" text-anchor="middle" '
                    f'class="empty">not recorded</text></svg>'
-                   f'<figcaption>{_e(title)}</figcaption></figure>')
+                   f'<figcaption>{escape(title)}</figcaption></figure>')
         return "".join(out)
     unit, scale = _unit(max(known), units)
     top_value = max(max(known) / scale, 1e-9)  # all zero: still a y axis
@@ -87,21 +89,21 @@ def line_plot(plot_id: str, title: str, x_labels: Sequence[object], series: Sequ
         ty = _TOP + inner_h - inner_h * step * t / y_max
         out.append(f'<line class="grid" x1="{_LEFT}" x2="{_LEFT + inner_w}" y1="{ty:.1f}" '
                    f'y2="{ty:.1f}"/><text class="tick" x="{_LEFT - 6}" y="{ty + 4:.1f}" '
-                   f'text-anchor="end">{_e(f"{step * t:g} {unit}")}</text>')
+                   f'text-anchor="end">{escape(f"{step * t:g} {unit}")}</text>')
     every = max(1, math.ceil(n / 10))
     for i, label in enumerate(x_labels):
         if i % every == 0 or i == n - 1:
             out.append(f'<text class="tick" x="{x(i):.1f}" y="{_TOP + inner_h + 16}" '
-                       f'text-anchor="middle">{_e(label)}</text>')
+                       f'text-anchor="middle">{escape(label)}</text>')
     out.append(f'<line class="axis" x1="{_LEFT}" x2="{_LEFT + inner_w}" '
                f'y1="{_TOP + inner_h}" y2="{_TOP + inner_h}"/><line class="axis" x1="{_LEFT}" '
                f'x2="{_LEFT}" y1="{_TOP}" y2="{_TOP + inner_h}"/><text class="tick" '
                f'x="{_LEFT + inner_w / 2}" y="{_HEIGHT - 8}" text-anchor="middle">'
-               f'{_e(x_title)}</text>')
+               f'{escape(x_title)}</text>')
     # Each series: lines through runs of known values, a dot with a tooltip on each value.
     legend_x = _LEFT
     for s in series:
-        out.append(f'<g class="series" data-series="{_e(s.label)}">')
+        out.append(f'<g class="series" data-series="{escape(s.label)}">')
         runs: list[list[str]] = [[]]
         for i, value in enumerate(s.values):
             if value is None:
@@ -110,18 +112,18 @@ def line_plot(plot_id: str, title: str, x_labels: Sequence[object], series: Sequ
                 runs[-1].append(f"{x(i):.1f},{y(value):.1f}")
         for points in runs:
             if len(points) > 1:
-                out.append(f'<polyline fill="none" stroke="{_e(s.color)}" stroke-width="2" '
+                out.append(f'<polyline fill="none" stroke="{escape(s.color)}" stroke-width="2" '
                            f'points="{" ".join(points)}"/>')
         for i, value in enumerate(s.values):
             if value is not None:
                 tip = f"{x_title} {x_labels[i]}: {s.label} {describe(value)}"
                 out.append(f'<circle cx="{x(i):.1f}" cy="{y(value):.1f}" r="3" '
-                           f'fill="{_e(s.color)}"><title>{_e(tip)}</title></circle>')
+                           f'fill="{escape(s.color)}"><title>{escape(tip)}</title></circle>')
         out.append("</g>")
-        out.append(f'<rect x="{legend_x}" y="10" width="12" height="12" fill="{_e(s.color)}"/>'
-                   f'<text class="legend" x="{legend_x + 16}" y="20">{_e(s.label)}</text>')
+        out.append(f'<rect x="{legend_x}" y="10" width="12" height="12" fill="{escape(s.color)}"/>'
+                   f'<text class="legend" x="{legend_x + 16}" y="20">{escape(s.label)}</text>')
         legend_x += 40 + 8 * len(s.label)
-    out.append(f'</svg><figcaption>{_e(title)}</figcaption></figure>')
+    out.append(f'</svg><figcaption>{escape(title)}</figcaption></figure>')
     return "".join(out)
 
 
