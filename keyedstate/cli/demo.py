@@ -94,12 +94,14 @@ class PhaseProgress:
         self._name = ""
         self._started = 0.0
         self._rows = 0
+        self._total = 1
 
     def phase(self, name: str, batches: int) -> None:
         self.finish()
         self._name, self._started, self._rows = name, time.perf_counter(), 0
         # A phase without batches is one step, done when the next phase begins.
-        self._task = self.bars.add_task(name, total=batches or 1, rate="", size="")
+        self._total = batches or 1
+        self._task = self.bars.add_task(name, total=self._total, rate="", size="")
 
     def batch(self, stats: dict[str, Any]) -> None:
         if self._task is None:
@@ -114,8 +116,7 @@ class PhaseProgress:
         """End the current phase (its bar shows as complete)."""
         if self._task is None:
             return
-        total = self.bars.tasks[self._task].total or 1
-        self.bars.update(self._task, completed=total)
+        self.bars.update(self._task, completed=self._total)
         self.seconds[self._name] = round(time.perf_counter() - self._started, 2)
         self._task = None
 
