@@ -43,8 +43,7 @@ from keyedstate.processor.canonical import (
     restore_canonical,
     write_canonical_savepoint,
 )
-from keyedstate.processor.canonical_schema import type_from_string
-from keyedstate.serde import VOID_NAMESPACE, serializer_for
+from keyedstate.serde import VOID_NAMESPACE, serializer_for, type_from_string
 from keyedstate.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,

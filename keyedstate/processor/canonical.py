@@ -81,14 +81,13 @@ from keyedstate.processor.canonical_schema import (
     check_schema,
     drop_expired,
     records_table,
-    serializer_from_string,
     state_schema,
     table_records,
     table_timers,
     timer_schema,
     timers_table,
 )
-from keyedstate.serde import TypeSerializer
+from keyedstate.serde import TypeSerializer, serializer_from_string
 from keyedstate.state.descriptors import StateDescriptor, StateKind
 from keyedstate.state.timers import TimeDomain, Timer
 from keyedstate.state.ttl import SystemTimeProvider, TtlTimeProvider

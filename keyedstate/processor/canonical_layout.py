@@ -23,8 +23,8 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical_schema import (
     CANONICAL_FORMAT_VERSION,
     default_key_columns,
-    type_from_string,
 )
+from keyedstate.serde import type_from_string
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import (
     CheckpointMetadata,

@@ -68,10 +68,9 @@ from keyedstate.processor.canonical_schema import (
     column_type,
     state_schema,
     timer_schema,
-    type_from_string,
 )
 from keyedstate.runtime.failures import processor_task_error
-from keyedstate.serde import VOID_NAMESPACE
+from keyedstate.serde import VOID_NAMESPACE, type_from_string
 from keyedstate.spark.processor_tasks import (
     WRITE_RESULT,
     ReadPlan,

@@ -407,7 +407,7 @@ def test_one_evolution_step_migrates_by_field_name(
 def test_recorded_type_strings_lose_map_value_nullability() -> None:
     """Pins what docs/schema-evolution.md says of today's recorded types: restore with
     evolution must compare the strings before parsing the recorded one."""
-    from keyedstate.processor.canonical_schema import type_from_string
+    from keyedstate.serde import type_from_string
 
     not_null = pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False))
     assert str(not_null) == str(pa.map_(pa.string(), pa.int64()))
