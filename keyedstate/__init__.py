@@ -30,6 +30,7 @@ from keyedstate.state.descriptors import (
     TtlUpdateType,
     ValueStateDescriptor,
 )
+from keyedstate.state.evolution import SchemaEvolution
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.transfer import TransferOptions
@@ -41,7 +42,7 @@ __all__ = [
     "KeyedStateError", "KeyedStateHandle", "LateEvents", "ListState", "ListStateDescriptor",
     "LocalJob", "LocalKeyedOperator", "MapState",
     "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",
-    "RocksDBOptions", "RocksDBStateBackend", "StateTtlConfig", "TransferOptions",
+    "RocksDBOptions", "RocksDBStateBackend", "SchemaEvolution", "StateTtlConfig", "TransferOptions",
     "TtlUpdateType", "ValueState",
     "ValueStateDescriptor", "compute_default_max_parallelism", "create_native_savepoint",
     "load_backend", "operator_index_for_key_group", "restore_canonical",

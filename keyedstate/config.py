@@ -82,6 +82,11 @@ class JobConfig:
     source_positions: SourcePositions = field(
         default=SourcePositions.RESTORE,
         metadata=_key("keyedstate.state-recovery.source-positions"))
+    #: States of the restored snapshot to drop (no descriptor asks for them any more); a state
+    #: no descriptor asks for is otherwise kept, never deleted silently. A list of names, or
+    #: one string of comma-separated names. docs/schema-evolution.md, "Added and removed states"
+    drop_states: tuple[str, ...] = field(
+        default=(), metadata=_key("keyedstate.state-recovery.drop-states"))
     watermark_column: str | None = field(default=None, metadata=_key("keyedstate.watermark.column"))
     watermark_delay: dt.timedelta = field(default=dt.timedelta(0),
                                           metadata=_key("keyedstate.watermark.delay"))
@@ -123,6 +128,15 @@ class JobConfig:
                 f"keyedstate.state-recovery.source-positions {self.source_positions!r} is not "
                 f"one of {[p.value for p in SourcePositions]}"
             ) from None
+        drop = self.drop_states
+        if isinstance(drop, str):
+            drop = [n.strip() for n in drop.split(",") if n.strip()]
+        if not isinstance(drop, (list, tuple)) or not all(isinstance(n, str) and n
+                                                          for n in drop):
+            raise ConfigurationError(
+                f"keyedstate.state-recovery.drop-states must be a list of state names, got "
+                f"{self.drop_states!r}")
+        object.__setattr__(self, "drop_states", tuple(drop))
         if isinstance(self.watermark_delay, (int, float)):
             object.__setattr__(self, "watermark_delay",
                                dt.timedelta(milliseconds=self.watermark_delay))

@@ -37,8 +37,8 @@ from keyedstate.backends.base.backend import (
     KeyedStateBackend,
     StateBackend,
     StateRecord,
-    check_compatible,
 )
+from keyedstate.backends.base.migration import recorded_value_type, resolve_restored
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
@@ -399,9 +399,10 @@ def restore_canonical(backend: StateBackend, snapshot: ResolvedSnapshot, *,
             f"{key_serializer.type_strings}; key the job by columns of the savepoint's types"
         )
     states = snapshot_states(metadata)
-    for descriptor in descriptors:
+    for descriptor in descriptors:  # the backend migrates them when they are asked for
         if descriptor.name in states:
-            check_compatible(descriptor, states[descriptor.name])
+            meta = states[descriptor.name]
+            resolve_restored(descriptor, meta, recorded_value_type(meta))
     serializers = {name: serializers_of(meta, where) for name, meta in states.items()}
     clock = time_provider or SystemTimeProvider()
     # Step 2. Fetch and verify.

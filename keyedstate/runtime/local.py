@@ -296,7 +296,7 @@ class LocalJob:
         # Steps 0-3 (runtime/startup.py), then what the first batch resumes from.
         start = start_configured_job(self.storage, cfg, backend=self.backend.name,
                                      key_types=self.key_types,
-                                     on_restore=self._claim_properties)
+                                     on_restore=self._claim_properties, function=function)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
         self.key_serializer = KeySerializer(self.key_types)
@@ -369,7 +369,7 @@ class LocalJob:
             side_output_schemas=late_schemas, watermark=self.watermark,
             watermark_column=cfg.watermark_column, late_events=cfg.late_events,
             restore=self.base, share_restored_files=self.share_restored_files, drain=drain,
-            local_dir=cfg.local_dir)
+            local_dir=cfg.local_dir, drop_states=cfg.drop_states)
         try:
             # Step 2. Every subtask, as one Spark task running them all would.
             routed = self._route(table)

@@ -6,14 +6,17 @@
 0. The checkpoint storage accepts the job's credentials and exists, so that a wrong key or a
    missing bucket fails the start, not the first checkpoint.
 1. A new job (no completed checkpoint of its own) with a restore path: the snapshot is checked,
-   reading only (:func:`~keyedstate.checkpoint.restore_modes.open_restore_snapshot`), the
-   runtime's own steps run on it (``on_restore``: Spark resumes its source positions and
+   reading only (:func:`~keyedstate.checkpoint.restore_modes.open_restore_snapshot`), and so
+   are its states against the function's descriptors (:func:`~keyedstate.backends.base.
+   migration.check_restored_states`: an evolved type must be compatible), the runtime's own
+   steps run on it (``on_restore``: Spark resumes its source positions and
    commits the output the snapshot carries), then CLAIM imports it as the job's first
    checkpoint and NO_CLAIM / LEGACY keep it as the restore source.
 2. Key groups: the configured max parallelism, else the snapshot's, else that of the job's own
    checkpoints, else Flink's default; the parallelism must fit.
 3. The coordinator: recovered from the job's own checkpoints when it completed any (a claimed
-   snapshot is one now), else a new one.
+   snapshot is one now), else a new one; a recovered checkpoint's states are checked against
+   the descriptors as in step 1.
 
 What a runtime does after that (restore its subtasks, check the recovered checkpoint against
 its source) stays with the runtime.
@@ -21,9 +24,11 @@ its source) stays with the runtime.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from keyedstate.backends.base.migration import check_restored_states
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, has_completed_checkpoints
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.restore_modes import (
@@ -33,7 +38,13 @@ from keyedstate.checkpoint.restore_modes import (
 )
 from keyedstate.config import JobConfig, RestoreMode
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
+from keyedstate.runtime.declared import declared_states
+from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.state.descriptors import StateDescriptor
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata
+
+logger = logging.getLogger(__name__)
 
 #: Called with the checked snapshot a new job starts from, before it is claimed; returns the
 #: properties of the checkpoint a claimed snapshot becomes (used in CLAIM mode only).
@@ -57,7 +68,9 @@ class JobStart:
 def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[str],
               parallelism: int, max_parallelism: int | None, num_retained: int,
               restore_path: str | None, restore_mode: RestoreMode,
-              storage_options: Mapping[str, Any] | None, on_restore: OnRestore) -> JobStart:
+              storage_options: Mapping[str, Any] | None, on_restore: OnRestore,
+              descriptors: Sequence[StateDescriptor] = (),
+              drop_states: Sequence[str] = ()) -> JobStart:
     """Start a job whose checkpoints live in ``storage`` (steps in the module docstring).
 
     ``max_parallelism``: the configured one (None: adopted, step 2). ``restore_path`` is used
@@ -68,8 +81,17 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
     see :func:`~keyedstate.checkpoint.restore_modes.open_restore_snapshot`), a parallelism
     beyond the max parallelism (step 2), and a job that completed checkpoints but has none
     left (:class:`~keyedstate.errors.MissingCheckpointFileError`, step 3: never an empty
-    start).
+    start). ``descriptors`` (the function's states) and ``drop_states`` are checked against
+    the snapshot the job restores, before it is claimed
+    (:class:`~keyedstate.errors.StateTypeMismatchError`, :class:`~keyedstate.errors.
+    ConfigurationError`).
     """
+    def check_states(metadata: CheckpointMetadata, where: str) -> None:
+        kept = check_restored_states(metadata, descriptors, drop_states, where)
+        if kept and descriptors:
+            logger.info("%s: states %s are kept though no descriptor asks for them (drop them "
+                        "with drop_states)", where, kept)
+
     # Step 0. Credentials and location, before anything is read or written.
     storage.check_access()
     # Step 1. A new job started from a snapshot: check it (reads only), let the runtime act
@@ -80,6 +102,7 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
         snapshot = open_restore_snapshot(storage, restore_path, restore_mode,
                                          max_parallelism=max_parallelism, backend=backend,
                                          key_types=key_types, storage_options=storage_options)
+        check_states(snapshot.metadata, snapshot.storage.url_of(snapshot.metadata_path))
         properties = on_restore(snapshot)
         if restore_mode is RestoreMode.CLAIM:
             claim_snapshot(snapshot, storage, dict(properties))
@@ -99,14 +122,22 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
     coordinator = open_coordinator(storage, backend=backend, parallelism=parallelism,
                                    max_parallelism=max_parallelism, key_types=key_types,
                                    num_retained=num_retained)
+    latest = coordinator.latest_completed if recovered else None
+    if latest is not None:
+        check_states(latest.metadata, storage.url_of(latest.metadata_path))
     return JobStart(coordinator, max_parallelism, recovered, restored)
 
 
 def start_configured_job(storage: CheckpointStorage, config: JobConfig, *, backend: str,
-                         key_types: Sequence[str], on_restore: OnRestore) -> JobStart:
+                         key_types: Sequence[str], on_restore: OnRestore,
+                         function: KeyedProcessFunction | None = None) -> JobStart:
     """:func:`start_job` for a job configured by ``config`` (parallelism, max parallelism,
-    retained checkpoints, restore path and mode, storage options)."""
+    retained checkpoints, restore path and mode, storage options, states to drop) running
+    ``function`` (its declared states: :func:`~keyedstate.runtime.declared.declared_states`)."""
+    descriptors = () if function is None else declared_states(function, key_types,
+                                                              config.parallelism)
     return start_job(storage, backend=backend, key_types=key_types,
+                     descriptors=descriptors, drop_states=config.drop_states,
                      parallelism=config.parallelism, max_parallelism=config.max_parallelism,
                      num_retained=config.num_retained, restore_path=config.restore_path,
                      restore_mode=config.restore_mode, storage_options=config.storage_options,

@@ -115,6 +115,8 @@ class BatchPlan:
     local_dir: str | None = None
     #: Spark tasks running the subtasks (:func:`subtasks_of_task`); None: one per subtask
     spark_tasks: int | None = None
+    #: restored states to drop (``JobConfig.drop_states``)
+    drop_states: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -191,6 +193,20 @@ def _close_all_live() -> None:
 
 
 def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, float]:
+    """The subtask's backend at the last committed checkpoint: the live copy when it is that
+    version, else restored; the states of ``drop_states`` are dropped from a restored one."""
+    backend, reused, restore_s = _restore(plan, index)
+    if not reused:
+        try:
+            for name in plan.drop_states:
+                backend.drop_state(name)
+        except BaseException:
+            backend.close()
+            raise
+    return backend, reused, restore_s
+
+
+def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, float]:
     _close_idle_live(plan.job_id)
     live = _LIVE.pop((plan.job_id, index), None)
     src = plan.restore

@@ -212,7 +212,8 @@ class KeyedJobDriver:
         # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
         # (_on_restore) before it is claimed.
         start = start_configured_job(self.storage, cfg, backend=self.backend.name,
-                                     key_types=self.key_types, on_restore=self._on_restore)
+                                     key_types=self.key_types, on_restore=self._on_restore,
+                                     function=self.job.function)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
         # Step 3 (the recovered checkpoint's lineage and drain checked) or step 4 (NO_CLAIM /
@@ -480,7 +481,7 @@ class KeyedJobDriver:
             watermark=self.watermark, watermark_column=cfg.watermark_column,
             late_events=cfg.late_events, restore=self.base,
             share_restored_files=self.share_restored_files, drain=drain,
-            local_dir=cfg.local_dir)
+            local_dir=cfg.local_dir, drop_states=cfg.drop_states)
 
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.job.stream.df.schema)

@@ -23,6 +23,7 @@ from keyedstate.state.api import (
     State,
     ValueState,
 )
+from keyedstate.state.evolution import SchemaEvolution
 
 IN = TypeVar("IN")
 ACC = TypeVar("ACC")
@@ -92,12 +93,15 @@ class AggregateFunction(Protocol[IN_contra, ACC, OUT_co]):
 class StateDescriptor(Generic[S]):
     """Base of all descriptors. ``name`` is unique within a job; ``type`` is a Spark DDL string
     or pyarrow type (typed, schema-checked, canonical-savepoint friendly) or None (pickled).
-    ``S`` is the state class ``get_state`` returns for it."""
+    ``S`` is the state class ``get_state`` returns for it. ``evolution`` gives the defaults and
+    renames that restoring a state recorded with an older type needs (docs/schema-evolution.md);
+    without it, added nullable fields read as null and renames are refused."""
 
     kind: StateKind
 
     def __init__(self, name: str, type: TypeLike | None = None,
-                 ttl: StateTtlConfig | None = None) -> None:
+                 ttl: StateTtlConfig | None = None,
+                 evolution: SchemaEvolution | None = None) -> None:
         if not isinstance(name, str) or not name or name.startswith("_"):
             raise ConfigurationError(
                 f"state name {name!r} is invalid: use a non-empty name not starting with '_' "
@@ -106,6 +110,7 @@ class StateDescriptor(Generic[S]):
         self.name = name
         self.type = type
         self.ttl = ttl
+        self.evolution = evolution or SchemaEvolution()
         self.value_serializer: TypeSerializer = serializer_for(type)
 
     @property
@@ -122,8 +127,9 @@ class ValueStateDescriptor(StateDescriptor[ValueState[Any]]):
     kind = StateKind.VALUE
 
     def __init__(self, name: str, type: TypeLike | None = None, default: Any = None,
-                 ttl: StateTtlConfig | None = None) -> None:
-        super().__init__(name, type, ttl)
+                 ttl: StateTtlConfig | None = None,
+                 evolution: SchemaEvolution | None = None) -> None:
+        super().__init__(name, type, ttl, evolution)
         self.default = default
 
 
@@ -139,8 +145,9 @@ class MapStateDescriptor(StateDescriptor[MapState[Any, Any]]):
     kind = StateKind.MAP
 
     def __init__(self, name: str, key_type: TypeLike | None = None,
-                 value_type: TypeLike | None = None, ttl: StateTtlConfig | None = None) -> None:
-        super().__init__(name, value_type, ttl)
+                 value_type: TypeLike | None = None, ttl: StateTtlConfig | None = None,
+                 evolution: SchemaEvolution | None = None) -> None:
+        super().__init__(name, value_type, ttl, evolution)
         self.key_type = key_type
         self._user_key_serializer = serializer_for(key_type)
 
@@ -155,8 +162,9 @@ class ReducingStateDescriptor(StateDescriptor[ReducingState[Any]], Generic[IN]):
     kind = StateKind.REDUCING
 
     def __init__(self, name: str, reduce_function: Callable[[IN, IN], IN],
-                 type: TypeLike | None = None, ttl: StateTtlConfig | None = None) -> None:
-        super().__init__(name, type, ttl)
+                 type: TypeLike | None = None, ttl: StateTtlConfig | None = None,
+                 evolution: SchemaEvolution | None = None) -> None:
+        super().__init__(name, type, ttl, evolution)
         if not callable(reduce_function):
             raise ConfigurationError(f"reduce_function of state {name!r} must be callable")
         self.reduce_function = reduce_function
@@ -170,8 +178,9 @@ class AggregatingStateDescriptor(StateDescriptor[AggregatingState[Any]],
 
     def __init__(self, name: str, aggregate_function: AggregateFunction[IN, ACC, OUT],
                  accumulator_type: TypeLike | None = None,
-                 ttl: StateTtlConfig | None = None) -> None:
-        super().__init__(name, accumulator_type, ttl)
+                 ttl: StateTtlConfig | None = None,
+                 evolution: SchemaEvolution | None = None) -> None:
+        super().__init__(name, accumulator_type, ttl, evolution)
         for method in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, method, None)):
                 raise ConfigurationError(

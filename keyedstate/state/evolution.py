@@ -425,3 +425,49 @@ def _rebased(a: pa.Array, child: pa.Array) -> tuple[pa.Array, pa.Array]:
     offsets = a.offsets
     start, end = offsets[0].as_py(), offsets[-1].as_py()
     return pc.subtract(offsets, pa.scalar(start, offsets.type)), child.slice(start, end - start)
+
+
+def field_paths(type_: pa.DataType, path: str = "") -> set[str]:
+    """The paths of every struct field in ``type_`` at any depth (the module's path syntax),
+    e.g. ``{"profile", "profile.zip", "visits[].page"}``."""
+    paths: set[str] = set()
+    if pa.types.is_struct(type_):
+        for i in range(type_.num_fields):
+            f = type_.field(i)
+            child = _child(path, f.name)
+            paths.add(child)
+            paths |= field_paths(f.type, child)
+    elif _is_list(type_):
+        paths |= field_paths(type_.value_type, path + _ELEMENT)
+    elif pa.types.is_map(type_):
+        paths |= field_paths(type_.item_type, path + _VALUE)
+    return paths
+
+
+@dataclass(frozen=True)
+class SchemaEvolution:
+    """How a descriptor's type evolves from the type its state was recorded with: the
+    ``defaults`` of added fields and the ``renames`` of renamed ones, keyed by the field's
+    path in the new type (see :func:`resolve_schema_compatibility`). Give it to the
+    descriptor (``ValueStateDescriptor(..., evolution=SchemaEvolution(defaults={...}))``) and
+    keep it: entries about fields the recorded type already has are ignored, so a descriptor
+    may carry the defaults of every evolution it went through; an entry naming a path the new
+    type does not have is refused (a typo would silently fill nulls)."""
+
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    renames: Mapping[str, str] = field(default_factory=dict)
+
+    def resolve(self, state_name: str, old: pa.DataType, new: pa.DataType) -> Resolution:
+        """:func:`resolve_schema_compatibility` with the entries of this step: those naming a
+        path of ``new`` that ``old`` lacks."""
+        new_paths, old_paths = field_paths(new), field_paths(old)
+        unknown = sorted(p for p in {*self.defaults, *self.renames} if p not in new_paths)
+        if unknown:
+            raise ConfigurationError(
+                f"state {state_name!r}: the evolution names {unknown}, which the type {new} "
+                f"does not have (defaults and renames are keyed by the new field's path, "
+                f"e.g. 'profile.zip')")
+        return resolve_schema_compatibility(
+            state_name, old, new,
+            {p: v for p, v in self.defaults.items() if p not in old_paths},
+            {p: v for p, v in self.renames.items() if p not in old_paths})

@@ -11,7 +11,10 @@ several small files of one snapshot).
 ``_metadata`` is JSON: ``{"format_version": 2, "checksum": <xxh64 of body>, "body": {...}}``.
 A reader rejects an unknown ``format_version`` and a body whose checksum does not match (a
 truncated or altered file), each with a typed error naming the file. Version 1 (no inline or
-segment references) is read as before; every writer writes version 2.
+segment references) is read as before. Version 3 records each state's schema
+(:attr:`StateMetaInfo.value_schema`, issue 13); versions 1 and 2 are read with the type strings
+alone. Every writer writes version 3: a keyedstate that reads only up to 2 refuses it, as it
+would misread a state whose type evolved.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.storage.layout import SHARED_DIR
 
-FORMAT_VERSION = 2
-SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2})
+FORMAT_VERSION = 3
+SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2, 3})
 
 class SnapshotKind(StrEnum):
     CHECKPOINT = "checkpoint"
@@ -109,13 +112,20 @@ def inline_handle(data: bytes) -> StreamHandle:
 
 
 class StateMetaInfo(msgspec.Struct, frozen=True):
-    """What a snapshot records about one state, checked against the descriptor on restore."""
+    """What a snapshot records about one state, checked against the descriptor on restore.
+
+    ``value_type`` / ``user_key_type`` name the types (``str`` of the pyarrow type, or
+    ``pickle``); ``value_schema`` (format version 3, None for an untyped state) is the exact
+    schema any Arrow reader can load: base64 of the Arrow IPC schema message of a schema with
+    the field ``value`` (and ``map_key`` for a map state).
+    """
 
     name: str
     kind: str
     value_type: str
     user_key_type: str | None = None
     ttl_ms: int | None = None
+    value_schema: str | None = None
 
 
 class KeyedStateHandle(msgspec.Struct, frozen=True):

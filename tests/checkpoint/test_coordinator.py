@@ -472,7 +472,7 @@ def test_newer_format_version_is_not_skipped(storage: CheckpointStorage) -> None
     coordinator = CheckpointCoordinator(storage, **config(num_retained=2))
     checkpoint(coordinator)
     cp2 = checkpoint(coordinator)
-    data = serialize_metadata(cp2.metadata).replace(b'"format_version":2', b'"format_version":3')
+    data = serialize_metadata(cp2.metadata).replace(b'"format_version":3', b'"format_version":4')
     Path(storage.path(cp2.metadata_path)).write_bytes(data)
     before = storage.list_files()
     with pytest.raises(UnsupportedFormatVersionError, match="upgrade keyedstate"):

@@ -109,7 +109,7 @@ def test_flipped_checksum_is_detected() -> None:
         deserialize_metadata(bytes(flipped))
 
 
-@pytest.mark.parametrize("version", [0, 3, 99])
+@pytest.mark.parametrize("version", [0, 4, 99])
 def test_unknown_format_version(version: int) -> None:
     data = envelope(body_of(sample_metadata()), version=version)
     with pytest.raises(UnsupportedFormatVersionError, match=f"format_version {version}.*upgrade"):

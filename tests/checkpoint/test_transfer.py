@@ -180,10 +180,10 @@ def _v2_metadata() -> CheckpointMetadata:
     return CheckpointMetadata(4, 0, "rocksdb", 1, 128, ["bigint"], [handle])
 
 
-def test_version_2_round_trips_inline_and_segment_references():
+def test_version_3_round_trips_inline_and_segment_references():
     metadata = _v2_metadata()
     data = serialize_metadata(metadata)
-    assert json.loads(data)["format_version"] == FORMAT_VERSION == 2
+    assert json.loads(data)["format_version"] == FORMAT_VERSION == 3
     assert deserialize_metadata(data) == metadata
     handle = metadata.handles[0]
     # objects, once per segment with the object's identity; inline files have none

@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+from keyedstate.backends.base.migration import value_schema_text
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.errors import (
     ConfigurationError,
@@ -50,22 +51,32 @@ from keyedstate.storage.location import CheckpointStorageLocation
 
 def meta_info_of(descriptor: StateDescriptor) -> StateMetaInfo:
     """What a snapshot records about a descriptor."""
-    user_key = descriptor.user_key_serializer
+    return state_meta_info(descriptor.name, str(descriptor.kind), descriptor.value_serializer,
+                           descriptor.user_key_serializer,
+                           None if descriptor.ttl is None else descriptor.ttl.ttl_ms)
+
+
+def state_meta_info(name: str, kind: str, value_serializer: TypeSerializer,
+                    user_key_serializer: TypeSerializer | None,
+                    ttl_ms: int | None) -> StateMetaInfo:
+    """What a snapshot records about a state written through these serializers (its types'
+    names and, for typed states, its schema: :func:`..migration.value_schema_text`)."""
     return StateMetaInfo(
-        name=descriptor.name,
-        kind=str(descriptor.kind),
-        value_type=descriptor.value_serializer.type_string,
-        user_key_type=None if user_key is None else user_key.type_string,
-        ttl_ms=None if descriptor.ttl is None else descriptor.ttl.ttl_ms,
+        name=name,
+        kind=kind,
+        value_type=value_serializer.type_string,
+        user_key_type=None if user_key_serializer is None else user_key_serializer.type_string,
+        ttl_ms=ttl_ms,
+        value_schema=value_schema_text(value_serializer, user_key_serializer),
     )
 
 
 def check_compatible(descriptor: StateDescriptor, restored: StateMetaInfo) -> None:
-    """Raise :class:`StateTypeMismatchError` if ``descriptor`` can't read the restored state.
-
-    Kind, value type and map-key type must be equal. Switching TTL on or off changes the stored
-    format (values carry a timestamp under TTL) and is refused, as in Flink; changing the TTL
-    duration is allowed.
+    """Raise :class:`StateTypeMismatchError` unless ``descriptor`` reads the state ``restored``
+    describes as it is: kind, value type and map-key type equal, TTL on in both or in neither
+    (its duration may change, as in Flink). A restored state whose type evolved goes through
+    :func:`..migration.plan_migration` instead; this check is for a registered state asked
+    for again, and for paths that can't migrate.
     """
     wanted = meta_info_of(descriptor)
     problems = []
@@ -293,6 +304,13 @@ class KeyedStateBackend(ABC):
         records append in the order given. Records already written when an error is raised
         stay: load into a fresh backend and close it on failure.
         """
+
+    @abstractmethod
+    def drop_state(self, state_name: str) -> bool:
+        """Drop a restored state that no descriptor registered (``JobConfig.drop_states``):
+        its entries are gone and the next snapshot neither lists nor references it. Returns
+        False when the backend has no such state; raises :class:`ConfigurationError` for a
+        registered one."""
 
     @property
     @abstractmethod

@@ -24,6 +24,7 @@ from keyedstate.backends.base.backend import (
     check_load_compatible,
     check_restore_handles,
 )
+from keyedstate.backends.base.migration import plan_migration
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.heap import sizes
 from keyedstate.backends.heap.restore import HeapRestoreOperation
@@ -142,13 +143,37 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 table.marks = {}
             self.tables[name] = table
         else:  # restored, first asked for now
-            check_compatible(descriptor, table.meta)
+            migration = plan_migration(descriptor, table.meta, table.value_serializer)
             table.attach(descriptor)
+            if migration is not None:
+                # Eager: every value now, as Flink's heap backend does on restore. The chain
+                # the restore left holds values of the old type: the next snapshot is full.
+                table.migrate_values(migration.migrate)
+                self._forget_base()
         state = self._states[name] = create_state(self, table, descriptor)
         return cast(S, state)
 
     def state_meta_infos(self) -> list[StateMetaInfo]:
         return [self.tables[n].meta for n in sorted(self.tables)]
+
+    def drop_state(self, state_name: str) -> bool:
+        """See :meth:`KeyedStateBackend.drop_state`; the next snapshot is full (the chain it
+        would extend lists the state)."""
+        self._check_open()
+        if state_name in self._states:
+            raise ConfigurationError(f"state {state_name!r} is registered; it can't be dropped")
+        if self.tables.pop(state_name, None) is None:
+            return False
+        self._forget_base()
+        return True
+
+    def _forget_base(self) -> None:
+        """Build the next snapshot on nothing (a full one): neither the current base nor a
+        pending snapshot taken before a state's values changed type or the state went."""
+        with self._pending_lock:
+            self._base = None
+            self._pending.clear()  # their confirmations are ignored (unknown ids)
+        self._prune()
 
     def iter_entries(self, state_name: str) -> Iterator[StateEntry]:
         """Live entries ordered by key group (then key and namespace bytes). The timer state

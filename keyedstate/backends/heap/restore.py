@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import msgspec
 import pyarrow as pa
 
+from keyedstate.backends.base.backend import state_meta_info
 from keyedstate.backends.heap.snapshot import (
     CHAIN_PROPERTY,
     DIFF,
@@ -259,6 +260,9 @@ class HeapRestoreOperation:
         value = _serializer(meta.value_type, info.value_schema, source, meta.name)
         assert value is not None
         user_key = _serializer(meta.user_key_type, info.user_key_schema, source, meta.name)
+        # The schema recorded from the serializers (a file written before format version 3
+        # of _metadata has none).
+        meta = state_meta_info(meta.name, meta.kind, value, user_key, meta.ttl_ms)
         table = StateTable(meta, value, user_key)
         self.backend.tables[meta.name] = table
         return table

@@ -105,6 +105,22 @@ class StateTable:
         self.cleanup_size = 0 if ttl is None else ttl.incremental_cleanup_size
         self.cleanup_in_full_snapshot = ttl is None or ttl.cleanup_in_full_snapshot
 
+    def migrate_values(self, migrate: Callable[[Any], Any]) -> None:
+        """Replace every value by ``migrate(value)`` (list elements and map values one by
+        one; TTL timestamps kept): the eager migration of a restored state whose type
+        evolved (:mod:`keyedstate.backends.base.migration`)."""
+        ttl = self.ttl_ms is not None
+        for group in self.maps.values():
+            for key, stored in group.items():
+                if self.kind is StateKind.LIST:
+                    group[key] = [(migrate(v), ts) for v, ts in stored] if ttl \
+                        else [migrate(v) for v in stored]
+                elif self.kind is StateKind.MAP:
+                    group[key] = {k: (migrate(v), ts) for k, (v, ts) in stored.items()} if ttl \
+                        else {k: migrate(v) for k, v in stored.items()}
+                else:
+                    group[key] = (migrate(stored[0]), stored[1]) if ttl else migrate(stored)
+
     # -- checks --------------------------------------------------------------------------------
 
     def check_value(self, value: Any) -> Any:

@@ -15,6 +15,7 @@ the timers. Layouts are in :mod:`.states` and :mod:`.timers`, the snapshot flow 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import shutil
@@ -36,6 +37,7 @@ from keyedstate.backends.base.backend import (
     check_restore_handles,
     meta_info_of,
 )
+from keyedstate.backends.base.migration import StateMigration, plan_migration
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.backends.rocksdb import sizes
@@ -97,6 +99,8 @@ from keyedstate.storage.location import CheckpointStorageLocation
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 BACKEND_NAME = "rocksdb"
+#: How a restored state whose type evolved is migrated (``RocksDBStateBackend.state_migration``).
+STATE_MIGRATIONS = ("lazy", "eager")
 #: Entries per write batch of :meth:`RocksDBKeyedStateBackend.load_records`.
 LOAD_BATCH = 10_000
 _pack_seq = struct.Struct(">Q").pack
@@ -110,17 +114,24 @@ class RocksDBStateBackend(StateBackend):
     overlapping old instance reopened and clipped, seed 001) or ``"copy"`` (one instance,
     key by key, only the benchmark baseline). ``max_instances``: the most RocksDB instances
     (key-group shards) one keyed backend opens on a rescaling restore; sub-handles over the
-    cap are rewritten into a neighbouring instance (SST ingestion).
+    cap are rewritten into a neighbouring instance (SST ingestion). ``state_migration``: how a
+    restored state whose descriptor's type evolved is migrated (:mod:`..base.migration`):
+    ``"lazy"`` (the default: values convert when read and are rewritten when written) or
+    ``"eager"`` (every value rewritten when the state is first asked for).
     """
 
     name = BACKEND_NAME
 
     def __init__(self, options: RocksDBOptions | None = None, incremental: bool = True,
                  rescale_strategy: str = "ingest",
-                 max_instances: int = DEFAULT_MAX_INSTANCES) -> None:
+                 max_instances: int = DEFAULT_MAX_INSTANCES,
+                 state_migration: str = "lazy") -> None:
         if rescale_strategy not in RESCALE_STRATEGIES:
             raise ConfigurationError(f"rescale_strategy {rescale_strategy!r} is unknown; choose "
                                      f"one of {list(RESCALE_STRATEGIES)}")
+        if state_migration not in STATE_MIGRATIONS:
+            raise ConfigurationError(f"state_migration {state_migration!r} is unknown; choose "
+                                     f"one of {list(STATE_MIGRATIONS)}")
         if not isinstance(max_instances, int) or isinstance(max_instances, bool) \
                 or max_instances < 1:
             raise ConfigurationError(f"max_instances must be an int of at least 1, got "
@@ -136,14 +147,16 @@ class RocksDBStateBackend(StateBackend):
         self.incremental = incremental
         self.rescale_strategy = rescale_strategy
         self.max_instances = max_instances
+        self.state_migration = state_migration
 
     def __repr__(self) -> str:
         return (f"RocksDBStateBackend(options={self.options!r}, incremental={self.incremental}, "
                 f"rescale_strategy={self.rescale_strategy!r}, "
-                f"max_instances={self.max_instances})")
+                f"max_instances={self.max_instances}, state_migration={self.state_migration!r})")
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.options, self.incremental, self.rescale_strategy, self.max_instances)
+        return (self.options, self.incremental, self.rescale_strategy, self.max_instances,
+                self.state_migration)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RocksDBStateBackend) and self._key() == other._key()
@@ -154,6 +167,7 @@ class RocksDBStateBackend(StateBackend):
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A configuration pickled before max_instances existed gets the default.
         state.setdefault("max_instances", DEFAULT_MAX_INSTANCES)
+        state.setdefault("state_migration", "lazy")
         self.__dict__.update(state)
 
     state_sizes_method = "rocksdb.total-sst-files-size of each state's column family"
@@ -188,7 +202,8 @@ class RocksDBStateBackend(StateBackend):
                 max_parallelism=p.max_parallelism, key_serializer=p.key_serializer,
                 time_provider=p.time_provider, instances=result.instances,
                 instance_dir=instance_dir, options=self.options, incremental=self.incremental,
-                restored_states=result.states, list_sequence=result.list_sequence)
+                restored_states=result.states, list_sequence=result.list_sequence,
+                state_migration=self.state_migration)
         except BaseException:
             if result is not None:  # restored, but the backend failed to start
                 result.close()
@@ -233,6 +248,13 @@ class RocksDBInstance:
             self.handles[name] = self.db.get_column_family_handle(name)
         return cf, self.handles[name]
 
+    def drop_column_family(self, name: str) -> None:
+        """Drop the column family of a state (its data goes with it)."""
+        self.column_family(name)
+        self.handles.pop(name)
+        self.cfs.pop(name).close()
+        self.db.drop_column_family(name)
+
     def cf(self, name: str) -> rocksdict.Rdict:
         """The open column family ``name``; a stand-in raising ``BackendError`` once closed."""
         return self.cfs.get(name, CLOSED)
@@ -263,7 +285,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  time_provider: TtlTimeProvider | None, instances: Sequence[RestoredInstance],
                  instance_dir: str, options: RocksDBOptions, incremental: bool,
                  restored_states: dict[str, StateMetaInfoSnapshot],
-                 list_sequence: int) -> None:
+                 list_sequence: int, state_migration: str = "lazy") -> None:
         super().__init__(subtask_index=subtask_index, key_group_range=key_group_range,
                          max_parallelism=max_parallelism, key_serializer=key_serializer,
                          time_provider=time_provider)
@@ -297,6 +319,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._list_sequence = list_sequence
         self._restored = dict(restored_states)
         self._states: dict[str, RocksDBState] = {}
+        self.state_migration = state_migration
         self._closed = False
         self.incremental = incremental
         #: what the restore moved, reported by the first snapshot's properties
@@ -349,13 +372,56 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             return cast(S, state)  # the kind is checked: the state class is the descriptor's
         self._check_open()
         restored = self._restored.get(descriptor.name)
+        bound = descriptor
         if restored is not None:
-            check_compatible(descriptor, restored.meta)
+            migration = plan_migration(descriptor, restored.meta, restored.value_serializer)
+            if migration is not None and self.state_migration == "eager":
+                self._migrate_eagerly(descriptor.name, migration, descriptor.ttl is not None)
+            elif migration is not None or restored.value_serializer != descriptor.value_serializer:
+                # The state reads and writes through the restored state's history of types
+                # (plus the new one): bound to a copy of the descriptor carrying that
+                # serializer, so every path (states, snapshots, iteration) uses it.
+                bound = copy.copy(descriptor)
+                bound.value_serializer = (restored.value_serializer if migration is None
+                                          else migration.evolved_serializer())
         with native(f"creating the column family of state {descriptor.name!r}"):
             self._column_family(descriptor.name)
-        state = STATE_CLASSES[descriptor.kind](self, descriptor, self._instance)
+        state = STATE_CLASSES[descriptor.kind](self, bound, self._instance)
         self._states[descriptor.name] = state
         return cast(S, state)
+
+    def _migrate_eagerly(self, name: str, migration: StateMigration, ttl: bool) -> None:
+        """Rewrite every stored value of state ``name`` in the new type (one pass per instance,
+        write batches of :data:`LOAD_BATCH`); TTL timestamps are kept as they are."""
+        deserialize, migrate = migration.old.deserialize, migration.migrate
+        serialize = migration.new.serialize
+        skip = TS_BYTES if ttl else 0
+        for instance in self._instances:
+            cf, handle = instance.column_family(name)
+            batch, pending = column_family_batch(handle), 0
+            for raw_key, raw in scan(cf, None, None, f"migrating state {name!r}"):
+                value = serialize(migrate(deserialize(raw[skip:])))
+                batch.put(raw_key, raw[:skip] + value if skip else value)
+                pending += 1
+                if pending == LOAD_BATCH:
+                    with native(f"migrating state {name!r}"):
+                        instance.db.write(batch, self.write_options)
+                    batch, pending = column_family_batch(handle), 0
+            with native(f"migrating state {name!r}"):
+                instance.db.write(batch, self.write_options)
+
+    def drop_state(self, state_name: str) -> bool:
+        """See :meth:`KeyedStateBackend.drop_state`: drops its column family in every instance
+        (the next snapshot references none of its SST files)."""
+        self._check_open()
+        if state_name in self._states:
+            raise ConfigurationError(f"state {state_name!r} is registered; it can't be dropped")
+        if self._restored.pop(state_name, None) is None:
+            return False
+        with native(f"dropping state {state_name!r}"):
+            for instance in self._instances:
+                instance.drop_column_family(state_name)
+        return True
 
     def _state_snapshots(self) -> dict[str, StateMetaInfoSnapshot]:
         """Every known state: registered ones (from their descriptors) and restored ones."""

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import rocksdict
 
-from keyedstate.backends.base.backend import SnapshotResult
+from keyedstate.backends.base.backend import SnapshotResult, state_meta_info
 from keyedstate.backends.rocksdb.options import native
 from keyedstate.errors import (
     BackendError,
@@ -129,8 +129,12 @@ def read_meta_file(path: str, source: str) -> MetaFile:
     states = {}
     for name, (n, kind, value_type, user_key_type, ttl_ms, ser, user_ser) in \
             body["states"].items():
-        states[name] = StateMetaInfoSnapshot(
-            StateMetaInfo(n, kind, value_type, user_key_type, ttl_ms), ser, user_ser)
+        # The meta info is rebuilt from the serializers (its recorded schema included).
+        meta = state_meta_info(n, kind, ser, user_ser, ttl_ms)
+        if meta.value_type != value_type or meta.user_key_type != user_key_type:
+            raise CorruptCheckpointError(f"{source}: state {n!r} records {value_type} but its "
+                                         f"serializer writes {meta.value_type}")
+        states[name] = StateMetaInfoSnapshot(meta, ser, user_ser)
     return MetaFile(body["max_parallelism"], body["key_group_prefix_bytes"],
                     body["list_sequence"], states)
 

@@ -1,0 +1,218 @@
+"""A job restarted with changed state descriptors continues (issue 13): every rule × backend ×
+snapshot kind (checkpoint, native savepoint, canonical savepoint, the savepoints rescaled),
+on the local runtime; the output equals pandas over the whole input. Incompatible changes fail
+at job start, naming the field, with the checkpoint directory unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from keyedstate.config import JobConfig
+from keyedstate.errors import ConfigurationError, StateTypeMismatchError
+from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.runtime.local import LocalJob
+from keyedstate.state.descriptors import ValueStateDescriptor
+from keyedstate.state.evolution import SchemaEvolution
+
+INPUT = "user_id string, amount double"
+OUTPUT = "user_id string, count bigint, total double, peak double"
+V1 = "struct<count:int,total:double,peak:float,first:double>"
+
+#: rule -> (new type, evolution, the name of the count field in the new type)
+RULES: dict[str, tuple[str, SchemaEvolution | None, str]] = {
+    "widen": ("struct<count:bigint,total:double,peak:double,first:double>", None, "count"),
+    "add-nullable": ("struct<count:int,total:double,peak:float,first:double,note:string>",
+                     None, "count"),
+    "add-default": ("struct<count:int,total:double,peak:float,first:double,visits:bigint>",
+                    SchemaEvolution(defaults={"visits": 0}), "count"),
+    "remove-reorder": ("struct<peak:float,total:double,count:int>", None, "count"),
+    "rename": ("struct<n:int,total:double,peak:float,first:double>",
+               SchemaEvolution(renames={"n": "count"}), "n"),
+}
+
+
+class Totals(KeyedProcessFunction):
+    """Running count, total and peak amount per user, in a struct state of a given type."""
+
+    def __init__(self, type_: str = V1, evolution: SchemaEvolution | None = None,
+                 count: str = "count") -> None:
+        self.type_, self.evolution, self.count = type_, evolution, count
+
+    def open(self, ctx: Context) -> None:
+        self.acc = ctx.get_state(ValueStateDescriptor("totals", self.type_,
+                                                      evolution=self.evolution))
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
+        acc = dict(self.acc.value() or {})
+        amounts = rows.column("amount").to_pylist()
+        acc[self.count] = (acc.get(self.count) or 0) + len(amounts)
+        acc["total"] = (acc.get("total") or 0.0) + sum(amounts)
+        acc["peak"] = max([acc.get("peak") or 0.0, *amounts])
+        if "first" in acc and acc["first"] is None:
+            acc["first"] = amounts[0]
+        if "visits" in acc:
+            assert acc["visits"] is not None, "the default was not applied"
+            acc["visits"] += 1
+        self.acc.update(acc)
+        yield (key, acc[self.count], acc["total"], acc["peak"])
+
+
+def _batches(n: int = 4, events: int = 200, users: int = 30) -> list[pa.Table]:
+    rnd = random.Random(5)
+    return [pa.table({"user_id": [f"u{rnd.randrange(users):02d}" for _ in range(events)],
+                      # quarters: exact as float32 too (the peak starts as a float)
+                      "amount": [rnd.randint(1, 400) / 4 for _ in range(events)]})
+            for _ in range(n)]
+
+
+def _oracle(batches: list[pa.Table]) -> list[tuple[Any, ...]]:
+    """pandas over the whole input: each batch's users with their running aggregates."""
+    frames = [b.to_pandas().assign(batch=i) for i, b in enumerate(batches)]
+    df = pd.concat(frames, ignore_index=True)
+    per_batch = df.groupby(["batch", "user_id"]).agg(n=("amount", "size"), s=("amount", "sum"),
+                                                     m=("amount", "max")).reset_index()
+    per_batch = per_batch.sort_values(["user_id", "batch"])
+    g = per_batch.groupby("user_id")
+    per_batch["count"] = g["n"].cumsum()
+    per_batch["total"] = g["s"].cumsum()
+    per_batch["peak"] = g["m"].cummax()
+    return sorted((r.user_id, int(r.count), float(r.total), float(r.peak))
+                  for r in per_batch.itertuples())
+
+
+def _job(cfg: JobConfig, fn: Totals) -> LocalJob:
+    return LocalJob(fn, key_columns=["user_id"], input_schema=INPUT, output_schema=OUTPUT,
+                    config=cfg)
+
+
+def _rows(outputs: list[dict[str, pa.Table]]) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r.values()) for out in outputs for r in out["main"].to_pylist())
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            path = Path(dirpath) / name
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _first_run(tmp_path: Path, backend: str, kind: str
+               ) -> tuple[list[dict[str, pa.Table]], JobConfig]:
+    """Two batches with ``V1``; the config a restarted job uses to continue."""
+    data = _batches()
+    cfg = JobConfig(checkpoint_dir=str(tmp_path / "one"), backend=backend, parallelism=2)
+    with _job(cfg, Totals()) as job:
+        outputs = [job.process_batch(t) for t in data[:2]]
+        if kind == "checkpoint":
+            return outputs, cfg
+        job.stop(savepoint=str(tmp_path / "savepoint"),
+                 format="canonical" if kind == "canonical" else "native")
+    return outputs, JobConfig(checkpoint_dir=str(tmp_path / "two"), backend=backend,
+                              parallelism=3, restore_path=str(tmp_path / "savepoint"))
+
+
+KINDS = ["checkpoint", "native", "canonical"]
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_restarted_job_with_an_evolved_state_continues(tmp_path, backend, kind, rule):
+    data = _batches()
+    outputs, cfg = _first_run(tmp_path, backend, kind)
+    type_, evolution, count = RULES[rule]
+    with _job(cfg, Totals(type_, evolution, count)) as job:
+        outputs += [job.process_batch(t) for t in data[2:3]]
+    # The checkpoint after the migration restores with the new code alone (at parallelism 1).
+    with _job(cfg.replace(parallelism=1), Totals(type_, evolution, count)) as job:
+        outputs += [job.process_batch(t) for t in data[3:]]
+    assert _rows(outputs) == _oracle(data)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("new_type, evolution, field", [
+    ("struct<count:string,total:double,peak:float,first:double>", None, "count"),
+    ("struct<count:int,total:float,peak:float,first:double>", None, "total"),
+    ("struct<n:int,total:double,peak:float,first:double>", None, "n"),
+    ("struct<count:int,total:double,peak:float,first:double,v:bigint not null>", None, "v"),
+], ids=["string-to-int", "narrowing", "rename-without-mapping", "not-null-without-default"])
+def test_incompatible_change_fails_at_start_and_changes_nothing(tmp_path, backend, kind,
+                                                                new_type, evolution, field):
+    _, cfg = _first_run(tmp_path, backend, kind)
+    roots = [tmp_path / "one"] + ([tmp_path / "savepoint"] if kind != "checkpoint" else [])
+    before = [_tree_digest(r) for r in roots]
+    if "not null" in new_type:
+        new_type = pa.struct([pa.field("count", pa.int32()), pa.field("total", pa.float64()),
+                              pa.field("peak", pa.float32()), pa.field("first", pa.float64()),
+                              pa.field("v", pa.int64(), nullable=False)])
+    with pytest.raises(StateTypeMismatchError, match=f"'{field}'") as info:
+        _job(cfg, Totals(new_type, evolution))
+    assert "'totals'" in str(info.value)
+    assert [_tree_digest(r) for r in roots] == before
+    assert not (tmp_path / "two").exists() or not any((tmp_path / "two").rglob("_metadata"))
+
+
+def test_states_added_kept_and_dropped(tmp_path):
+    """A new descriptor starts empty; a state no descriptor asks for is kept until listed in
+    drop_states; a state both declared and listed to drop is refused at start."""
+
+    class Two(Totals):
+        def open(self, ctx: Context) -> None:
+            super().open(ctx)
+            self.extra = ctx.get_state(ValueStateDescriptor("extra", "bigint"))
+
+        def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
+            self.extra.update((self.extra.value() or 0) + 1)
+            yield from super().process_key(key, rows, ctx)
+
+    class OnlyExtra(KeyedProcessFunction):
+        def open(self, ctx: Context) -> None:
+            self.extra = ctx.get_state(ValueStateDescriptor("extra", "bigint"))
+
+        def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
+            yield (key, self.extra.value(), 0.0, 0.0)
+
+    data = _batches()
+    cfg = JobConfig(checkpoint_dir=str(tmp_path / "ckpt"), backend="rocksdb", parallelism=2)
+    with _job(cfg, Totals()) as job:
+        outputs = [job.process_batch(t) for t in data[:2]]
+    with _job(cfg, Two()) as job:  # "extra" is new: starts empty
+        outputs += [job.process_batch(t) for t in data[2:3]]
+    assert _rows(outputs) == _oracle(data[:3])
+    with _job(cfg, OnlyExtra()) as job:  # "totals" kept though nobody asks for it
+        job.process_batch(data[3])
+    states = {m.name for h in job.latest_checkpoint.metadata.handles for m in h.states}
+    assert states == {"totals", "extra"}
+    with pytest.raises(ConfigurationError, match="drop"):
+        _job(cfg.replace(drop_states=("extra",)), OnlyExtra())
+    with _job(cfg.replace(drop_states="totals"), OnlyExtra()) as job:
+        job.process_batch(data[3])
+        states = {m.name for h in job.latest_checkpoint.metadata.handles for m in h.states}
+    assert states == {"extra"}
+    # Totals restarted now finds its state gone: it starts empty.
+    with _job(cfg, Totals()) as job:
+        again = _rows([job.process_batch(data[0])])
+    assert again == _oracle(data[:1])
+
+
+def test_open_that_fails_at_start_is_reported_with_its_cause(tmp_path):
+    class Broken(Totals):
+        def open(self, ctx: Context) -> None:
+            raise RuntimeError("needs the executor's GPU")
+
+    cfg = JobConfig(checkpoint_dir=str(tmp_path / "ckpt"), backend="heap", parallelism=1)
+    with pytest.raises(ConfigurationError, match="open\\(\\) failed when run at job start") as e:
+        _job(cfg, Broken())
+    assert isinstance(e.value.__cause__, RuntimeError)
