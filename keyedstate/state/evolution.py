@@ -76,6 +76,16 @@ class Resolution:
     error: StateTypeMismatchError | None = None
     _migrate: MigrateValue | None = field(default=None, repr=False)
     _migrate_array: MigrateArray | None = field(default=None, repr=False)
+    _migrate_plain: MigrateValue | None = field(default=None, repr=False)
+
+    @property
+    def plain_migration(self) -> MigrateValue | None:
+        """The migration on the plain form (``serde.converters``: a struct is the list of its
+        fields' plain values, in field order) when it is only a rearrangement: old plain value
+        -> new plain value, to decode with the new type's converter without building the old
+        value. None when values change (widening to double, date to timestamp, nested
+        changes), or as is."""
+        return self._migrate_plain
 
     @property
     def is_compatible(self) -> bool:
@@ -118,6 +128,9 @@ class _Plan:
     array: MigrateArray | None
     #: False when the types differ even if values don't (e.g. a field made nullable).
     as_is: bool
+    #: the same migration on the plain (MessagePack) form, where it is only a rearrangement
+    #: (a struct whose kept fields' values don't change); None otherwise
+    plain: MigrateValue | None = None
 
 
 _AS_IS = _Plan(None, None, True)
@@ -158,7 +171,7 @@ def resolve_schema_compatibility(state_name: str, old: pa.DataType, new: pa.Data
     if plan.as_is and old == new:
         return Resolution(state_name, SchemaCompatibility.COMPATIBLE_AS_IS, old, new)
     return Resolution(state_name, SchemaCompatibility.COMPATIBLE_AFTER_MIGRATION, old, new,
-                      None, plan.value, plan.array)
+                      None, plan.value, plan.array, plan.plain)
 
 
 def resolve_state_compatibility(state_name: str, old_kind: str, new_kind: str,
@@ -258,7 +271,7 @@ class _Resolver:
                 and all(p.as_is for *_, p in sources)):
             return _AS_IS  # only equal up to metadata pyarrow compares
         return _Plan(_struct_value(sources, fills, new), _struct_array(sources, fills, new),
-                     False)
+                     False, _struct_plain(sources, fills, old_order))
 
     def _resolve_member(self, path: str, old: pa.Field, new: pa.Field, not_null: str
                         ) -> _Plan:
@@ -347,21 +360,58 @@ _Source = tuple[str, pa.Field, str | None, _Plan]
 
 def _struct_value(sources: list[_Source], fills: dict[str, Any],
                   new: pa.StructType) -> MigrateValue:
-    decode = {n: converters(new.field(n).type)[1] for n in fills}
-    steps = [(name, old_name, plan.value) for name, _, old_name, plan in sources]
+    # The hot path of lazy migration (one call per old value read): a template dict in the
+    # new field order holds the defaults of scalar type (immutable, shared); fields copied as
+    # they are, converted, or filled with a fresh nested default are set on a copy of it.
+    template: dict[str, Any] = {}
+    fresh: list[tuple[str, Callable[[Any], Any], Any]] = []
+    copied: list[tuple[str, str]] = []
+    converted: list[tuple[str, str, MigrateValue]] = []
+    for name, f, old_name, plan in sources:
+        template[name] = None
+        if old_name is None:
+            decode = converters(f.type)[1]
+            if pa.types.is_nested(f.type):
+                # Decoded per value: a struct or list default is a fresh object each time.
+                fresh.append((name, decode, fills[name]))
+            else:
+                template[name] = decode(fills[name])
+        elif plan.value is None:
+            copied.append((name, old_name))
+        else:
+            converted.append((name, old_name, plan.value))
 
     def migrate(v: Any) -> Any:
         if v is None:
             return None
-        out = {}
-        for name, old_name, fn in steps:
-            if old_name is None:
-                # Decoded per value: a struct or list default is a fresh object each time.
-                out[name] = decode[name](fills[name])
-            else:
-                x = v.get(old_name)
-                out[name] = x if fn is None or x is None else fn(x)
+        out = template.copy()
+        get = v.get
+        for name, old_name in copied:
+            out[name] = get(old_name)
+        for name, old_name, fn in converted:
+            x = get(old_name)
+            out[name] = None if x is None else fn(x)
+        for name, decode, fill in fresh:
+            out[name] = decode(fill)
         return out
+    return migrate
+
+
+def _struct_plain(sources: list[_Source], fills: dict[str, Any],
+                  old_order: list[str]) -> MigrateValue | None:
+    """The struct's migration on plain lists, when no kept field's value changes: each new
+    field takes the old list's item at its source's position, or its plain default."""
+    if any(old_name is not None and plan.value is not None
+           for _, _, old_name, plan in sources):
+        return None
+    position = {name: i for i, name in enumerate(old_order)}
+    layout = [(position[old_name], None) if old_name is not None else (-1, fills[name])
+              for name, _, old_name, _ in sources]
+
+    def migrate(v: Any) -> Any:
+        if v is None:
+            return None
+        return [v[i] if i >= 0 else fill for i, fill in layout]
     return migrate
 
 

@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import msgspec
 import pyarrow as pa
 
 from keyedstate.errors import ConfigurationError, SerializationError, StateTypeMismatchError
@@ -34,6 +35,7 @@ from keyedstate.serde import (
     ArrowTypeSerializer,
     PickleSerializer,
     TypeSerializer,
+    converters,
     type_from_string,
 )
 from keyedstate.state.descriptors import StateDescriptor
@@ -41,6 +43,7 @@ from keyedstate.state.evolution import WAY_OUT, Resolution, SchemaEvolution
 from keyedstate.storage.handles import CheckpointMetadata, StateMetaInfo
 
 logger = logging.getLogger(__name__)
+_msgpack_decode = msgspec.msgpack.decode
 
 #: First byte of a value written by an :class:`EvolvedSerializer`, followed by its generation
 #: byte. MessagePack never starts an object with 0xC1 ("never used" in its spec) and a pickle
@@ -208,7 +211,14 @@ class EvolvedSerializer(TypeSerializer):
             todo = resolutions[g:]
             self._chains.append(_chain(todo) if todo else None)
         self._newest_deserialize = self.newest.deserialize
+        self._oldest_deserialize = self.generations[0].deserialize
         self._oldest = self._chains[0]
+        if len(resolutions) == 1 and resolutions[0].plain_migration is not None:
+            # One step that only rearranges a struct: migrate the decoded MessagePack list
+            # and decode it once, in the new type (no old value is built).
+            plain, decode = resolutions[0].plain_migration, converters(self.arrow_type)[1]
+            self._oldest_deserialize = _decode_plain
+            self._oldest = lambda v: decode(plain(v))
 
     @classmethod
     def extend(cls, old: TypeSerializer, new: TypeSerializer, evolution: SchemaEvolution
@@ -229,8 +239,8 @@ class EvolvedSerializer(TypeSerializer):
         return self._tag + self.newest.serialize(value)
 
     def deserialize(self, data: bytes) -> Any:
-        if data[:1] != b"\xc1":
-            return self._oldest(self.generations[0].deserialize(data))
+        if data[0] != GENERATION_TAG:
+            return self._oldest(self._oldest_deserialize(data))
         generation = data[1]
         if generation == len(self.steps):
             return self._newest_deserialize(data[2:])
@@ -258,6 +268,13 @@ class EvolvedSerializer(TypeSerializer):
 
     def __repr__(self) -> str:
         return f"EvolvedSerializer({[g.type_string for g in self.generations]})"
+
+
+def _decode_plain(data: bytes) -> Any:
+    try:
+        return _msgpack_decode(data)
+    except msgspec.DecodeError as exc:
+        raise SerializationError(f"stored bytes are not MessagePack: {exc}") from exc
 
 
 def _chain(resolutions: Sequence[Resolution]) -> Any:
