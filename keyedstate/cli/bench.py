@@ -21,6 +21,7 @@ BENCHMARKS = {
     "throughput": "keyedstate_benchmarks.throughput",
     "remote": "keyedstate_benchmarks.remote",
     "rescale": "keyedstate_benchmarks.rescale",
+    "sinks": "keyedstate_benchmarks.sinks",
 }
 
 
