@@ -91,13 +91,13 @@ class OutputSchemaError(KeyedStateError, TypeError):
 
 
 class SinkSchemaError(ConfigurationError):
-    """A sink's destination (an existing Delta table) can't take rows of the job's output
-    schema, or is partitioned otherwise; raised by ``start()`` before the first batch."""
+    """A sink's destination (an existing Delta or Iceberg table) can't take rows of the job's
+    output schema, or is partitioned otherwise; raised by ``start()`` before the first batch."""
 
 
 class MissingDependencyError(KeyedStateError, ImportError):
     """An optional dependency a feature needs is not installed; the message names the extra
-    to install (``pip install 'keyedstate[delta]'``)."""
+    to install (``pip install 'keyedstate[delta]'``, ``pip install 'keyedstate[iceberg]'``)."""
 
 
 class BatchFailedError(KeyedStateError, RuntimeError):

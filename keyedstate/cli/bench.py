@@ -22,6 +22,7 @@ BENCHMARKS = {
     "remote": "keyedstate_benchmarks.remote",
     "rescale": "keyedstate_benchmarks.rescale",
     "evolution": "keyedstate_benchmarks.evolution",
+    "sinks": "keyedstate_benchmarks.sinks",
 }
 
 

@@ -12,22 +12,23 @@ sink-commit marker) adds nothing. See docs/sinks.md.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from keyedstate.errors import ConfigurationError, MissingDependencyError, SinkSchemaError
 from keyedstate.runtime.batch import StagedOutput
-from keyedstate.spark.sinks import Sink
 
-#: The ``app_id`` of batches whose checkpoint records no lineage (a driver built without a
-#: Spark checkpoint location, which ``start()`` never does): batch ids alone tell them apart.
-UNKNOWN_LINEAGE_APP_ID = "keyedstate"
-#: Commit metadata (Delta's ``commitInfo``) naming the batch a version holds.
-COMMIT_LINEAGE = "keyedstate.lineage"
-COMMIT_BATCH_ID = "keyedstate.batch_id"
+# The commit properties and the app id are shared by the table sinks (sinks.py); the tests
+# import COMMIT_* from here as before.
+from keyedstate.spark.sinks import (
+    COMMIT_BATCH_ID,
+    COMMIT_LINEAGE,
+    Sink,
+    app_id_of,
+    staged_batches,
+)
 
 
 def _deltalake() -> Any:
@@ -39,11 +40,6 @@ def _deltalake() -> Any:
         raise MissingDependencyError(
             "DeltaSink needs the deltalake package (delta-rs): pip install 'keyedstate[delta]'"
         ) from exc
-
-
-def app_id_of(lineage: str) -> str:
-    """The Delta application-transaction id of a lineage's batches."""
-    return lineage or UNKNOWN_LINEAGE_APP_ID
 
 
 class DeltaSink(Sink):
@@ -120,7 +116,7 @@ class DeltaSink(Sink):
         properties = deltalake.CommitProperties(
             app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)],
             custom_metadata={COMMIT_LINEAGE: staged.lineage, COMMIT_BATCH_ID: str(batch_id)})
-        reader = pa.RecordBatchReader.from_batches(staged.schema, _staged_batches(staged))
+        reader = pa.RecordBatchReader.from_batches(staged.schema, staged_batches(staged))
         deltalake.write_deltalake(
             table if table is not None else self.table_uri, reader, mode="append",
             partition_by=self.partition_by,
@@ -162,13 +158,6 @@ class DeltaSink(Sink):
                 f"output schema: {_describe(want.values())}. Nothing was written: write to "
                 f"another table, or change the output schema"
             )
-
-
-def _staged_batches(staged: StagedOutput) -> Iterator[pa.RecordBatch]:
-    """The staged files' rows, file by file in path order, cast to the declared schema."""
-    for relative in sorted(staged.paths):
-        table = pq.read_table(pa.BufferReader(staged.storage.read(relative)))
-        yield from table.cast(staged.schema).to_batches()
 
 
 def _type(field: Any) -> str:

@@ -15,9 +15,11 @@ import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from keyedstate.errors import ConfigurationError, MissingCheckpointFileError
 
@@ -43,6 +45,14 @@ BATCH_DIR_PATTERN = re.compile(
 #: The name of a part in a batch's directory: ``n`` counts the batch's staged files (one per
 #: subtask that emitted rows, in subtask order) from 0.
 PART_FILE_PATTERN = re.compile(r"^part-(?P<n>\d{5,})\.parquet$")
+#: The id a table sink records for batches whose checkpoint records no lineage (a driver
+#: built without a Spark checkpoint location, which ``start()`` never does): batch ids alone
+#: tell them apart. (:func:`app_id_of`)
+UNKNOWN_LINEAGE_APP_ID = "keyedstate"
+#: Commit properties a table sink records with each batch it commits (Delta's ``commitInfo``),
+#: naming the batch a table version holds.
+COMMIT_LINEAGE = "keyedstate.lineage"
+COMMIT_BATCH_ID = "keyedstate.batch_id"
 
 
 class Sink(ABC):
@@ -79,6 +89,20 @@ class CallbackSink(Sink):
 
         df = spark.createDataFrame(read_staged(staged), schema=to_spark_schema(staged.schema))
         self.fn(df, batch_id)
+
+
+def app_id_of(lineage: str) -> str:
+    """The id under which a table sink records a lineage's batches (Delta's application
+    transaction id)."""
+    return lineage or UNKNOWN_LINEAGE_APP_ID
+
+
+def staged_batches(staged: StagedOutput) -> Iterator[pa.RecordBatch]:
+    """The staged files' rows, file by file in path order (one file in memory at a time),
+    cast to the declared schema."""
+    for relative in sorted(staged.paths):
+        table = pq.read_table(pa.BufferReader(staged.storage.read(relative)))
+        yield from table.cast(staged.schema).to_batches()
 
 
 def batch_dir_name(lineage: str, batch_id: int) -> str:
