@@ -5,6 +5,7 @@ at job start, naming the field, with the checkpoint directory unchanged."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import random
@@ -19,7 +20,7 @@ from keyedstate.config import JobConfig
 from keyedstate.errors import ConfigurationError, StateTypeMismatchError
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
-from keyedstate.state.descriptors import ValueStateDescriptor
+from keyedstate.state.descriptors import StateTtlConfig, ValueStateDescriptor
 from keyedstate.state.evolution import SchemaEvolution
 
 INPUT = "user_id string, amount double"
@@ -43,11 +44,11 @@ class Totals(KeyedProcessFunction):
     """Running count, total and peak amount per user, in a struct state of a given type."""
 
     def __init__(self, type_: str = V1, evolution: SchemaEvolution | None = None,
-                 count: str = "count") -> None:
-        self.type_, self.evolution, self.count = type_, evolution, count
+                 count: str = "count", ttl: StateTtlConfig | None = None) -> None:
+        self.type_, self.evolution, self.count, self.ttl = type_, evolution, count, ttl
 
     def open(self, ctx: Context) -> None:
-        self.acc = ctx.get_state(ValueStateDescriptor("totals", self.type_,
+        self.acc = ctx.get_state(ValueStateDescriptor("totals", self.type_, ttl=self.ttl,
                                                       evolution=self.evolution))
 
     def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
@@ -216,3 +217,18 @@ def test_open_that_fails_at_start_is_reported_with_its_cause(tmp_path):
     with pytest.raises(ConfigurationError, match="open\\(\\) failed when run at job start") as e:
         _job(cfg, Broken())
     assert isinstance(e.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_ttl_switched_on_then_off_keeps_the_state(tmp_path, backend, kind):
+    """TTL switched on stamps the restored values with the restore time (a day to live: the
+    job goes on with its totals); switched off again, the timestamps go and the values stay."""
+    data = _batches()
+    outputs, cfg = _first_run(tmp_path, backend, kind)
+    day = StateTtlConfig(dt.timedelta(days=1))
+    with _job(cfg, Totals(RULES["widen"][0], ttl=day)) as job:
+        outputs += [job.process_batch(t) for t in data[2:3]]
+    with _job(cfg.replace(parallelism=1), Totals(RULES["widen"][0])) as job:
+        outputs += [job.process_batch(t) for t in data[3:]]
+    assert _rows(outputs) == _oracle(data)

@@ -190,7 +190,6 @@ def test_two_evolutions_in_a_row(harness: Harness) -> None:
 @pytest.mark.parametrize("new, what", [
     (ValueStateDescriptor("value", "struct<count:string>"), "count"),
     (ValueStateDescriptor("value", "struct<count:int,nick:string>"), "may be a rename"),
-    (ValueStateDescriptor("value", OLD, ttl=StateTtlConfig(dt.timedelta(days=1))), "TTL"),
     (ListStateDescriptor("value", OLD), "kind"),
     (ValueStateDescriptor("value"), "untyped"),
 ])
@@ -315,3 +314,44 @@ def test_random_evolution_reads_old_values_mapped_by_the_rule(tmp_path_factory, 
                 assert new_state.value() == resolution.migrate(old), name
         finally:
             harness.close_all()
+
+
+@pytest.mark.parametrize("evolve", [False, True], ids=["same-type", "evolved-type"])
+def test_ttl_switched_on_stamps_values_with_the_restore_time(harness: Harness,
+                                                             evolve: bool) -> None:
+    keys = range(30)
+    b = harness.create()
+    held = _fill(harness, b, keys, _descriptors(OLD))
+    handle = harness.snapshot(b)
+    harness.clock.advance(10_000)
+    ttl = StateTtlConfig(dt.timedelta(seconds=60))
+    new = _descriptors(NEW, ttl, EVOLUTION) if evolve else _descriptors(OLD, ttl)
+    restored = harness.create(handles=[handle])
+    assert _read(restored, keys, new) == (_migrated(held) if evolve else held)
+    harness.clock.advance(59_000)  # not yet expired: stamped at the restore, not before
+    again = harness.create(handles=[harness.snapshot(restored)])
+    assert _read(again, keys, new) == (_migrated(held) if evolve else held)
+    harness.clock.advance(2_000)
+    assert _read(again, keys, new) == {"value": {k: None for k in keys},
+                                       "list": {k: [] for k in keys},
+                                       "map": {k: {} for k in keys}}
+
+
+def test_ttl_switched_off_keeps_live_values_and_drops_expired_ones(harness: Harness) -> None:
+    ttl = StateTtlConfig(dt.timedelta(seconds=60))
+    b = harness.create()
+    old = _descriptors(OLD, ttl)
+    held = _fill(harness, b, range(0, 20), old)
+    harness.clock.advance(50_000)
+    later = _fill(harness, b, range(20, 40), old)  # written 50 s later
+    handle = harness.snapshot(b)
+    harness.clock.advance(20_000)  # the first 20 keys expired, the others live
+    restored = harness.create(handles=[handle])
+    got = _read(restored, range(40), _descriptors(NEW, evolution=EVOLUTION))
+    expected = _migrated(later)
+    for name, empty in (("value", None), ("list", []), ("map", {})):
+        expected[name].update({k: empty for k in range(20)})
+    assert got == expected
+    harness.clock.advance(10**9)  # no TTL any more: nothing expires
+    again = harness.create(handles=[harness.snapshot(restored)])
+    assert _read(again, range(40), _descriptors(NEW, evolution=EVOLUTION)) == expected

@@ -105,9 +105,9 @@ def resolve_restored(descriptor: StateDescriptor, restored: StateMetaInfo,
     """How ``descriptor`` reads the state ``restored`` describes, whose values have the Arrow
     type ``old_type`` (None: untyped or not known). None when the value types are equal (as
     is); else a compatible :class:`Resolution`. Raises :class:`StateTypeMismatchError` for a
-    changed kind or map-key type, TTL switched on or off, an untyped state on either side of
-    a change, or an incompatible value type; :class:`ConfigurationError` for an evolution
-    naming fields the new type lacks."""
+    changed kind or map-key type, an untyped state on either side of a change, or an
+    incompatible value type; :class:`ConfigurationError` for an evolution naming fields the
+    new type lacks. TTL switched on or off is no type change (:attr:`StateMigration.ttl`)."""
     name = descriptor.name
     kind = str(descriptor.kind)
     if kind != restored.kind:
@@ -117,11 +117,6 @@ def resolve_restored(descriptor: StateDescriptor, restored: StateMetaInfo,
     if user_key_type != restored.user_key_type:
         raise _mismatch(name, f"its map key type was {restored.user_key_type}, is now "
                               f"{user_key_type}: a map's key type never changes")
-    if (descriptor.ttl is None) != (restored.ttl_ms is None):
-        raise _mismatch(
-            name, "TTL was " + ("enabled" if restored.ttl_ms is not None else "disabled") +
-            " when the snapshot was taken and can't be switched on restore (values are stored "
-            "with or without their timestamps; docs/schema-evolution.md, 'TTL')")
     new = descriptor.value_serializer
     if new.type_string == restored.value_type:
         return None
@@ -133,19 +128,32 @@ def resolve_restored(descriptor: StateDescriptor, restored: StateMetaInfo,
     return resolution
 
 
+#: :attr:`StateMigration.ttl`: TTL switched on (values stamped with the restore time) or off
+#: (timestamps dropped, entries already expired dropped with them).
+TTL_ON = "on"
+TTL_OFF = "off"
+
+
 @dataclass(frozen=True)
 class StateMigration:
     """A restored state's values, read with ``old`` (the serializer that wrote them), presented
-    in the descriptor's type by ``resolution``."""
+    in the descriptor's type by ``resolution`` (None: the type is unchanged), and ``ttl``
+    switched on or off (None: unchanged; ``old_ttl_ms`` is the restored TTL)."""
 
     old: TypeSerializer
     new: TypeSerializer
-    resolution: Resolution
+    resolution: Resolution | None
     evolution: SchemaEvolution
+    ttl: str | None = None
+    old_ttl_ms: int | None = None
 
     def migrate(self, value: Any) -> Any:
         """The new type's value of one old value (as ``old`` decodes it)."""
-        return self.resolution.migrate(value)
+        return value if self.resolution is None else self.resolution.migrate(value)
+
+    def expired(self, timestamp_ms: int, now_ms: int) -> bool:
+        """Whether an entry stamped ``timestamp_ms`` had expired under the restored TTL."""
+        return self.old_ttl_ms is not None and timestamp_ms + self.old_ttl_ms <= now_ms
 
     def evolved_serializer(self) -> EvolvedSerializer:
         """The lazy path's serializer: reads every generation ``old`` reads, and the new type."""
@@ -155,13 +163,18 @@ class StateMigration:
 def plan_migration(descriptor: StateDescriptor, restored: StateMetaInfo,
                    old: TypeSerializer) -> StateMigration | None:
     """:func:`resolve_restored` for a backend, which knows the serializer ``old`` that wrote
-    the restored values (its exact type: no type string is parsed). None: nothing to do."""
+    the restored values (its exact type: no type string is parsed), and TTL switched on or off.
+    None: nothing to do."""
     old_type = old.arrow_type if isinstance(old, (ArrowTypeSerializer, EvolvedSerializer)) \
         else None
     resolution = resolve_restored(descriptor, restored, old_type)
-    if resolution is None:
+    ttl = None
+    if (descriptor.ttl is None) != (restored.ttl_ms is None):
+        ttl = TTL_OFF if descriptor.ttl is None else TTL_ON
+    if resolution is None and ttl is None:
         return None
-    return StateMigration(old, descriptor.value_serializer, resolution, descriptor.evolution)
+    return StateMigration(old, descriptor.value_serializer, resolution, descriptor.evolution,
+                          ttl, restored.ttl_ms)
 
 
 # --------------------------------------------------------------------------------------------

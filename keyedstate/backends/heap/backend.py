@@ -148,7 +148,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             if migration is not None:
                 # Eager: every value now, as Flink's heap backend does on restore. The chain
                 # the restore left holds values of the old type: the next snapshot is full.
-                table.migrate_values(migration.migrate)
+                table.migrate_values(migration, self.time_provider.now_ms())
                 self._forget_base()
         state = self._states[name] = create_state(self, table, descriptor)
         return cast(S, state)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from keyedstate.backends.base.backend import meta_info_of
+from keyedstate.backends.base.migration import StateMigration
 from keyedstate.errors import (
     ConfigurationError,
     KeyedStateError,
@@ -105,21 +106,51 @@ class StateTable:
         self.cleanup_size = 0 if ttl is None else ttl.incremental_cleanup_size
         self.cleanup_in_full_snapshot = ttl is None or ttl.cleanup_in_full_snapshot
 
-    def migrate_values(self, migrate: Callable[[Any], Any]) -> None:
-        """Replace every value by ``migrate(value)`` (list elements and map values one by
-        one; TTL timestamps kept): the eager migration of a restored state whose type
-        evolved (:mod:`keyedstate.backends.base.migration`)."""
+    def migrate_values(self, migration: StateMigration, now_ms: int) -> None:
+        """Apply ``migration`` to every entry, after :meth:`attach` (the eager migration of a
+        restored state whose type evolved or whose TTL was switched,
+        :mod:`keyedstate.backends.base.migration`): values (list elements and map values one
+        by one) migrated; TTL switched on stamps them ``now_ms``, switched off drops the
+        timestamps and the entries already expired; otherwise timestamps are kept."""
+        migrate = migration.migrate
         ttl = self.ttl_ms is not None
-        for group in self.maps.values():
-            for key, stored in group.items():
+        if migration.ttl is None:  # the type alone: one call per value
+            for group in self.maps.values():
+                for key, stored in group.items():
+                    if self.kind is StateKind.LIST:
+                        group[key] = [(migrate(v), ts) for v, ts in stored] if ttl \
+                            else [migrate(v) for v in stored]
+                    elif self.kind is StateKind.MAP:
+                        group[key] = {k: (migrate(v), ts) for k, (v, ts) in stored.items()} \
+                            if ttl else {k: migrate(v) for k, v in stored.items()}
+                    else:
+                        group[key] = (migrate(stored[0]), stored[1]) if ttl else migrate(stored)
+            return
+        dropped = object()
+
+        def one(stored: Any) -> Any:
+            if ttl:  # switched on
+                return (migrate(stored), now_ms)
+            value, timestamp = stored
+            return dropped if migration.expired(timestamp, now_ms) else migrate(value)
+
+        for kg in list(self.maps):
+            group = self.maps[kg]
+            for key in list(group):
+                stored = group[key]
                 if self.kind is StateKind.LIST:
-                    group[key] = [(migrate(v), ts) for v, ts in stored] if ttl \
-                        else [migrate(v) for v in stored]
+                    new: Any = [x for x in map(one, stored) if x is not dropped] or dropped
                 elif self.kind is StateKind.MAP:
-                    group[key] = {k: (migrate(v), ts) for k, (v, ts) in stored.items()} if ttl \
-                        else {k: migrate(v) for k, v in stored.items()}
+                    new = {k: x for k, v in stored.items() if (x := one(v)) is not dropped} \
+                        or dropped
                 else:
-                    group[key] = (migrate(stored[0]), stored[1]) if ttl else migrate(stored)
+                    new = one(stored)
+                if new is dropped:
+                    del group[key]
+                else:
+                    group[key] = new
+            if not group:
+                del self.maps[kg]
 
     # -- checks --------------------------------------------------------------------------------
 

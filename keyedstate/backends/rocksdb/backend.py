@@ -37,7 +37,7 @@ from keyedstate.backends.base.backend import (
     check_restore_handles,
     meta_info_of,
 )
-from keyedstate.backends.base.migration import StateMigration, plan_migration
+from keyedstate.backends.base.migration import TTL_ON, StateMigration, plan_migration
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.backends.rocksdb import sizes
@@ -375,6 +375,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         bound = descriptor
         if restored is not None:
             migration = plan_migration(descriptor, restored.meta, restored.value_serializer)
+            if migration is not None and migration.ttl is not None:
+                # Switching TTL rewrites every stored value's timestamp prefix, not the value.
+                self._switch_ttl(descriptor.name, migration)
+            if migration is not None and migration.resolution is None:
+                migration = None  # TTL switched, the type as is
             if migration is not None and self.state_migration == "eager":
                 self._migrate_eagerly(descriptor.name, migration, descriptor.ttl is not None)
             elif migration is not None or restored.value_serializer != descriptor.value_serializer:
@@ -408,6 +413,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                         instance.db.write(batch, self.write_options)
                     batch, pending = column_family_batch(handle), 0
             with native(f"migrating state {name!r}"):
+                instance.db.write(batch, self.write_options)
+
+    def _switch_ttl(self, name: str, migration: StateMigration) -> None:
+        """TTL switched on: prefix every stored value with the restore time; off: strip the
+        prefixes and delete the entries already expired (one pass per instance)."""
+        on = migration.ttl == TTL_ON
+        now = self.time_provider.now_ms()
+        stamp = pack_timestamp(now)
+        for instance in self._instances:
+            cf, handle = instance.column_family(name)
+            batch, pending = column_family_batch(handle), 0
+            for raw_key, raw in scan(cf, None, None, f"switching TTL of state {name!r}"):
+                if on:
+                    batch.put(raw_key, stamp + raw)
+                elif migration.expired(unpack_timestamp(raw), now):
+                    batch.delete(raw_key)
+                else:
+                    batch.put(raw_key, raw[TS_BYTES:])
+                pending += 1
+                if pending == LOAD_BATCH:
+                    with native(f"switching TTL of state {name!r}"):
+                        instance.db.write(batch, self.write_options)
+                    batch, pending = column_family_batch(handle), 0
+            with native(f"switching TTL of state {name!r}"):
                 instance.db.write(batch, self.write_options)
 
     def drop_state(self, state_name: str) -> bool:
