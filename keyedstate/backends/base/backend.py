@@ -89,8 +89,8 @@ def check_compatible(descriptor: StateDescriptor, restored: StateMetaInfo) -> No
         problems.append(f"map key type {restored.user_key_type} was restored, the descriptor "
                         f"declares {wanted.user_key_type}")
     if (wanted.ttl_ms is None) != (restored.ttl_ms is None):
-        problems.append("TTL was " + ("enabled" if restored.ttl_ms else "disabled") +
-                        " when the snapshot was taken and can't be switched on restore")
+        problems.append("TTL is " + ("on" if restored.ttl_ms else "off") +
+                        " for the registered state; it is switched only on restore")
     if problems:
         raise StateTypeMismatchError(
             f"state {descriptor.name!r} does not match the snapshot: " + "; ".join(problems) +
