@@ -341,7 +341,7 @@ def test_ttl_switched_off_keeps_live_values_and_drops_expired_ones(harness: Harn
     ttl = StateTtlConfig(dt.timedelta(seconds=60))
     b = harness.create()
     old = _descriptors(OLD, ttl)
-    held = _fill(harness, b, range(0, 20), old)
+    _fill(harness, b, range(0, 20), old)
     harness.clock.advance(50_000)
     later = _fill(harness, b, range(20, 40), old)  # written 50 s later
     handle = harness.snapshot(b)
