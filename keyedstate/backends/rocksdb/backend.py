@@ -396,47 +396,45 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return cast(S, state)
 
     def _migrate_eagerly(self, name: str, migration: StateMigration, ttl: bool) -> None:
-        """Rewrite every stored value of state ``name`` in the new type (one pass per instance,
-        write batches of :data:`LOAD_BATCH`); TTL timestamps are kept as they are."""
+        """Rewrite every stored value of state ``name`` in the new type; TTL timestamps are
+        kept as they are."""
         deserialize, migrate = migration.old.deserialize, migration.migrate
         serialize = migration.new.serialize
         skip = TS_BYTES if ttl else 0
-        for instance in self._instances:
-            cf, handle = instance.column_family(name)
-            batch, pending = column_family_batch(handle), 0
-            for raw_key, raw in scan(cf, None, None, f"migrating state {name!r}"):
-                value = serialize(migrate(deserialize(raw[skip:])))
-                batch.put(raw_key, raw[:skip] + value if skip else value)
-                pending += 1
-                if pending == LOAD_BATCH:
-                    with native(f"migrating state {name!r}"):
-                        instance.db.write(batch, self.write_options)
-                    batch, pending = column_family_batch(handle), 0
-            with native(f"migrating state {name!r}"):
-                instance.db.write(batch, self.write_options)
+        self._rewrite(name, f"migrating state {name!r}",
+                      lambda raw: raw[:skip] + serialize(migrate(deserialize(raw[skip:]))))
 
     def _switch_ttl(self, name: str, migration: StateMigration) -> None:
         """TTL switched on: prefix every stored value with the restore time; off: strip the
-        prefixes and delete the entries already expired (one pass per instance)."""
-        on = migration.ttl == TTL_ON
+        prefixes and delete the entries already expired."""
         now = self.time_provider.now_ms()
         stamp = pack_timestamp(now)
+        if migration.ttl == TTL_ON:
+            self._rewrite(name, f"switching TTL of state {name!r}", lambda raw: stamp + raw)
+        else:
+            self._rewrite(name, f"switching TTL of state {name!r}",
+                          lambda raw: None if migration.expired(unpack_timestamp(raw), now)
+                          else raw[TS_BYTES:])
+
+    def _rewrite(self, name: str, what: str, rewrite: Callable[[bytes], bytes | None]) -> None:
+        """Replace every stored value of state ``name`` by ``rewrite(value)`` (None deletes
+        the entry): one scan per instance, write batches of :data:`LOAD_BATCH` entries. The
+        scan's iterator reads the state as it was before the first write."""
         for instance in self._instances:
             cf, handle = instance.column_family(name)
             batch, pending = column_family_batch(handle), 0
-            for raw_key, raw in scan(cf, None, None, f"switching TTL of state {name!r}"):
-                if on:
-                    batch.put(raw_key, stamp + raw)
-                elif migration.expired(unpack_timestamp(raw), now):
+            for raw_key, raw in scan(cf, None, None, what):
+                value = rewrite(raw)
+                if value is None:
                     batch.delete(raw_key)
                 else:
-                    batch.put(raw_key, raw[TS_BYTES:])
+                    batch.put(raw_key, value)
                 pending += 1
                 if pending == LOAD_BATCH:
-                    with native(f"switching TTL of state {name!r}"):
+                    with native(what):
                         instance.db.write(batch, self.write_options)
                     batch, pending = column_family_batch(handle), 0
-            with native(f"switching TTL of state {name!r}"):
+            with native(what):
                 instance.db.write(batch, self.write_options)
 
     def drop_state(self, state_name: str) -> bool:
