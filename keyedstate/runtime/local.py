@@ -351,7 +351,12 @@ class LocalJob:
         p, max_p = self.config.parallelism, self.max_parallelism
         columns = [table.column(c).to_pylist() for c in self.key_columns]
         keys = columns[0] if len(columns) == 1 else list(zip(*columns))
-        groups = [self.key_serializer.key_group(k, max_p) for k in keys]
+        # Hashed once per distinct key (a batch holds each key many times; hashing in Python
+        # cost half of a local batch).
+        known: dict[Any, int] = {}
+        key_group = self.key_serializer.key_group
+        groups = [known[k] if k in known else known.setdefault(k, key_group(k, max_p))
+                  for k in keys]
         return (table.append_column(KG_COLUMN, pa.array(groups, pa.int32()))
                      .append_column(SUBTASK_COLUMN,
                                     pa.array([kg * p // max_p for kg in groups], pa.int32())))
