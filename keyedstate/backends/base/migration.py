@@ -2,10 +2,11 @@
 (issue 13; the rules are :mod:`keyedstate.state.evolution`, the reference is
 docs/schema-evolution.md).
 
-A restored state meets its descriptor in :meth:`KeyedStateBackend.get_state`. Kind, map-key
-type and TTL on/off never change; the value type may, by the rules. :func:`plan_migration`
-resolves it once per state and subtask and gives a :class:`StateMigration` (None when the
-types are equal). How a backend applies it (docs/schema-evolution.md, "Eager or lazy"):
+A restored state meets its descriptor in :meth:`KeyedStateBackend.get_state`. Kind and map-key
+type never change; the value type may, by the rules, and TTL may be switched on or off.
+:func:`plan_migration` resolves it once per state and subtask and gives a
+:class:`StateMigration` (None when nothing changed). How a backend applies a type change
+(docs/schema-evolution.md, "Eager or lazy"):
 
 - **eager** (the heap backend, and the RocksDB backend with ``state_migration="eager"``):
   every value is migrated when the state is first asked for, as Flink's backends do;
