@@ -112,8 +112,9 @@ class KeyedProcessJob:
         every sink must pickle (else :class:`~keyedstate.errors.SparkConnectUnsupportedError`,
         before anything is restored), the server's Python must import keyedstate and the
         modules of the function and the sinks (else
-        :class:`~keyedstate.errors.SparkConnectServerError`), and the checkpoint directory and the Spark checkpoint
-        location must be reachable from the server and its executors too."""
+        :class:`~keyedstate.errors.SparkConnectServerError`), and the checkpoint directory
+        and the Spark checkpoint location must be reachable from the server and its
+        executors too."""
         connect = is_connect(self.stream.df.sparkSession)
         if connect:
             shipped([("the KeyedProcessFunction", self.function),

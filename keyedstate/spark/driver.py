@@ -208,8 +208,9 @@ class KeyedJobDriver:
     def __getstate__(self) -> dict[str, Any]:
         """The driver as Spark Connect ships it to the server's ``foreachBatch`` process
         (:mod:`keyedstate.spark.connect`): the coordinator's state as start-up left it, the
-        job without its DataFrame (it holds the client's session), and a new lock, stop gate
-        and statistics there (:meth:`__setstate__`). The client's listeners stay behind."""
+        job without its DataFrame (:meth:`KeyedProcessJob.without_dataframe`), and a new
+        lock, stop gate and statistics there (:meth:`__setstate__`). The client's listeners
+        stay behind."""
         state = dict(self.__dict__)
         for local in ("_lock", "gate", "listeners", "failure", "stats"):
             del state[local]
@@ -778,6 +779,7 @@ class KeyedJobDriver:
             self._run_with_retries(empty, batch_id, time.perf_counter(), drain=True)
             if offsets is not None:
                 offsets.record_no_data_batch(batch_id)
+
 
 def _for_connect_client(failure: KeyedStateError, exc: BaseException) -> KeyedStateError:
     """What the shipped driver raises for ``failure`` in a Spark Connect server: Spark hands
