@@ -15,7 +15,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[test,spark,s3,delta,iceberg,bench]"
+	$(PY) -m pip install --quiet -e ".[test,spark,connect,s3,delta,iceberg,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -143,3 +143,13 @@ class StorageAccessError(CheckpointError, PermissionError):
 
 class StorageLocationError(CheckpointError, FileNotFoundError):
     """The checkpoint storage location does not exist (e.g. a missing bucket)."""
+
+
+class SparkConnectUnsupportedError(KeyedStateError, NotImplementedError):
+    """A keyed job over a Spark Connect session needs something Spark Connect does not give
+    (the message names it and the way out; docs/spark.md, "Spark Connect")."""
+
+
+class SparkConnectServerError(ConfigurationError):
+    """The Spark Connect server's Python could not load a keyed job (keyedstate, or the module
+    of its function or a sink, is not importable there); the message has the server's error."""

@@ -4,6 +4,7 @@ through :class:`~keyedstate.spark.driver.KeyedJobDriver`, one checkpoint per mic
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, Callable, Mapping, Sequence
 
@@ -12,6 +13,7 @@ import pyarrow as pa
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig
 from keyedstate.errors import ConfigurationError
 from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.spark.connect import is_connect, shipped, started
 from keyedstate.spark.driver import MAIN_OUTPUT, KeyedJobDriver
 from keyedstate.spark.query import KeyedQuery
 from keyedstate.spark.schema import to_arrow_schema
@@ -86,12 +88,38 @@ class KeyedProcessJob:
                 sink.open(schema)
         return KeyedJobDriver(self, cfg, spark_checkpoint_location)
 
+    def without_dataframe(self) -> KeyedProcessJob:
+        """A copy of the job whose stream holds no DataFrame (``stream.df`` is None): what a
+        Spark Connect server gets. The batches bring their own DataFrame, and a Connect
+        DataFrame pickles as its plan with a reference to the client's session that the
+        server resolves only while that session is its active one. The function and the sinks
+        are the same objects."""
+        stream = copy.copy(self.stream)
+        stream.df = None
+        job = copy.copy(self)
+        job.stream = stream
+        return job
+
     def start(self, config: JobConfig | Mapping[str, Any], *,
               spark_checkpoint_location: str | None = None, trigger: Mapping[str, Any] | None = None,
               query_name: str | None = None) -> KeyedQuery:
         """Start the streaming query. Spark keeps the source offsets in
         ``spark_checkpoint_location`` (default: ``<checkpoint dir>/spark`` for a local
-        checkpoint directory); keyedstate keeps the state in the checkpoint directory."""
+        checkpoint directory); keyedstate keeps the state in the checkpoint directory.
+
+        Over Spark Connect (docs/spark.md, "Spark Connect") the start-up runs here, then the
+        driver is shipped to the Connect server, which runs every batch: the function and
+        every sink must pickle (else :class:`~keyedstate.errors.SparkConnectUnsupportedError`,
+        before anything is restored), the server's Python must import keyedstate and the
+        modules of the function and the sinks (else
+        :class:`~keyedstate.errors.SparkConnectServerError`), and the checkpoint directory
+        and the Spark checkpoint location must be reachable from the server and its
+        executors too."""
+        connect = is_connect(self.stream.df.sparkSession)
+        if connect:
+            shipped([("the KeyedProcessFunction", self.function),
+                     *((f"the sink {type(sink).__name__} of output {output!r}", sink)
+                       for output, sinks in self.sinks.items() for sink in sinks)])
         cfg = config if isinstance(config, JobConfig) else JobConfig.from_mapping(config)
         location = spark_checkpoint_location
         if location is None:
@@ -108,4 +136,4 @@ class KeyedProcessJob:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        return KeyedQuery(writer.start(), driver)
+        return KeyedQuery(started(writer) if connect else writer.start(), driver)

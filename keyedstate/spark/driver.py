@@ -36,6 +36,7 @@ from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
+from keyedstate.checkpoint.stats import CompletedCheckpointStats, history_of
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
@@ -72,6 +73,7 @@ from keyedstate.runtime.subtask import (
     RestoreSource,
 )
 from keyedstate.spark.carry import carry, output_committed, source_log_of
+from keyedstate.spark.connect import task_slots
 from keyedstate.spark.offsets import (
     OFFSETS,
     PROP_QUERY_ID,
@@ -133,6 +135,28 @@ class BatchStats:
     #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
     spark_tasks: int = 0
 
+    @classmethod
+    def from_checkpoint(cls, row: CompletedCheckpointStats) -> BatchStats:
+        """A batch's statistics as its checkpoint recorded them (Spark Connect: the client
+        reads them from the checkpoints, :meth:`KeyedJobDriver.recorded_stats`). Not recorded
+        there, so left at their defaults: ``late_events``, ``timers_fired``, ``watermark``,
+        ``state_bytes_per_subtask``, ``objects_written``, ``attempts``, ``spark_tasks``."""
+        def seconds(ms: float | None) -> float:
+            return 0.0 if ms is None else ms / 1000
+
+        return cls(
+            batch_id=-1 if row.batch_id is None else row.batch_id,
+            checkpoint_id=row.checkpoint_id, rows_in=row.rows_in or 0,
+            rows_out=row.rows_out or 0, duration_s=seconds(row.end_to_end_ms),
+            sync_duration_s=seconds(row.sync_ms), async_duration_s=seconds(row.async_ms),
+            incremental_bytes=row.incremental_bytes or 0, full_bytes=row.full_bytes or 0,
+            restore_s=seconds(row.restore_ms), reused_subtasks=row.reused_subtasks or 0,
+            restored_subtasks=row.restored_subtasks or 0,
+            uploaded_bytes=row.uploaded_bytes or 0,
+            duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
+            restore_downloaded_bytes=row.downloaded_bytes or 0,
+            restore_cache_hit_bytes=row.cache_hit_bytes or 0)
+
 
 class KeyedJobDriver:
     """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator."""
@@ -148,6 +172,9 @@ class KeyedJobDriver:
         self.backend = load_backend(config.backend, **config.backend_options)
         self.max_parallelism = config.effective_max_parallelism
         df = job.stream.df
+        #: the input's Spark schema (late rows have it): kept, so that the driver needs no
+        #: DataFrame once shipped to a Spark Connect server (:meth:`__getstate__`)
+        self.input_schema = df.schema
         types = {f.name: f.dataType for f in df.schema.fields}
         self.key_types = [spark_type_ddl(types[c]) for c in job.stream.key_columns]
         if config.watermark_column and config.watermark_column not in types:
@@ -171,7 +198,33 @@ class KeyedJobDriver:
         #: savepoint taken from inside that commit (a sink's, on the batch thread) carries the
         #: output rather than commit it again under the running commit
         self._committing: int | None = None
+        #: this copy runs the batches in a Spark Connect server (:meth:`__setstate__`)
+        self.shipped = False
         self._open()
+        latest = self.coordinator.latest_completed
+        #: the latest checkpoint when the job started: later ones are this run's batches
+        self.started_after = -1 if latest is None else latest.checkpoint_id
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The driver as Spark Connect ships it to the server's ``foreachBatch`` process
+        (:mod:`keyedstate.spark.connect`): the coordinator's state as start-up left it, the
+        job without its DataFrame (:meth:`KeyedProcessJob.without_dataframe`), and a new
+        lock, stop gate and statistics there (:meth:`__setstate__`). The client's listeners
+        stay behind."""
+        state = dict(self.__dict__)
+        for local in ("_lock", "gate", "listeners", "failure", "stats"):
+            del state[local]
+        state["job"] = self.job.without_dataframe()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self.gate = StopGate()
+        self.listeners = []
+        self.failure = None
+        self.stats = []
+        self.shipped = True
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -368,6 +421,8 @@ class KeyedJobDriver:
             if cut_off is not None:
                 raise cut_off from None
             self.failure = batch_failure(exc, batch_id)
+            if self.shipped:
+                raise _for_connect_client(self.failure, exc) from None
             raise for_spark(self.failure) from None
 
     def _process_batch(self, df: Any, batch_id: int) -> None:
@@ -484,14 +539,17 @@ class KeyedJobDriver:
             local_dir=cfg.local_dir, drop_states=cfg.drop_states)
 
     def _late_schema(self) -> pa.Schema:
-        return to_arrow_schema(self.job.stream.df.schema)
+        return to_arrow_schema(self.input_schema)
 
     def spark_tasks(self, spark: Any) -> int:
         """How many Spark tasks run this batch's subtasks: ``keyedstate.spark.tasks``, else
-        the cluster's task slots now (executors may come and go), never more than the
-        parallelism."""
-        slots = self.config.spark_tasks or max(1, spark.sparkContext.defaultParallelism)
-        return min(self.config.parallelism, slots)
+        the cluster's task slots now (executors may come and go; under Spark Connect only
+        when the session sets ``spark.default.parallelism``, else the parallelism), never more
+        than the parallelism."""
+        slots = self.config.spark_tasks or task_slots(spark)
+        # Unknown (Spark Connect has no SparkContext to ask): one task per subtask; Spark
+        # queues the tasks that find no free slot.
+        return self.config.parallelism if slots is None else min(self.config.parallelism, slots)
 
     def _route(self, df: Any, spark_tasks: int) -> Any:
         """Rows with their key group and subtask (JVM expressions), partitioned so that Spark
@@ -657,6 +715,48 @@ class KeyedJobDriver:
             return write_canonical_savepoint(source, target, self.config.storage_options,
                                              attach=attach)
 
+    def recorded_stats(self) -> list[BatchStats]:
+        """The statistics of this run's batches as its checkpoints recorded them (the latest
+        checkpoint's history, :func:`~keyedstate.checkpoint.stats.history_of`: its last 100
+        checkpoints), oldest first: what a Spark Connect client knows of the batches the
+        server ran. Batches that were skipped as replays completed no checkpoint and are not
+        in it."""
+        for _ in range(3):  # a checkpoint may be subsumed between listing and reading it
+            ids = self.storage.checkpoint_ids()
+            if not ids:
+                return []
+            try:
+                metadata = self.storage.read_metadata(self.storage.metadata_path(ids[-1]))
+            except NoCheckpointError:
+                continue
+            return [BatchStats.from_checkpoint(row) for row in history_of(metadata)
+                    if row.checkpoint_id > self.started_after]
+        return []
+
+    def offline_savepoint(self, target: str,
+                          format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
+        """A savepoint of the job's latest checkpoint as its storage holds it, taken with the
+        query stopped (Spark Connect, where the coordinator that ran the batches is in the
+        server), as ``keyedstate savepoint create`` does: it carries Spark's offset log up to
+        its batch and that batch's output unless the commit marker says the sinks committed
+        it (the job restored from it commits it first). Returns its ``_metadata`` path."""
+        fmt = SnapshotFormat(str(format).lower())
+        ids = self.storage.checkpoint_ids()
+        if not ids:
+            raise NoCheckpointError(
+                f"no checkpoint completed in {self.config.checkpoint_dir}: nothing to take a "
+                f"savepoint of")
+        relative = self.storage.metadata_path(ids[-1])
+        source = ResolvedSnapshot(self.storage, relative, self.storage.read_metadata(relative))
+        attach = carry(source, self.config.storage_options)
+        if fmt is SnapshotFormat.NATIVE:
+            return write_native_savepoint(source, target, self.config.storage_options,
+                                          attach=attach)
+        from keyedstate.processor.canonical import write_canonical_savepoint
+
+        return write_canonical_savepoint(source, target, self.config.storage_options,
+                                         attach=attach)
+
     def drain(self, spark: Any) -> None:
         """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint.
 
@@ -667,7 +767,7 @@ class KeyedJobDriver:
         drained state, in this Spark checkpoint location or with the log a savepoint carries,
         resumes at ``D + 1`` with nothing skipped or read twice.
         """
-        empty = spark.createDataFrame([], self.job.stream.df.schema)
+        empty = spark.createDataFrame([], self.input_schema)
         with self._lock:
             batch_id = self.last_batch_id + 1
             offsets = self._offset_log() if self.spark_checkpoint_location else None
@@ -680,6 +780,20 @@ class KeyedJobDriver:
             self._run_with_retries(empty, batch_id, time.perf_counter(), drain=True)
             if offsets is not None:
                 offsets.record_no_data_batch(batch_id)
+
+
+def _for_connect_client(failure: KeyedStateError, exc: BaseException) -> KeyedStateError:
+    """What the shipped driver raises for ``failure`` in a Spark Connect server: Spark hands
+    the client the error's text only, from which
+    :func:`keyedstate.spark.connect.remote_failure` rebuilds it. A subtask's failure carries
+    its data line (so the client gets the key and the user's traceback); a keyedstate error
+    of the driver goes as itself (its type and first line are rebuilt)."""
+    task = find_task_failure(exc)
+    if task is not None:
+        return BatchFailedError(f"{failure}\n{task.encode()}", batch_id=task.batch_id,
+                                subtask=task.subtask, key=task.key)
+    return failure
+
 
 def _is_transient_failure(exc: BaseException) -> bool:
     """Whether a failed batch failed on storage errors a later run may not meet: a

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from keyedstate.checkpoint.savepoint import check_savepoint_target
 from keyedstate.errors import BatchFailedError, ConfigurationError, StopTimeoutError
+from keyedstate.spark.connect import is_connect, remote_failure, unsupported
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat
 
@@ -161,27 +162,43 @@ class KeyedQuery:
     as :class:`~keyedstate.errors.CheckpointProtocolError`) as it is. Its ``__cause__`` is
     Spark's exception (or the driver's own exception). Failures of Spark itself (a source)
     come as Spark raised them.
+
+    Over Spark Connect (:mod:`keyedstate.spark.connect`) the driver that runs the batches is a
+    copy in the Connect server: :attr:`stats` are read from the checkpoints, a failure is
+    rebuilt from the text of Spark's exception, and what needs the running coordinator here
+    (:meth:`add_listener`, :meth:`trigger_savepoint`, a stop with ``drain``) raises
+    :class:`~keyedstate.errors.SparkConnectUnsupportedError`.
     """
 
     def __init__(self, query: Any, driver: KeyedJobDriver) -> None:
         self.query = query
         self.driver = driver
+        #: the batches run in a Spark Connect server, not in this process
+        self.connect = is_connect(driver.job.stream.df.sparkSession)
         driver.gate.query = query
 
     @property
     def stats(self) -> list[BatchStats]:
-        return self.driver.stats
+        """The statistics of the batches this job ran since its start, oldest first. Over
+        Spark Connect, those its checkpoints recorded (the latest checkpoint's history, see
+        :meth:`KeyedJobDriver.recorded_stats`)."""
+        return self.driver.recorded_stats() if self.connect else self.driver.stats
 
     @property
     def last_progress(self) -> dict[str, Any]:
         """Spark's last progress with keyedstate's last checkpoint statistics."""
-        last = self.driver.stats[-1] if self.driver.stats else None
+        stats = self.stats
+        last = stats[-1] if stats else None
         return {"spark": self.query.lastProgress,
                 "keyedstate": None if last is None else last.__dict__}
 
     def add_listener(self, listener: Callable[[BatchStats], None]) -> None:
         """Call ``listener`` with each batch's statistics, at the end of the batch (on Spark's
-        stream thread: it must not call :meth:`stop`)."""
+        stream thread: it must not call :meth:`stop`). Not over Spark Connect: the batches
+        end in the Connect server's process."""
+        if self.connect:
+            raise unsupported("add_listener()", "Read query.stats (read from the checkpoints) "
+                              "or Spark's query progress (query.query.lastProgress) instead.")
         self.driver.listeners.append(listener)
 
     def process_all_available(self) -> None:
@@ -208,7 +225,7 @@ class KeyedQuery:
     def _raise_failure(self, exc: BaseException) -> None:
         """Raise the recorded failure of the batch that stopped the query, from ``exc``; return
         when the query only ended by a stop that refused a batch; else re-raise ``exc``."""
-        failure = self.driver.failure
+        failure = self.driver.failure or (remote_failure(exc) if self.connect else None)
         if failure is not None:
             raise failure from (failure.__cause__ or exc)
         if self.driver.gate.interrupted:
@@ -219,7 +236,13 @@ class KeyedQuery:
                           format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str:
         """Take a savepoint of the running job in ``target`` without stopping it (Flink's
         ``flink savepoint``): the state as of the last completed checkpoint. Returns the path
-        or URL of its ``_metadata``. See :meth:`KeyedJobDriver.savepoint`."""
+        or URL of its ``_metadata``. See :meth:`KeyedJobDriver.savepoint`. Not over Spark
+        Connect (the coordinator, whose lock keeps the checkpoint from being subsumed
+        meanwhile, runs in the Connect server): use ``stop(savepoint=...)``."""
+        if self.connect:
+            raise unsupported("trigger_savepoint() of a running job",
+                              "Stop the job with stop(savepoint=...) and start it again from "
+                              "the savepoint.")
         return self.driver.savepoint(target, format)
 
     def stop(self, *, drain: bool = False, savepoint: str | None = None,
@@ -236,14 +259,25 @@ class KeyedQuery:
         canonical; after the drain, if both) and return its ``_metadata`` path. A
         ``savepoint`` target that already holds one is refused
         (:class:`SnapshotExistsError`) before the job is stopped. A query that failed raises
-        its error (see the class), and neither drains nor takes a savepoint."""
+        its error (see the class), and neither drains nor takes a savepoint.
+
+        Over Spark Connect, the savepoint is taken here once the query has stopped, from the
+        job's latest checkpoint, as ``keyedstate savepoint create`` does: it carries any output
+        of that batch the sinks had not committed (the job restored from it commits it
+        first). ``drain`` is refused before the job is stopped: its batch would run in this
+        process while the coordinator's state is in the Connect server."""
+        if drain and self.connect:
+            raise unsupported("stop(drain=True)",
+                              "Stop without drain (the timers fire after a restart), or run "
+                              "the job on a classic SparkSession to drain it.")
         if savepoint:
             check_savepoint_target(CheckpointStorage(savepoint, self.driver.config.storage_options))
         if self.query.isActive:
             self.driver.gate.stop(timeout)
         self.query.stop()  # a query that ended by itself: Spark's clean-up
         exc = self.query.exception()
-        failure = self.driver.failure
+        failure = self.driver.failure or (
+            remote_failure(exc) if self.connect and exc is not None else None)
         if failure is not None:
             raise failure from (failure.__cause__ or exc)
         if exc is not None and not self.driver.gate.interrupted:
@@ -252,4 +286,6 @@ class KeyedQuery:
         spark = self.driver.job.stream.df.sparkSession
         if drain:
             self.driver.drain(spark)
+        if savepoint and self.connect:
+            return self.driver.offline_savepoint(savepoint, format)
         return self.driver.savepoint(savepoint, format) if savepoint else None
