@@ -569,10 +569,11 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
                 backend.clear_current_key()
                 out.extend(NO_KEY, _call(ctx, NO_KEY, fn.process_batch, batch, ctx))
             else:
-                user_table = table.drop_columns([SUBTASK_COLUMN])
+                # The routing columns go once per batch, not once per key's slice.
+                user_table = table.drop_columns([SUBTASK_COLUMN, KG_COLUMN])
                 for key, kg, start, length in _key_runs(table, plan.key_columns):
                     backend.set_current_key(key, kg)
-                    rows = user_table.slice(start, length).drop_columns([KG_COLUMN])
+                    rows = user_table.slice(start, length)
                     out.extend(key, _call(ctx, key, fn.process_key, key, rows, ctx))
         if plan.drain:
             fired += _fire_timers(plan, backend, ctx, out)
