@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
@@ -349,9 +350,17 @@ class LocalJob:
     def _route(self, table: pa.Table) -> pa.Table:
         """``table`` with each row's key group and subtask, as Spark's routing adds them."""
         p, max_p = self.config.parallelism, self.max_parallelism
-        columns = [table.column(c).to_pylist() for c in self.key_columns]
-        keys = columns[0] if len(columns) == 1 else list(zip(*columns))
-        groups = [self.key_serializer.key_group(k, max_p) for k in keys]
+        if len(self.key_columns) == 1:
+            # Hash each distinct key once (a batch repeats its keys), then spread to the rows.
+            column = table.column(self.key_columns[0])
+            distinct = pc.unique(column)
+            groups_of = pa.array([self.key_serializer.key_group(k, max_p)
+                                  for k in distinct.to_pylist()], pa.int32())
+            groups = groups_of.take(pc.index_in(column, value_set=distinct,
+                                                skip_nulls=False)).to_pylist()
+        else:
+            columns = [table.column(c).to_pylist() for c in self.key_columns]
+            groups = [self.key_serializer.key_group(k, max_p) for k in zip(*columns)]
         return (table.append_column(KG_COLUMN, pa.array(groups, pa.int32()))
                      .append_column(SUBTASK_COLUMN,
                                     pa.array([kg * p // max_p for kg in groups], pa.int32())))
