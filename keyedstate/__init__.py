@@ -18,9 +18,10 @@ from keyedstate.keygroups import (
 )
 from keyedstate.keys import KeySerializer
 from keyedstate.processor.canonical import restore_canonical, write_canonical_savepoint
-from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob, LocalKeyedOperator
 from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
+from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -36,9 +37,10 @@ from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.transfer import TransferOptions
 
 __all__ = [
-    "AggregatingState", "AggregatingStateDescriptor", "CheckpointCoordinator",
+    "AggregatingState", "AggregatingStateDescriptor", "BatchKeys", "CheckpointCoordinator",
     "CheckpointMetadata", "CheckpointStorage", "CompletedCheckpoint", "Context",
-    "HeapStateBackend", "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedProcessFunction",
+    "HeapStateBackend", "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedBatch",
+    "KeyedProcessFunction",
     "KeyedStateError", "KeyedStateHandle", "LateEvents", "ListState", "ListStateDescriptor",
     "LocalJob", "LocalKeyedOperator", "MapState",
     "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",

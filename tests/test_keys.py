@@ -324,3 +324,15 @@ def test_key_groups_do_not_depend_on_pythons_hash_seed():
     assert len(outputs) == 1
     ks = KeySerializer(["string", "bigint"])
     assert outputs.pop().strip() == str([ks.key_group((f"user-{i}", i), 32768) for i in range(50)])
+
+
+@pytest.mark.parametrize("types,keys", [
+    (["string"], ["a", "", "ü" * 40, None]),
+    (["bigint"], [0, -1, 2**62, None]),
+    (["string", "int"], [("a", 1), (None, 2), ("b", None)]),
+    (None, [1, 2, 3]),
+])
+def test_serialize_many_gives_the_bytes_of_serialize(types, keys):
+    serializer = KeySerializer(types)
+    assert serializer.serialize_many(keys) == [KeySerializer(types).serialize(k) for k in keys]
+    assert serializer.serialize_many([]) == []

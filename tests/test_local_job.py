@@ -152,3 +152,17 @@ def test_input_without_a_key_column_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="user"):
         LocalJob(Nothing(), key_columns=["user"], input_schema=INPUT,
                  output_schema=COUNT_SCHEMA, config=config(tmp_path))
+
+
+def test_routing_hashes_each_distinct_key_as_each_row(tmp_path):
+    """A single key column is hashed once per distinct key (nulls included), with the key
+    group each row would get."""
+    with new_job(config(tmp_path, parallelism=3)) as job:
+        users = ["u1", None, "u2", "u1", None, "ü" * 40]
+        table = pa.table({"user_id": users, "ts": pa.array([None] * 6, pa.timestamp("us", "UTC")),
+                          "amount": [1.0] * 6})
+        routed = job._route(table)
+        expected = [job.key_serializer.key_group(u, job.max_parallelism) for u in users]
+        assert routed.column("_ks_key_group").to_pylist() == expected
+        assert routed.column("_ks_subtask").to_pylist() == [
+            kg * 3 // job.max_parallelism for kg in expected]

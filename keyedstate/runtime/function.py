@@ -2,15 +2,20 @@
 
 Flink users know it as ``KeyedProcessFunction``; PySpark users get Arrow / pandas batches per
 key. Output rows are dicts (column name -> value) or tuples in the declared schema's order,
-*yielded* by the methods (``return`` of a list works too).
+*yielded* by the methods (``return`` of a list works too). A vectorized function
+(:meth:`KeyedProcessFunction.process_batch`) gets all keys of its subtask's batch at once
+(:class:`KeyedBatch`) and may return an Arrow table instead.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, TypeAlias
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import S, StateDescriptor
 from keyedstate.state.timers import TimeDomain
 
@@ -18,6 +23,55 @@ if TYPE_CHECKING:
     from keyedstate.backends.base.backend import KeyedStateBackend
 
 Row = dict[str, Any] | tuple[Any, ...]
+
+#: What a function may return: rows (an iterable of dicts or tuples), None, or (from
+#: :meth:`KeyedProcessFunction.process_batch`) an Arrow table or record batch.
+Output: TypeAlias = "Iterable[Row] | pa.Table | pa.RecordBatch | None"
+
+
+@dataclass(frozen=True)
+class KeyedBatch:
+    """One subtask's rows of one batch, grouped by key, as Arrow: what
+    :meth:`KeyedProcessFunction.process_batch` receives.
+
+    - ``keys``: the distinct keys (:class:`~keyedstate.state.batch_keys.BatchKeys`: the key
+      values, their canonical bytes and key groups), in the order of ``key_columns``; pass it
+      to the bulk state calls (``state.get_many(batch.keys)``, ...).
+    - ``key_columns``: the distinct keys as Arrow columns (the job's key columns), one row per
+      key, sorted ascending by the key columns.
+    - ``rows``: every row of the batch (late rows already split off), the input columns
+      only, sorted by key; a key's rows keep their arrival order.
+    - ``offsets``: ``len(keys) + 1`` row offsets: key ``i``'s rows are
+      ``rows[offsets[i]:offsets[i + 1]]`` (:meth:`rows_of`).
+    """
+
+    keys: BatchKeys
+    key_columns: pa.Table
+    rows: pa.Table
+    offsets: pa.Int64Array
+
+    def __len__(self) -> int:
+        """The number of distinct keys."""
+        return len(self.keys)
+
+    @property
+    def counts(self) -> pa.Int64Array:
+        """Rows per key, in the keys' order."""
+        return pc.subtract(self.offsets[1:], self.offsets[:-1])
+
+    def rows_of(self, index: int) -> pa.Table:
+        """The rows of key ``index`` (what ``process_key`` gets for it)."""
+        start = self.offsets[index].as_py()
+        return self.rows.slice(start, self.offsets[index + 1].as_py() - start)
+
+    def key_index(self) -> pa.Int64Array:
+        """For each row, the index of its key (for ``pyarrow`` / pandas group-bys)."""
+        if not len(self.keys):
+            return pa.array([], pa.int64())
+        # Every key has at least one row: the offsets after the first are strict run ends.
+        runs = pa.RunEndEncodedArray.from_arrays(self.offsets[1:],
+                                                 pa.array(range(len(self.keys)), pa.int64()))
+        return pc.run_end_decode(runs)
 
 
 class TimerService:
@@ -77,14 +131,22 @@ class Context:
         descriptor's state class (``ValueStateDescriptor`` -> ``ValueState``)."""
         return self.backend.get_state(descriptor)
 
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` (a key of this subtask's batch) current for the per-key state calls and
+        the timer service, in :meth:`KeyedProcessFunction.process_batch` (where no key is
+        current); the runtime sets the key itself before ``process_key`` and ``on_timer``.
+        Raises ``KeyGroupRangeError`` for a key another subtask owns."""
+        self.backend.set_current_key(key)
+
     def output(self, tag: str, row: Row) -> None:
         """Emit ``row`` to the side output ``tag`` (declared on the job)."""
         self.side_outputs.setdefault(tag, []).append(row)
 
 
 class KeyedProcessFunction:
-    """Subclass it and override :meth:`process_element` (per row) or :meth:`process_key`
-    (all of a key's rows of the batch at once), and :meth:`on_timer` if you register timers.
+    """Subclass it and override :meth:`process_element` (per row), :meth:`process_key` (all of
+    a key's rows of the batch at once) or :meth:`process_batch` (all keys of the subtask's
+    batch at once, vectorized), and :meth:`on_timer` if you register timers.
 
     Contract: ``open`` is called once per subtask and batch before any other method, with the
     state registered there valid for the whole batch; ``close`` after the last one. Instances
@@ -110,6 +172,35 @@ class KeyedProcessFunction:
         out: list[Row] = []
         for row in rows.to_pylist():
             result = self.process_element(row, ctx)
+            if result is not None:
+                out.extend(result)
+        return out
+
+    def process_batch(self, batch: KeyedBatch, ctx: Context) -> Output:
+        """All keys of this subtask's batch at once: the vectorized path, for functions that
+        can be written over columns (counts, sums, feature aggregates).
+
+        Contract: a function that overrides it is called once per subtask and batch that has
+        rows, after ``open`` and the timers due (``on_timer``, per key as always) and after the
+        late rows were split off, instead of ``process_key`` per key; a batch without rows
+        (after late rows) does not call it. ``batch`` (:class:`KeyedBatch`) holds the
+        distinct keys (``batch.keys``, ``batch.key_columns``), the rows sorted by key
+        (``batch.rows``) and per-key offsets. Read and write state with the bulk calls over
+        ``batch.keys`` (``ValueState.get_many`` / ``update_many``, ``ReducingState.add_many``,
+        ``AggregatingState.add_many``, ``ListState.add_many``, ``MapState.get_many`` /
+        ``put_many``, ``clear_many``; see :mod:`keyedstate.state.api`): they store exactly what
+        the per-key calls store. No key is current here: a per-key state call or a timer
+        registration needs ``ctx.set_current_key(key)`` first. Return an Arrow table (or
+        record batch) with the output schema's columns (cast to its types; columns may come in
+        any order, no other columns), or rows as ``process_key`` does; side outputs go through
+        ``ctx.output``. An exception fails the batch (no key is named).
+
+        The default runs :meth:`process_key` for each key in order (the runtime does the same
+        itself for a function that doesn't override this method)."""
+        out: list[Row] = []
+        for index, key in enumerate(batch.keys.keys):
+            ctx.set_current_key(key)
+            result = self.process_key(key, batch.rows_of(index), ctx)
             if result is not None:
                 out.extend(result)
         return out

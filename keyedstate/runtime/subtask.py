@@ -14,7 +14,8 @@ driver's side is in :mod:`keyedstate.spark.driver`):
    watermark advanced at the end of the previous batch, as Flink fires timers when a
    watermark arrives after the elements before it.
 3. Split late rows (event time before the watermark) off: counted, dropped or side output.
-4. Run the function key by key over the rows (grouped by key, arrival order kept).
+4. Run the function key by key over the rows (grouped by key, arrival order kept), or, for a
+   function overriding ``process_batch``, once over all of them (:class:`KeyedBatch`).
 5. Stage the outputs as Parquet files under the checkpoint directory (not yet visible).
 6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch
    (at most :data:`MAX_LIVE` per worker, least recently used closed first).
@@ -35,7 +36,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -50,7 +51,8 @@ from keyedstate.errors import BatchFailedError, OutputSchemaError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
-from keyedstate.runtime.function import Context, KeyedProcessFunction, Row
+from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
+from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -296,7 +298,7 @@ def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
 def _row_name(output: str, index: int, keys: Sequence[tuple[int, Any]]) -> str:
     """``output 'main', row 3 (key 'u1')``: the key is the one whose rows ``index`` is among."""
     at = bisect.bisect_right([start for start, _ in keys], index) - 1
-    key = f" (key {keys[at][1]!r})" if at >= 0 else ""
+    key = f" (key {keys[at][1]!r})" if at >= 0 and keys[at][1] is not NO_KEY else ""
     return f"output {output!r}, row {index}{key}"
 
 
@@ -371,25 +373,80 @@ def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | Non
 
 
 class _Emitter:
-    """Collects output rows, remembering which key produced them for error messages."""
+    """Collects output rows, remembering which key produced them for error messages, and the
+    Arrow tables of ``process_batch``, each with its place among the rows."""
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
         #: (index of the key's first row, key), in row order
         self.keys: list[tuple[int, Any]] = []
+        #: (number of rows emitted before it, table), in order
+        self.tables: list[tuple[int, pa.Table]] = []
 
-    def extend(self, key: Any, result: Iterable[Row] | None) -> None:
-        if result:
+    def extend(self, key: Any, result: Output) -> None:
+        if isinstance(result, (pa.Table, pa.RecordBatch)):
+            if result.num_rows:
+                table = result if isinstance(result, pa.Table) else pa.Table.from_batches([result])
+                self.tables.append((len(self.rows), table))
+        elif result:
             self.keys.append((len(self.rows), key))
             self.rows.extend(result)
 
+    def main_output(self, schema: pa.Schema) -> pa.Table:
+        """Every row and table emitted, in order, as one table of ``schema``."""
+        rows = _rows_to_table(self.rows, schema, "main", self.keys)
+        if not self.tables:
+            return rows
+        pieces, done = [], 0
+        for position, table in self.tables:
+            pieces.append(rows.slice(done, position - done))
+            pieces.append(_table_to_output(table, schema, "main"))
+            done = position
+        pieces.append(rows.slice(done))
+        return pa.concat_tables(pieces)
 
-def _call(ctx: Context, key: Any, fn: Any, *args: Any) -> Iterable[Row] | None:
+
+def _table_to_output(table: pa.Table, schema: pa.Schema, output: str) -> pa.Table:
+    """``table`` (returned by ``process_batch``) as a table of ``schema``: its columns by name,
+    cast to the declared types; other or missing columns are an :class:`OutputSchemaError`."""
+    names = schema.names
+    declared = f"the schema declares {', '.join(names)}"
+    extra = [c for c in table.column_names if c not in names]
+    if extra:
+        raise OutputSchemaError(
+            f"output {output!r}: the table returned by process_batch has column {extra[0]!r}, "
+            f"which is not in the output schema ({declared}); a misspelled name, or a field to "
+            f"declare")
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise OutputSchemaError(
+            f"output {output!r}: the table returned by process_batch lacks column "
+            f"{missing[0]!r} ({declared}); every column must be given, nulls for a null")
+    columns = []
+    for field in schema:
+        column = table.column(field.name)
+        try:
+            columns.append(column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise OutputSchemaError(
+                f"output {output!r}: column {field.name!r} returned by process_batch is "
+                f"{column.type}, the schema declares {field.type}: {exc}") from exc
+    try:
+        return pa.Table.from_arrays(columns, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise OutputSchemaError(f"output {output!r}: the table returned by process_batch does "
+                                f"not match the schema {schema}: {exc}") from exc
+
+
+def _call(ctx: Context, key: Any, fn: Any, *args: Any) -> Output:
     """Call the user's ``fn`` (for ``key``, or :data:`NO_KEY`); what it raises fails the
-    subtask with the function's traceback (:func:`~keyedstate.runtime.failures.subtask_failed`)."""
+    subtask with the function's traceback (:func:`~keyedstate.runtime.failures.subtask_failed`).
+    Rows come back as a list, Arrow tables as they are."""
     try:
         result = fn(*args)
-        return list(result) if result is not None else None
+        if result is None or isinstance(result, (pa.Table, pa.RecordBatch)):
+            return result
+        return list(result)
     except Exception as exc:
         raise subtask_failed(ctx.batch_id, ctx.subtask_index, "the function raised", exc, key,
                              user_code=True) from exc
@@ -421,6 +478,40 @@ def _key_runs(table: pa.Table, key_columns: list[str]) -> Iterator[tuple[Any, in
         if i == len(keys) or keys[i] != keys[start]:
             yield keys[start], kgs[start], start, i - start
             start = i
+
+
+def is_vectorized(function: KeyedProcessFunction) -> bool:
+    """Whether ``function`` overrides :meth:`KeyedProcessFunction.process_batch` (it then runs
+    once per subtask and batch, not once per key)."""
+    return getattr(type(function), "process_batch", None) is not KeyedProcessFunction.process_batch
+
+
+def keyed_batch(table: pa.Table, key_columns: list[str], key_serializer: KeySerializer
+                ) -> KeyedBatch:
+    """The :class:`KeyedBatch` of ``table``: rows sorted by key (stable) with their key group
+    column, as step 4 prepares them. Key runs are where any key column changes between
+    neighbouring rows (nulls equal to nulls), as :func:`_key_runs` finds them; the keys'
+    bytes are :meth:`KeySerializer.serialize_many` of the same Python values."""
+    n = table.num_rows
+    changed = None
+    for name in key_columns:
+        column = table.column(name)
+        before, after = column.slice(0, n - 1), column.slice(1)
+        differs = pc.or_(pc.fill_null(pc.not_equal(before, after), False),
+                         pc.xor(pc.is_null(before), pc.is_null(after)))
+        changed = differs if changed is None else pc.or_(changed, differs)
+    starts = pa.concat_arrays([
+        pa.array([0], pa.int64()),
+        pc.add(pc.indices_nonzero(changed), 1).cast(pa.int64()) if changed is not None
+        else pa.array([], pa.int64())])
+    offsets = pa.concat_arrays([starts, pa.array([n], pa.int64())])
+    key_table = table.select(key_columns).take(starts)
+    columns = [key_table.column(c).to_pylist() for c in key_columns]
+    keys: list[Any] = columns[0] if len(columns) == 1 else list(zip(*columns))
+    key_groups = table.column(KG_COLUMN).take(starts).to_pylist()
+    batch_keys = BatchKeys(keys, key_serializer.serialize_many(keys), key_groups)
+    rows = table.drop_columns([c for c in (KG_COLUMN, SUBTASK_COLUMN) if c in table.column_names])
+    return KeyedBatch(batch_keys, key_table, rows, offsets)
 
 
 def subtasks_of_task(task: int, spark_tasks: int, parallelism: int) -> range:
@@ -488,11 +579,18 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
         rows_in = 0 if table is None else table.num_rows
         if table is not None and table.num_rows:
             table = table.take(pc.sort_indices(table, [(c, "ascending") for c in plan.key_columns]))
-            user_table = table.drop_columns([SUBTASK_COLUMN])
-            for key, kg, start, length in _key_runs(table, plan.key_columns):
-                backend.set_current_key(key, kg)
-                rows = user_table.slice(start, length).drop_columns([KG_COLUMN])
-                out.extend(key, _call(ctx, key, fn.process_key, key, rows, ctx))
+            if is_vectorized(fn):
+                batch = keyed_batch(table, plan.key_columns, backend.key_serializer)
+                # No key is current: a per-key call must name its key (ctx.set_current_key).
+                backend.clear_current_key()
+                out.extend(NO_KEY, _call(ctx, NO_KEY, fn.process_batch, batch, ctx))
+            else:
+                # The routing columns go once per batch, not once per key's slice.
+                user_table = table.drop_columns([SUBTASK_COLUMN, KG_COLUMN])
+                for key, kg, start, length in _key_runs(table, plan.key_columns):
+                    backend.set_current_key(key, kg)
+                    rows = user_table.slice(start, length)
+                    out.extend(key, _call(ctx, key, fn.process_key, key, rows, ctx))
         if plan.drain:
             fired += _fire_timers(plan, backend, ctx, out)
         _call(ctx, NO_KEY, fn.close)
@@ -500,7 +598,7 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
         # Step 5. Stage outputs (invisible until the driver commits).
         step = "staging the output failed with"
         staged: dict[str, str] = {}
-        main = _rows_to_table(out.rows, plan.output_schema, "main", out.keys)
+        main = out.main_output(plan.output_schema)
         if (path := _stage(plan, index, "main", main)) is not None:
             staged["main"] = path
         for tag, rows in ctx.side_outputs.items():

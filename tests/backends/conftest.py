@@ -7,8 +7,10 @@ import pytest
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.backends.base.backend import StateBackend
 
-# contract.py is not a test module: ask pytest to rewrite its asserts (for readable failures).
-pytest.register_assert_rewrite("tests.backends.contract", "backends.contract")
+# contract.py and contract_bulk.py are not test modules: ask pytest to rewrite their asserts
+# (for readable failures).
+pytest.register_assert_rewrite("tests.backends.contract", "backends.contract",
+                               "tests.backends.contract_bulk", "backends.contract_bulk")
 
 #: Every backend the contract runs against (``state.backend.type`` names).
 BACKEND_NAMES = backend_names()

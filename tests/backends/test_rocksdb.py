@@ -949,3 +949,35 @@ def test_every_method_as_first_access_after_a_key_switch_uses_that_keys_instance
                 assert check(), f"{name} after a switch to instance " \
                                 f"{kb.instance_of(KEYS.key_group(this, MAX_P)).index}"
                 _check_instances(kb)
+
+
+@pytest.mark.parametrize("ttl", [None, "ttl-on-write", "ttl-on-read"])
+def test_bulk_calls_store_the_bytes_per_key_calls_store(tmp_path: Any, ttl: str | None
+                                                        ) -> None:
+    """Beyond the contract's equal live records: the raw key and value bytes of every live
+    entry (TTL timestamps and list sequence numbers included) are equal. Expired entries not
+    yet removed may differ: the incremental cleanup of a bulk call's accesses runs at once."""
+    from keyedstate.backends.rocksdb.states import unpack_timestamp
+
+    from .contract import Harness
+    from .contract_bulk import TTLS, Script
+
+    harness = Harness(RocksDBStateBackend(), tmp_path)
+    config = TTLS[ttl] if ttl else None
+    try:
+        per_key, bulk = harness.create(), harness.create()
+        Script(harness, config, 11, range(50)).run(per_key, bulk, 10)
+        assert isinstance(per_key, RocksDBKeyedStateBackend)
+        assert isinstance(bulk, RocksDBKeyedStateBackend)
+        now = harness.clock.now_ms()
+
+        def live(raw: bytes) -> bool:
+            return config is None or unpack_timestamp(raw) + config.ttl_ms > now
+
+        for name in per_key.instances[0].cfs:
+            stored = [[(k, v) for k, v in b.instances[0].cf(name).items()
+                       if name.startswith("_timers") or live(v)] for b in (per_key, bulk)]
+            assert stored[0] == stored[1], name
+        assert any(per_key.instances[0].cf("list").items())
+    finally:
+        harness.close_all()

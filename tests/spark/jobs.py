@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.state.descriptors import ValueStateDescriptor
 
@@ -43,6 +44,24 @@ class PerElementTotals(RunningTotals):
     def process_element(self, row: dict[str, Any], ctx: Context) -> None:
         now = self.state.value() or {"count": 0, "total": 0.0}
         self.state.update({"count": now["count"] + 1, "total": now["total"] + row["amount"]})
+
+
+class VectorizedTotals(RunningTotals):
+    """The same through process_batch: bulk state calls, Arrow in and out."""
+
+    def process_batch(self, batch: KeyedBatch, ctx: Context) -> pa.Table:
+        sums = (pa.table({"key": batch.key_index(), "amount": batch.rows.column("amount")})
+                .group_by("key", use_threads=False).aggregate([("amount", "sum")])
+                .sort_by("key").column("amount_sum").combine_chunks())
+        old = self.state.get_many(batch.keys)
+        counts = pc.add(pa.array([o["count"] if o else 0 for o in old], pa.int64()),
+                        batch.counts)
+        totals = pc.add(pa.array([o["total"] if o else 0.0 for o in old], pa.float64()), sums)
+        new = pa.StructArray.from_arrays([counts, totals], names=["count", "total"])
+        self.state.update_many(batch.keys, new)
+        return pa.table({"user_id": batch.key_columns.column("user_id"), "count": counts,
+                         "total": totals,
+                         "batch_id": pa.repeat(ctx.batch_id, len(batch)).cast(pa.int64())})
 
 
 class FailOnKey(RunningTotals):
@@ -181,6 +200,33 @@ class IdleCounts(KeyedProcessFunction):
         ctx.output("idle", {"user_id": ctx.current_key, "at": timestamp,
                             "count": self.count_state.value()})
         self.last_state.clear()
+
+
+class VectorizedIdleCounts(IdleCounts):
+    """:class:`IdleCounts` through process_batch: counts and latest event times with bulk
+    state calls; timers per key (``ctx.set_current_key``) only where the latest time moved;
+    ``on_timer`` as in IdleCounts. Must give IdleCounts' output and state."""
+
+    def process_batch(self, batch: KeyedBatch, ctx: Context) -> pa.Table:
+        ts_ms = pc.divide(batch.rows.column("ts").cast(pa.int64()), 1000)
+        latest = (pa.table({"key": batch.key_index(), "ts": ts_ms})
+                  .group_by("key", use_threads=False).aggregate([("ts", "max")])
+                  .sort_by("key").column("ts_max").to_pylist())
+        counts = pc.add(pa.array(self.count_state.get_many(batch.keys), pa.int64())
+                        .fill_null(0), batch.counts)
+        self.count_state.update_many(batch.keys, counts)
+        old = self.last_state.get_many(batch.keys)
+        new = [t if o is None else max(o, t) for o, t in zip(old, latest)]
+        for key, before, after in zip(batch.keys.keys, old, new):
+            if after != before:
+                ctx.set_current_key(key)
+                if before is not None:
+                    ctx.timer_service.delete_event_time_timer(before + IDLE_AFTER_MS)
+                ctx.timer_service.register_event_time_timer(after + IDLE_AFTER_MS)
+        self.last_state.update_many(batch.keys, new)
+        return pa.table({"user_id": batch.key_columns.column("user_id"), "count": counts,
+                         "total": pa.repeat(0.0, len(batch)),
+                         "batch_id": pa.repeat(ctx.batch_id, len(batch)).cast(pa.int64())})
 
 
 def write_batch_file(directory: str, n: int, table: pa.Table) -> None:

@@ -29,6 +29,7 @@ from tests.spark.jobs import (
     MisspelledOutput,
     PerElementTotals,
     RunningTotals,
+    VectorizedTotals,
     WrongOutput,
     write_batch_file,
 )
@@ -102,6 +103,18 @@ def test_results_equal_pandas(spark, tmp_path, backend):
     assert len(stats) == 3
     assert all(s.full_bytes > 0 and len(s.state_bytes_per_subtask) == 2 for s in stats)
     assert stats[0].restored_subtasks == 2  # nothing to reuse in the first batch
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+def test_vectorized_path_equals_pandas(spark, tmp_path, backend):
+    """process_batch with bulk state calls and Arrow output, on Spark, over 3 batches; then a
+    restart at another parallelism continues its state."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    run_job(spark, root, VectorizedTotals(), parallelism=2, backend=backend)
+    write_files(os.path.join(root, "input"), 1, first=3)
+    run_job(spark, root, VectorizedTotals(), parallelism=3, backend=backend)
+    check_against_pandas(root)
 
 
 def test_process_element_path(spark, tmp_path):

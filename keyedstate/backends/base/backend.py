@@ -41,6 +41,7 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, check_max_parallelism
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
+from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import S, StateDescriptor
 from keyedstate.state.timers import InternalTimerService
 from keyedstate.state.ttl import SystemTimeProvider, TtlTimeProvider
@@ -254,6 +255,27 @@ class KeyedStateBackend(ABC):
         self.current_key = key
         self.current_key_bytes = key_bytes
         self.current_key_group = key_group
+
+    def clear_current_key(self) -> None:
+        """Make no key current: per-key state calls and timer registrations then raise until a
+        key is set again (the runtime calls it before a vectorized ``process_batch``)."""
+        self.current_key = None
+        self.current_key_bytes = None
+        self.current_key_group = -1
+
+    def check_batch_keys(self, keys: BatchKeys) -> None:
+        """Refuse the keys of a bulk state call when one lies outside this subtask's key-group
+        range (:class:`KeyGroupRangeError`, as :meth:`set_current_key` does for one key)."""
+        groups = keys.key_groups
+        if not len(groups):
+            return
+        rng = self.key_group_range
+        if rng.start <= min(groups) and max(groups) <= rng.end:
+            return
+        at = next(i for i, g in enumerate(groups) if not rng.start <= g <= rng.end)
+        raise KeyGroupRangeError(
+            f"key {keys.keys[at]!r} is in key group {groups[at]}, outside subtask "
+            f"{self.subtask_index}'s {rng}; it was routed to the wrong subtask")
 
     def get_current_key(self) -> Any:
         if self.current_key is None and self.current_key_bytes is not None:

@@ -10,6 +10,10 @@ only checked (``to_plain``) when written; untyped ones are pickled once on write
 Every change is also recorded in the table's open journal segment (``marks``, see
 :mod:`keyedstate.backends.heap.snapshot`): only *which* entry changed, never the value, so that
 repeated updates of a key squash into one entry of the next incremental snapshot.
+
+Bulk calls (``get_many``, ``update_many``, ...) loop over their keys inside, once per call,
+through the same table operations (hence the same journal marks) as the per-key calls; the
+incremental TTL cleanup of all their accesses runs once at the end.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from keyedstate.state.api import (
     State,
     ValueState,
 )
+from keyedstate.state.batch_keys import BatchKeys, values_of
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -250,11 +255,12 @@ class StateTable:
         self.remove(key_group, key)
         return None
 
-    def cleanup(self, now: int) -> None:
+    def cleanup(self, now: int, accesses: int = 1) -> None:
         """Flink's incremental cleanup: check the next ``incremental_cleanup_size`` entries
-        after a persistent cursor and drop expired ones. The cursor walks a copy of one key
-        group's keys at a time, so it survives concurrent changes and costs O(1) per step."""
-        budget = self.cleanup_size
+        (per access: a bulk call counts each of its keys) after a persistent cursor and drop
+        expired ones. The cursor walks a copy of one key group's keys at a time, so it survives
+        concurrent changes and costs O(1) per step."""
+        budget = self.cleanup_size * accesses
         rounds = 0
         while budget > 0:
             if self._cursor_pos >= len(self._cursor_keys):
@@ -336,6 +342,47 @@ class _HeapState(State):
         if self._table.ttl_ms is not None:
             self._done(self._now())
 
+    # -- bulk ----------------------------------------------------------------------------------
+
+    def _bulk(self, keys: BatchKeys) -> list[EntryKey]:
+        """The entry key of each of ``keys`` in the current namespace (checks the range)."""
+        backend = self._backend
+        def check() -> bool:
+            backend.check_batch_keys(keys)
+            return True
+        keys.cached(("heap-checked", id(backend)), check)
+        ns = self._ns
+        return [(key_bytes, ns) for key_bytes in keys.key_bytes]
+
+    def _read_many(self, keys: BatchKeys) -> tuple[list[EntryKey], list[Any], int]:
+        """(entry keys, live stored entry or None of each, now) as :meth:`_read` of each."""
+        entry_keys = self._bulk(keys)
+        table = self._table
+        maps = table.maps
+        stored: list[Any] = []
+        for kg, key in zip(keys.key_groups, entry_keys):
+            group = maps.get(kg)
+            stored.append(None if group is None else group.get(key))
+        if table.ttl_ms is None:
+            return entry_keys, stored, 0
+        now = self._now()
+        purge = table.purge
+        for i, (kg, key, entry) in enumerate(zip(keys.key_groups, entry_keys, stored)):
+            if entry is not None:
+                stored[i] = purge(kg, key, entry, now)
+        return entry_keys, stored, now
+
+    def _done_many(self, now: int, accesses: int) -> None:
+        if self._table.cleanup_size and accesses:
+            self._table.cleanup(now, accesses)
+
+    def clear_many(self, keys: BatchKeys) -> None:
+        table = self._table
+        for kg, key in zip(keys.key_groups, self._bulk(keys)):
+            table.remove(kg, key)
+        if table.ttl_ms is not None:
+            self._done_many(self._now(), len(keys))
+
 
 class _SingleValueState(_HeapState):
     """Value, reducing and aggregating states: one stored value per key and namespace."""
@@ -364,6 +411,39 @@ class _SingleValueState(_HeapState):
             self._done(now)
 
 
+    def _get_many(self, keys: BatchKeys) -> list[Any]:
+        """:meth:`_get` of each of ``keys``."""
+        entry_keys, stored, now = self._read_many(keys)
+        table = self._table
+        if table.ttl_ms is None:
+            return stored
+        out: list[Any] = []
+        for kg, key, entry in zip(keys.key_groups, entry_keys, stored):
+            if entry is None:
+                out.append(None)
+                continue
+            if table.update_on_read:
+                table.put(kg, key, (entry[0], now))
+            out.append(entry[0])
+        self._done_many(now, len(entry_keys))
+        return out
+
+    def _set_many(self, keys: BatchKeys, entry_keys: list[EntryKey], values: list[Any],
+                  now: int) -> None:
+        """:meth:`_set` of each of ``keys``."""
+        table = self._table
+        check, put, remove = table.check_value, table.put, table.remove
+        ttl = table.ttl_ms is not None
+        for kg, key, value in zip(keys.key_groups, entry_keys, values):
+            if value is None:
+                remove(kg, key)
+            else:
+                value = check(value)
+                put(kg, key, (value, now) if ttl else value)
+        if ttl:
+            self._done_many(now, len(entry_keys))
+
+
 class HeapValueState(_SingleValueState, ValueState[Any]):
     def value(self) -> Any:
         stored = self._get()
@@ -373,6 +453,15 @@ class HeapValueState(_SingleValueState, ValueState[Any]):
     def update(self, value: Any) -> None:
         kg, key = self._key()
         self._set(kg, key, value, self._now() if self._table.ttl_ms is not None else 0)
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        default: Any = getattr(self.descriptor, "default", None)
+        return [default if v is None else v for v in self._get_many(keys)]
+
+    def update_many(self, keys: BatchKeys, values: Any) -> None:
+        values = values_of(keys, values)
+        self._set_many(keys, self._bulk(keys), values,
+                       self._now() if self._table.ttl_ms is not None else 0)
 
 
 class HeapReducingState(_SingleValueState, ReducingState[Any]):
@@ -389,6 +478,22 @@ class HeapReducingState(_SingleValueState, ReducingState[Any]):
         if stored is not None:
             value = self._call("reduce function", self.descriptor.reduce_function, stored, value)
         self._set(kg, key, value, now)
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        return self._get_many(keys)
+
+    def add_many(self, keys: BatchKeys, values: Any) -> None:
+        check = self._table.check_value
+        values = [check(v) for v in values_of(keys, values)]
+        entry_keys, stored, now = self._read_many(keys)
+        ttl = self._table.ttl_ms is not None
+        assert isinstance(self.descriptor, ReducingStateDescriptor)
+        reduce = self.descriptor.reduce_function
+        for i, entry in enumerate(stored):
+            if entry is not None:
+                values[i] = self._call("reduce function", reduce, entry[0] if ttl else entry,
+                                       values[i])
+        self._set_many(keys, entry_keys, values, now)
 
 
 class HeapAggregatingState(_SingleValueState, AggregatingState[Any]):
@@ -409,6 +514,28 @@ class HeapAggregatingState(_SingleValueState, AggregatingState[Any]):
         if acc is None:
             acc = self._call("aggregate function's create_accumulator", fn.create_accumulator)
         self._set(kg, key, self._call("aggregate function's add", fn.add, value, acc), now)
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        assert isinstance(self.descriptor, AggregatingStateDescriptor)
+        get_result = self.descriptor.aggregate_function.get_result
+        return [None if acc is None else
+                self._call("aggregate function's get_result", get_result, acc)
+                for acc in self._get_many(keys)]
+
+    def add_many(self, keys: BatchKeys, values: Any) -> None:
+        values = values_of(keys, values)
+        entry_keys, stored, now = self._read_many(keys)
+        ttl = self._table.ttl_ms is not None
+        assert isinstance(self.descriptor, AggregatingStateDescriptor)
+        fn = self.descriptor.aggregate_function
+        accs: list[Any] = []
+        for entry, value in zip(stored, values):
+            acc = entry[0] if entry is not None and ttl else entry
+            if acc is None:
+                acc = self._call("aggregate function's create_accumulator",
+                                 fn.create_accumulator)
+            accs.append(self._call("aggregate function's add", fn.add, value, acc))
+        self._set_many(keys, entry_keys, accs, now)
 
 
 class HeapListState(_HeapState, ListState[Any]):
@@ -464,6 +591,47 @@ class HeapListState(_HeapState, ListState[Any]):
             table.put(kg, key, new if table.ttl_ms is None else [(v, now) for v in new])
         if table.ttl_ms is not None:
             self._done(now)
+
+    def get_many(self, keys: BatchKeys) -> list[list[Any]]:
+        entry_keys, stored, now = self._read_many(keys)
+        table = self._table
+        if table.ttl_ms is None:
+            return [[] if entry is None else list(entry) for entry in stored]
+        out: list[list[Any]] = []
+        for kg, key, entry in zip(keys.key_groups, entry_keys, stored):
+            if entry is None:
+                out.append([])
+                continue
+            if table.update_on_read:
+                table.put(kg, key, [(v, now) for v, _ in entry])
+            out.append([v for v, _ in entry])
+        self._done_many(now, len(entry_keys))
+        return out
+
+    def add_many(self, keys: BatchKeys, elements: Any) -> None:
+        new_lists = [self._checked(values)
+                     for values in values_of(keys, elements, "element lists")]
+        entry_keys, stored, now = self._read_many(keys)
+        table = self._table
+        ttl = table.ttl_ms is not None
+        accesses = 0
+        for kg, key, entry, new in zip(keys.key_groups, entry_keys, stored, new_lists):
+            if not new:
+                continue
+            accesses += 1
+            if ttl:
+                new = [(v, now) for v in new]
+            if entry is None:
+                group = table.maps.get(kg)
+                if group is None:
+                    group = table.maps[kg] = {}
+                group[key] = new
+                table.mark_appended(kg, key, 0)
+            else:
+                table.mark_appended(kg, key, len(entry))
+                entry.extend(new)
+        if ttl:
+            self._done_many(now, accesses)
 
 
 class HeapMapState(_HeapState, MapState[Any, Any]):
@@ -539,6 +707,43 @@ class HeapMapState(_HeapState, MapState[Any, Any]):
         if table.ttl_ms is not None:
             self._done(now)
         return iter(pairs)
+
+    def get_many(self, keys: BatchKeys, user_keys: Any) -> list[Any]:
+        user_keys = values_of(keys, user_keys, "map keys")
+        entry_keys, stored, now = self._read_many(keys)
+        table = self._table
+        if table.ttl_ms is None:
+            return [None if entry is None else entry.get(uk)
+                    for entry, uk in zip(stored, user_keys)]
+        out: list[Any] = []
+        for kg, key, entry, uk in zip(keys.key_groups, entry_keys, stored, user_keys):
+            pair = None if entry is None else entry.get(uk)
+            out.append(None if pair is None else pair[0])
+            if pair is not None and table.update_on_read:
+                entry[uk] = (pair[0], now)
+                table.mark_user_key(kg, key, uk)
+        self._done_many(now, len(entry_keys))
+        return out
+
+    def put_many(self, keys: BatchKeys, user_keys: Any, values: Any) -> None:
+        table = self._table
+        user_keys = values_of(keys, user_keys, "map keys")
+        for uk in user_keys:
+            table.check_user_key(uk)
+        values = [table.check_value(v) for v in values_of(keys, values)]
+        entry_keys, stored, now = self._read_many(keys)
+        ttl = table.ttl_ms is not None
+        for kg, key, entry, uk, value in zip(keys.key_groups, entry_keys, stored, user_keys,
+                                             values):
+            if entry is None:
+                group = table.maps.get(kg)
+                if group is None:
+                    group = table.maps[kg] = {}
+                entry = group[key] = {}
+            entry[uk] = (value, now) if ttl else value
+            table.mark_user_key(kg, key, uk)
+        if ttl:
+            self._done_many(now, len(entry_keys))
 
 
 STATE_CLASSES: dict[StateKind, type[_HeapState]] = {

@@ -90,6 +90,7 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serialize_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import TypeSerializer
+from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import S, StateDescriptor, StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES
 from keyedstate.state.ttl import TtlTimeProvider
@@ -349,6 +350,37 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             # Set before the new prefix object: states rebind when they see the prefix change.
             self._instance = self._instance_of[offset]
         self._key_prefix = self._kg_bytes[offset] + varint(len(key_bytes)) + key_bytes
+
+    def clear_current_key(self) -> None:
+        super().clear_current_key()
+        self._key_prefix = None
+
+    def bulk_key_prefixes(self, keys: BatchKeys) -> list[bytes]:
+        """``[key group][varint len][key]`` of each of ``keys`` (the bytes :meth:`_set_current`
+        builds for one key), built once per batch keys and shared by every state's bulk
+        calls. Checks the key groups against this backend's range first."""
+        def build() -> list[bytes]:
+            self.check_batch_keys(keys)
+            start = self.key_group_range.start
+            kg_bytes = self._kg_bytes
+            return [kg_bytes[kg - start] + varint(len(kb)) + kb
+                    for kb, kg in zip(keys.key_bytes, keys.key_groups)]
+        return cast(list[bytes], keys.cached(("rocksdb-prefixes", id(self)), build))
+
+    def bulk_shards(self, keys: BatchKeys) -> list[tuple[RocksDBInstance, list[int] | None]]:
+        """The instances ``keys`` lie in, each with the positions of its keys (None: all of
+        them, the one instance of an unsharded backend)."""
+        if not self._sharded:
+            return [(self._instances[0], None)]
+
+        def build() -> list[tuple[RocksDBInstance, list[int] | None]]:
+            start = self.key_group_range.start
+            positions: dict[int, list[int]] = {}
+            for i, kg in enumerate(keys.key_groups):
+                positions.setdefault(self._instance_of[kg - start].index, []).append(i)
+            return [(self._instances[k], positions[k]) for k in sorted(positions)]
+        return cast(list[tuple[RocksDBInstance, "list[int] | None"]],
+                    keys.cached(("rocksdb-shards", id(self)), build))
 
     def next_list_seq(self) -> int:
         """The next list element's sequence number (only grows, survives restore)."""

@@ -15,6 +15,12 @@ namespace unambiguous, so a list or a map is one prefix scan.
 Values are the descriptor's ``value_serializer`` bytes; under TTL they are prefixed with the
 8-byte big-endian last-access timestamp (ms), per value, map entry and list element.
 
+Bulk calls (``get_many``, ``update_many``, ...) build the keys of all their keys from the
+backend's per-batch prefixes (:meth:`RocksDBKeyedStateBackend.bulk_key_prefixes`, the bytes
+``set_current_key`` builds), read with one multi-get per instance and write with one write
+batch per instance: the same bytes as the per-key calls, in the same order (list sequence
+numbers included).
+
 A list element's sequence number comes from one counter per keyed backend that only grows, and
 is recorded in every snapshot and restored as the maximum over the restored handles, so
 insertion order survives restore and rescaling and ``add`` is a single put.
@@ -38,6 +44,7 @@ from keyedstate.state.api import (
     State,
     ValueState,
 )
+from keyedstate.state.batch_keys import BatchKeys, values_of
 from keyedstate.state.descriptors import (
     StateDescriptor,
     StateKind,
@@ -284,6 +291,74 @@ class RocksDBState(State):
                 f"state is unchanged, fix the function"
             ) from exc
 
+    # -- bulk ----------------------------------------------------------------------------------
+
+    def _bulk_keys(self, keys: BatchKeys) -> list[bytes]:
+        """The stored key of each of ``keys`` in the current namespace (checks the range)."""
+        ns = self._ns_part
+        return [prefix + ns for prefix in self._backend.bulk_key_prefixes(keys)]
+
+    def _bulk_targets(self, keys: BatchKeys) -> _BulkTargets:
+        return _BulkTargets(self, keys)
+
+    def _multi_get(self, keys: BatchKeys, stored_keys: list[bytes]) -> list[bytes | None]:
+        """The raw stored bytes of ``stored_keys`` (one per key of ``keys``, in the instance of
+        that key), one multi-get per instance."""
+        shards = self._backend.bulk_shards(keys)
+        if len(shards) == 1 and shards[0][1] is None:
+            return list(self._native(shards[0][0].cf(self.name).get, stored_keys))
+        out: list[bytes | None] = [None] * len(stored_keys)
+        for instance, positions in shards:
+            assert positions is not None
+            got = self._native(instance.cf(self.name).get, [stored_keys[i] for i in positions])
+            for i, raw in zip(positions, got):
+                out[i] = raw
+        return out
+
+    def _cleanup_steps(self, accesses: int) -> None:
+        """The incremental cleanup of ``accesses`` per-key accesses, at once."""
+        if self._cleanup is not None and accesses:
+            self._cleanup.step(self._ttl.incremental_cleanup_size * accesses,  # type: ignore[union-attr]
+                               self._now())
+
+    def _read_many(self, keys: BatchKeys, stored_keys: list[bytes]) -> list[bytes | None]:
+        """The live payload of each of ``stored_keys`` (as :meth:`_read` of each): expired
+        values deleted, refreshed on read under ``ON_READ_AND_WRITE``, in one write batch."""
+        raws = self._multi_get(keys, stored_keys)
+        if self._ttl is None:
+            return raws
+        # As _read: a cleanup step per key found (after its read, before its expiry check).
+        self._cleanup_steps(sum(raw is not None for raw in raws))
+        now = self._now()
+        targets = self._bulk_targets(keys)
+        live = self._live
+        out = [None if raw is None else live(key, raw, now, batch)
+               for key, raw, batch in zip(stored_keys, raws, targets.batch_of)]
+        targets.commit()
+        return out
+
+    def _put_many(self, keys: BatchKeys, stored_keys: list[bytes],
+                  payloads: list[bytes | None], *, cleanup: bool = True) -> None:
+        """Store each payload (stamped under TTL; None deletes) in one write batch per
+        instance, as :meth:`_write` (and its cleanup step) of each."""
+        if self._ttl is not None and cleanup:
+            self._cleanup_steps(len(stored_keys))
+        stamp = _pack_ts(self._now()) if self._ttl is not None else b""
+        targets = self._bulk_targets(keys)
+        for key, data, batch in zip(stored_keys, payloads, targets.batch_of):
+            if data is None:
+                batch.delete(key)
+            else:
+                batch.put(key, stamp + data if stamp else data)
+        targets.commit()
+
+    def _deser_or_none(self, payloads: list[bytes | None]) -> list[Any]:
+        deser = self._deser
+        return [None if raw is None else deser(raw) for raw in payloads]
+
+    def clear_many(self, keys: BatchKeys) -> None:
+        self._put_many(keys, self._bulk_keys(keys), [None] * len(keys), cleanup=False)
+
     def clear(self) -> None:
         key = self._key()
         self._native(self._delete, key)
@@ -307,6 +382,37 @@ class _ClosedNative:
 
 
 CLOSED: Any = _ClosedNative()
+
+
+class _BulkTargets:
+    """Where a bulk call over ``keys`` writes and scans: one write batch per instance, and
+    per key (in the keys' order) the batch and column family of its instance."""
+
+    def __init__(self, state: RocksDBState, keys: BatchKeys) -> None:
+        self._state = state
+        self.batches: list[tuple[RocksDBInstance, rocksdict.WriteBatch]] = []
+        n = len(keys)
+        self.batch_of: list[rocksdict.WriteBatch] = []
+        self.cf_of: list[rocksdict.Rdict] = []
+        for instance, positions in state._backend.bulk_shards(keys):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            batch.set_default_column_family(instance.handles.get(state.name))
+            self.batches.append((instance, batch))
+            cf = instance.cf(state.name)
+            if positions is None:
+                self.batch_of, self.cf_of = [batch] * n, [cf] * n
+                break
+            if not self.batch_of:
+                self.batch_of, self.cf_of = [batch] * n, [cf] * n
+            for i in positions:
+                self.batch_of[i] = batch
+                self.cf_of[i] = cf
+
+    def commit(self) -> None:
+        write_options = self._state._backend.write_options
+        for instance, batch in self.batches:
+            if len(batch):
+                self._state._native(instance.db.write, batch, write_options)
 
 
 class _CleanupCursor:
@@ -410,6 +516,19 @@ class RocksDBValueState(RocksDBState, ValueState[Any]):
         else:
             self._write(key, self._ser(value))
 
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        default, deser = self._default, self._deser
+        return [default if raw is None else deser(raw)
+                for raw in self._read_many(keys, self._bulk_keys(keys))]
+
+    def update_many(self, keys: BatchKeys, values: Any) -> None:
+        ser = self._ser
+        payloads = [None if v is None else ser(v) for v in values_of(keys, values)]
+        # A None clears, and clear() does no cleanup step: only the writes count as accesses.
+        if self._ttl is not None:
+            self._cleanup_steps(sum(p is not None for p in payloads))
+        self._put_many(keys, self._bulk_keys(keys), payloads, cleanup=False)
+
 
 class RocksDBListState(RocksDBState, ListState[Any]):
     def get(self) -> list[Any]:
@@ -452,6 +571,39 @@ class RocksDBListState(RocksDBState, ListState[Any]):
         batch = self._batch()
         self._delete_prefix(base, batch)
         self._commit(batch)
+
+    def get_many(self, keys: BatchKeys) -> list[list[Any]]:
+        bases = self._bulk_keys(keys)
+        targets = self._bulk_targets(keys)
+        deser, what = self._deser, self._what
+        out: list[list[Any]] = []
+        if self._ttl is None:
+            for base, cf in zip(bases, targets.cf_of):
+                out.append([deser(raw) for _, raw in
+                            scan(cf, base, prefix_upper_bound(base), what)])
+            return out
+        self._cleanup_steps(len(bases))
+        now, live = self._now(), self._live
+        for base, cf, batch in zip(bases, targets.cf_of, targets.batch_of):
+            elements = []
+            for key, raw in scan(cf, base, prefix_upper_bound(base), what):
+                payload = live(key, raw, now, batch)
+                if payload is not None:
+                    elements.append(deser(payload))
+            out.append(elements)
+        targets.commit()
+        return out
+
+    def add_many(self, keys: BatchKeys, elements: Any) -> None:
+        bases = self._bulk_keys(keys)
+        targets = self._bulk_targets(keys)
+        for base, values, batch in zip(bases, values_of(keys, elements, "element lists"),
+                                       targets.batch_of):
+            self._append(batch, base, values)
+        targets.commit()
+
+    def clear_many(self, keys: BatchKeys) -> None:
+        _clear_prefixes(self, keys)
 
 
 class RocksDBMapState(RocksDBState, MapState[Any, Any]):
@@ -509,6 +661,22 @@ class RocksDBMapState(RocksDBState, MapState[Any, Any]):
         self._delete_prefix(base, batch)
         self._commit(batch)
 
+    def _entry_keys(self, keys: BatchKeys, user_keys: Any) -> list[bytes]:
+        user_ser = self._user_ser
+        return [base + user_ser(uk) for base, uk in
+                zip(self._bulk_keys(keys), values_of(keys, user_keys, "map keys"))]
+
+    def get_many(self, keys: BatchKeys, user_keys: Any) -> list[Any]:
+        return self._deser_or_none(self._read_many(keys, self._entry_keys(keys, user_keys)))
+
+    def put_many(self, keys: BatchKeys, user_keys: Any, values: Any) -> None:
+        ser = self._ser
+        payloads: list[bytes | None] = [ser(v) for v in values_of(keys, values)]
+        self._put_many(keys, self._entry_keys(keys, user_keys), payloads)
+
+    def clear_many(self, keys: BatchKeys) -> None:
+        _clear_prefixes(self, keys)
+
 
 class RocksDBReducingState(RocksDBState, ReducingState[Any]):
     def get(self) -> Any:
@@ -524,6 +692,23 @@ class RocksDBReducingState(RocksDBState, ReducingState[Any]):
             reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
             value = self._user_call("reduce function", reduce, self._deser(raw), value)
         self._write(key, self._ser(value))
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        return self._deser_or_none(self._read_many(keys, self._bulk_keys(keys)))
+
+    def add_many(self, keys: BatchKeys, values: Any) -> None:
+        stored_keys = self._bulk_keys(keys)
+        values = values_of(keys, values)
+        raws = self._read_many(keys, stored_keys)
+        reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
+        check, deser, ser, call = self._check, self._deser, self._ser, self._user_call
+        payloads: list[bytes | None] = []
+        for raw, value in zip(raws, values):
+            if raw is not None:
+                check(value)
+                value = call("reduce function", reduce, deser(raw), value)
+            payloads.append(ser(value))
+        self._put_many(keys, stored_keys, payloads)
 
 
 class RocksDBAggregatingState(RocksDBState, AggregatingState[Any]):
@@ -546,6 +731,35 @@ class RocksDBAggregatingState(RocksDBState, AggregatingState[Any]):
             acc = self._deser(raw)
         acc = self._user_call("aggregate function's add", function.add, value, acc)
         self._write(key, self._ser(acc))
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        return [None if acc is None else
+                self._user_call("aggregate function's get_result", function.get_result, acc)
+                for acc in self._deser_or_none(self._read_many(keys, self._bulk_keys(keys)))]
+
+    def add_many(self, keys: BatchKeys, values: Any) -> None:
+        stored_keys = self._bulk_keys(keys)
+        values = values_of(keys, values)
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        call, ser = self._user_call, self._ser
+        payloads: list[bytes | None] = []
+        for acc, value in zip(self._deser_or_none(self._read_many(keys, stored_keys)), values):
+            if acc is None:
+                acc = call("aggregate function's create_accumulator",
+                           function.create_accumulator)
+            payloads.append(ser(call("aggregate function's add", function.add, value, acc)))
+        self._put_many(keys, stored_keys, payloads)
+
+
+def _clear_prefixes(state: RocksDBState, keys: BatchKeys) -> None:
+    """``clear_many`` of a list or map state: every entry under each key's prefix."""
+    bases = state._bulk_keys(keys)
+    targets = state._bulk_targets(keys)
+    for base, cf, batch in zip(bases, targets.cf_of, targets.batch_of):
+        for key, _ in scan(cf, base, prefix_upper_bound(base), state._what):
+            batch.delete(key)
+    targets.commit()
 
 
 STATE_CLASSES: dict[StateKind, type[RocksDBState]] = {

@@ -1,0 +1,27 @@
+"""``keyedstate bench throughput``'s keyedstate systems run at a tiny size (never timed here):
+``run`` fails unless each system's counts equal the generated data's, batch by batch.
+
+Imported as ``benchmarks.throughput``, this checkout's file, not the installed
+``keyedstate_benchmarks`` (an editable install points at one checkout; Spark's Python workers
+import the function's module from their working directory, this checkout)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks import throughput
+
+pytestmark = pytest.mark.spark
+
+
+def test_keyedstate_systems_run_small(spark: Any) -> None:
+    systems = [throughput.KEYEDSTATE_ROCKSDB_VECTORIZED, throughput.KEYEDSTATE_HEAP_VECTORIZED,
+               throughput.KEYEDSTATE_ROCKSDB]
+    figures = throughput.run(keys=50, events_per_batch=400, batches=2, parallelism=2,
+                             systems=[throughput.BUILTIN_AGG, *systems], spark=spark)
+    results = {r["system"]: r for r in figures["results"]}
+    assert all(results[s]["verified"] and results[s]["batches"] == 2 for s in systems)
+    assert f"{throughput.KEYEDSTATE_ROCKSDB_VECTORIZED} >= 2x {throughput.BUILTIN_AGG}" \
+        in figures["goals"]
