@@ -407,12 +407,30 @@ def _struct_plain(sources: list[_Source], fills: dict[str, Any],
     position = {name: i for i, name in enumerate(old_order)}
     layout = [(position[old_name], None) if old_name is not None else (-1, fills[name])
               for name, _, old_name, _ in sources]
+    nested = any(isinstance(fill, (list, dict)) for i, fill in layout if i < 0)
+    kept = [i for i, _ in layout if i >= 0]
+    if kept == list(range(len(old_order))) and all(i < 0 for i, _ in layout[len(kept):]):
+        # Fields only appended (the common evolution): one list concatenation, at C speed.
+        tail = [fill for _, fill in layout[len(kept):]]
+        if nested:  # a nested default is copied per value, never shared
+            return lambda v: None if v is None else v + _plain_copy(tail)
+        return lambda v: None if v is None else v + tail
 
     def migrate(v: Any) -> Any:
         if v is None:
             return None
-        return [v[i] if i >= 0 else fill for i, fill in layout]
+        return [v[i] if i >= 0 else _plain_copy(fill) if nested else fill
+                for i, fill in layout]
     return migrate
+
+
+def _plain_copy(plain: Any) -> Any:
+    """A copy of a plain value's containers (a decoded default must not be shared)."""
+    if isinstance(plain, list):
+        return [_plain_copy(x) for x in plain]
+    if isinstance(plain, dict):
+        return {k: _plain_copy(x) for k, x in plain.items()}
+    return plain
 
 
 def _struct_array(sources: list[_Source], fills: dict[str, Any],

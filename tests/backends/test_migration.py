@@ -355,3 +355,20 @@ def test_ttl_switched_off_keeps_live_values_and_drops_expired_ones(harness: Harn
     harness.clock.advance(10**9)  # no TTL any more: nothing expires
     again = harness.create(handles=[harness.snapshot(restored)])
     assert _read(again, range(40), _descriptors(NEW, evolution=EVOLUTION)) == expected
+
+
+def test_a_nested_default_is_never_shared_between_values(harness: Harness) -> None:
+    b = harness.create()
+    state = b.get_state(ValueStateDescriptor("v", "struct<a:int>"))
+    for key in range(3):
+        b.set_current_key(key)
+        state.update({"a": key})
+    restored = harness.create(handles=[harness.snapshot(b)])
+    new = restored.get_state(ValueStateDescriptor(
+        "v", "struct<a:int,tags:array<string>>",
+        evolution=SchemaEvolution(defaults={"tags": ["x"]})))
+    restored.set_current_key(0)
+    first = new.value()
+    first["tags"].append("changed by the caller")
+    restored.set_current_key(1)
+    assert new.value() == {"a": 1, "tags": ["x"]}
