@@ -15,9 +15,10 @@ Flink's three outcomes (``TypeSerializerSchemaCompatibility``):
   :class:`~keyedstate.errors.StateTypeMismatchError` to raise.
 
 This module only resolves and migrates values (one Python value as the serde presents it,
-:meth:`Resolution.migrate`, or one Arrow array, :meth:`Resolution.migrate_array`); restore does
-not apply it yet (issue 13). It stands on pyarrow types alone: turning a recorded type string
-into a pyarrow type is the caller's business.
+:meth:`Resolution.migrate`; one plain MessagePack form, :attr:`Resolution.plain_migration`; or
+one Arrow array, :meth:`Resolution.migrate_array`); restore applies it through
+:mod:`keyedstate.backends.base.migration`. It stands on pyarrow types alone: turning a recorded
+type string into a pyarrow type is the caller's business.
 
 Field paths name a place in a value: struct fields joined with ``.`` (``profile.address.zip``),
 ``[]`` for a list's element (``visits[].page``), ``{}`` for a map's value and ``{key}`` for its
