@@ -565,6 +565,14 @@ class HeapListState(_HeapState, ListState[Any]):
         if not new:
             return
         kg, key, stored, now = self._read()
+        self._append(kg, key, stored, new, now)
+        if self._table.ttl_ms is not None:
+            self._done(now)
+
+    def _append(self, kg: int, key: EntryKey, stored: list[Any] | None, new: list[Any],
+                now: int) -> None:
+        """Append the checked elements ``new`` to the list ``stored`` (None: no list yet),
+        stamped ``now`` under TTL, with the journal mark an incremental snapshot needs."""
         table = self._table
         if table.ttl_ms is not None:
             new = [(v, now) for v in new]
@@ -577,8 +585,6 @@ class HeapListState(_HeapState, ListState[Any]):
         else:
             table.mark_appended(kg, key, len(stored))
             stored.extend(new)
-        if table.ttl_ms is not None:
-            self._done(now)
 
     def update(self, values: Iterable[Any]) -> None:
         new = self._checked(values)
@@ -612,25 +618,13 @@ class HeapListState(_HeapState, ListState[Any]):
         new_lists = [self._checked(values)
                      for values in values_of(keys, elements, "element lists")]
         entry_keys, stored, now = self._read_many(keys)
-        table = self._table
-        ttl = table.ttl_ms is not None
         accesses = 0
         for kg, key, entry, new in zip(keys.key_groups, entry_keys, stored, new_lists):
             if not new:
                 continue
             accesses += 1
-            if ttl:
-                new = [(v, now) for v in new]
-            if entry is None:
-                group = table.maps.get(kg)
-                if group is None:
-                    group = table.maps[kg] = {}
-                group[key] = new
-                table.mark_appended(kg, key, 0)
-            else:
-                table.mark_appended(kg, key, len(entry))
-                entry.extend(new)
-        if ttl:
+            self._append(kg, key, entry, new, now)
+        if self._table.ttl_ms is not None:
             self._done_many(now, accesses)
 
 
