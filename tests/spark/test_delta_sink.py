@@ -19,7 +19,7 @@ from keyedstate.spark.sinks import StagedOutput
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from tests.spark.jobs import RunningTotals
 from tests.spark.test_job import check_against_pandas, run_job, write_files
-from tests.spark.test_sinks import LINEAGE, SCHEMA, stage
+from tests.spark.test_sinks import LINEAGE, SCHEMA, CrashAroundCommit, stage
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -147,22 +147,14 @@ def test_on_s3_through_the_local_s3_server(s3_bucket, tmp_path):
 
 # -- real Spark jobs -----------------------------------------------------------------------------
 
-class CrashingDeltaSink(DeltaSink):
-    """Dies once in batch ``batch_id``'s commit, before or after the Delta commit: a driver
-    killed between the checkpoint commit and its sink-commit marker."""
+class CrashingDeltaSink(CrashAroundCommit, DeltaSink):
+    """DeltaSink dying once around the Delta commit of batch ``batch_id``."""
+
+    table_format = "Delta"
 
     def __init__(self, uri: str, batch_id: int, marker: str, after: bool) -> None:
         super().__init__(uri)
-        self.batch_id, self.marker, self.after = batch_id, marker, after
-
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        crash = batch_id == self.batch_id and not os.path.exists(self.marker)
-        if crash and self.after:
-            super().commit(spark, batch_id, staged)
-        if crash:
-            open(self.marker, "w").close()
-            raise RuntimeError("driver stopped around the Delta commit")
-        super().commit(spark, batch_id, staged)
+        self.crash_once(batch_id, marker, after)
 
 
 @pytest.mark.spark

@@ -22,7 +22,7 @@ from keyedstate.spark.sinks import COMMIT_BATCH_ID, COMMIT_LINEAGE, StagedOutput
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from tests.spark.jobs import RunningTotals
 from tests.spark.test_job import check_against_pandas, run_job, write_files
-from tests.spark.test_sinks import LINEAGE, SCHEMA, stage
+from tests.spark.test_sinks import LINEAGE, SCHEMA, CrashAroundCommit, stage
 
 pyiceberg_catalog = pytest.importorskip("pyiceberg.catalog")
 
@@ -233,23 +233,14 @@ def test_on_s3_through_the_local_s3_server(s3_bucket, tmp_path):
 
 # -- real Spark jobs -----------------------------------------------------------------------------
 
-class CrashingIcebergSink(IcebergSink):
-    """Dies once in batch ``batch_id``'s commit, before or after the Iceberg commit: a driver
-    killed between the checkpoint commit and its sink-commit marker."""
+class CrashingIcebergSink(CrashAroundCommit, IcebergSink):
+    """IcebergSink dying once around the Iceberg commit of batch ``batch_id``."""
 
-    def __init__(self, properties: dict[str, str], batch_id: int, marker: str,
-                 after: bool) -> None:
+    table_format = "Iceberg"
+
+    def __init__(self, properties: dict[str, str], batch_id: int, marker: str, after: bool) -> None:
         super().__init__(properties, TABLE)
-        self.batch_id, self.marker, self.after = batch_id, marker, after
-
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        crash = batch_id == self.batch_id and not os.path.exists(self.marker)
-        if crash and self.after:
-            super().commit(spark, batch_id, staged)
-        if crash:
-            open(self.marker, "w").close()
-            raise RuntimeError("driver stopped around the Iceberg commit")
-        super().commit(spark, batch_id, staged)
+        self.crash_once(batch_id, marker, after)
 
 
 @pytest.mark.spark

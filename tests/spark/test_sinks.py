@@ -59,6 +59,29 @@ def published(out: str) -> dict[str, list[str]]:
             if os.path.relpath(d, out) != "."}
 
 
+class CrashAroundCommit:
+    """Mixed into a table sink: dies once in batch ``crash_batch``'s commit, before or after
+    the sink's own commit (``after``): a driver killed between the checkpoint commit and its
+    sink-commit marker. ``marker`` is written when it dies (so it dies once)."""
+
+    crash_batch: int
+    marker: str
+    after: bool
+    table_format = "table"
+
+    def crash_once(self, batch_id: int, marker: str, after: bool) -> None:
+        self.crash_batch, self.marker, self.after = batch_id, marker, after
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        crash = batch_id == self.crash_batch and not os.path.exists(self.marker)
+        if crash and self.after:
+            super().commit(spark, batch_id, staged)  # type: ignore[misc]
+        if crash:
+            open(self.marker, "w").close()
+            raise RuntimeError(f"driver stopped around the {self.table_format} commit")
+        super().commit(spark, batch_id, staged)  # type: ignore[misc]
+
+
 class Crash(Exception):
     pass
 
