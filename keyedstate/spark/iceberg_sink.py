@@ -25,6 +25,7 @@ from keyedstate.spark.sinks import (
     COMMIT_LINEAGE,
     Sink,
     app_id_of,
+    check_partition_columns,
     staged_batches,
 )
 
@@ -149,12 +150,7 @@ class IcebergSink(Sink):
     def open(self, schema: pa.Schema) -> None:
         """Refuse an existing table that can't take rows of ``schema``, and partition columns
         that are not in ``schema``; no table is created here."""
-        missing = [c for c in self.partition_by or [] if c not in schema.names]
-        if missing:
-            raise ConfigurationError(
-                f"IcebergSink partition columns {missing} are not in the output schema "
-                f"({', '.join(schema.names)})"
-            )
+        check_partition_columns("IcebergSink", self.partition_by, schema)
         table = self._table()
         if table is not None:
             self._check(table, schema)

@@ -97,6 +97,18 @@ def app_id_of(lineage: str) -> str:
     return lineage or UNKNOWN_LINEAGE_APP_ID
 
 
+def check_partition_columns(sink: str, partition_by: list[str] | None,
+                            schema: pa.Schema) -> None:
+    """Refuse partition columns of a table sink that the output ``schema`` lacks (the table
+    sinks' ``open``), with :class:`ConfigurationError` naming the sink."""
+    missing = [c for c in partition_by or [] if c not in schema.names]
+    if missing:
+        raise ConfigurationError(
+            f"{sink} partition columns {missing} are not in the output schema "
+            f"({', '.join(schema.names)})"
+        )
+
+
 def staged_batches(staged: StagedOutput) -> Iterator[pa.RecordBatch]:
     """The staged files' rows, file by file in path order (one file in memory at a time),
     cast to the declared schema."""
