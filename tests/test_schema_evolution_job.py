@@ -6,8 +6,6 @@ at job start, naming the field, with the checkpoint directory unchanged."""
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import StateTtlConfig, ValueStateDescriptor
 from keyedstate.state.evolution import SchemaEvolution
+from tests.test_savepoints import files_under
 
 INPUT = "user_id string, amount double"
 OUTPUT = "user_id string, count bigint, total double, peak double"
@@ -98,16 +97,6 @@ def _rows(outputs: list[dict[str, pa.Table]]) -> list[tuple[Any, ...]]:
     return sorted(tuple(r.values()) for out in outputs for r in out["main"].to_pylist())
 
 
-def _tree_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for dirpath, _, files in sorted(os.walk(root)):
-        for name in sorted(files):
-            path = Path(dirpath) / name
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def _first_run(tmp_path: Path, backend: str, kind: str
                ) -> tuple[list[dict[str, pa.Table]], JobConfig]:
     """Two batches with ``V1``; the config a restarted job uses to continue."""
@@ -153,7 +142,7 @@ def test_incompatible_change_fails_at_start_and_changes_nothing(tmp_path, backen
                                                                 new_type, evolution, field):
     _, cfg = _first_run(tmp_path, backend, kind)
     roots = [tmp_path / "one"] + ([tmp_path / "savepoint"] if kind != "checkpoint" else [])
-    before = [_tree_digest(r) for r in roots]
+    before = [files_under(str(r)) for r in roots]
     if "not null" in new_type:
         new_type = pa.struct([pa.field("count", pa.int32()), pa.field("total", pa.float64()),
                               pa.field("peak", pa.float32()), pa.field("first", pa.float64()),
@@ -161,7 +150,7 @@ def test_incompatible_change_fails_at_start_and_changes_nothing(tmp_path, backen
     with pytest.raises(StateTypeMismatchError, match=f"'{field}'") as info:
         _job(cfg, Totals(new_type, evolution))
     assert "'totals'" in str(info.value)
-    assert [_tree_digest(r) for r in roots] == before
+    assert [files_under(str(r)) for r in roots] == before
     assert not (tmp_path / "two").exists() or not any((tmp_path / "two").rglob("_metadata"))
 
 
