@@ -13,6 +13,7 @@ import pytest
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.config import JobConfig
 from keyedstate.errors import SnapshotExistsError
+from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.spark.api import key_by
 from keyedstate.spark.query import KeyedQuery
 from keyedstate.spark.sinks import ParquetSink
@@ -23,12 +24,12 @@ pytestmark = pytest.mark.spark
 
 
 def start(spark: Any, root: str, parallelism: int, input_dir: str | None = None,
-          **config: Any) -> KeyedQuery:
-    """A running job over ``input_dir`` (default ``root/input``; one file per batch) writing
-    ``root/out``."""
+          fn: KeyedProcessFunction | None = None, **config: Any) -> KeyedQuery:
+    """A running job of ``fn`` (default :class:`RunningTotals`) over ``input_dir`` (default
+    ``root/input``; one file per batch) writing ``root/out``."""
     events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
               .parquet(input_dir or os.path.join(root, "input")))
-    job = (key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA)
+    job = (key_by(events, "user_id").process(fn or RunningTotals(), COUNT_SCHEMA)
            .sink(ParquetSink(os.path.join(root, "out"))))
     return job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"),
                                parallelism=parallelism, **config),

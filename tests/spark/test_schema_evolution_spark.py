@@ -12,15 +12,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from keyedstate.config import JobConfig
 from keyedstate.errors import StateTypeMismatchError
 from keyedstate.runtime.function import Context
-from keyedstate.spark.api import key_by
-from keyedstate.spark.query import KeyedQuery
-from keyedstate.spark.sinks import ParquetSink
 from keyedstate.state.descriptors import ValueStateDescriptor
-from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
-from tests.spark.test_job import SCHEMA, check_against_pandas, run_job, write_files
+from tests.spark.jobs import RunningTotals
+from tests.spark.test_job import check_against_pandas, run_job, write_files
+from tests.spark.test_savepoints_spark import start
 
 pytestmark = pytest.mark.spark
 
@@ -78,17 +75,6 @@ def test_savepoint_reader_reads_in_the_new_type(spark, tmp_path):
         reader.state(NarrowedTotals.totals)
 
 
-def _start(spark: Any, root: str, fn: Any, input_dir: str, parallelism: int,
-           **config: Any) -> KeyedQuery:
-    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-              .parquet(input_dir))
-    job = (key_by(events, "user_id").process(fn, COUNT_SCHEMA)
-           .sink(ParquetSink(os.path.join(root, "out"))))
-    return job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"),
-                               parallelism=parallelism, **config),
-                     spark_checkpoint_location=os.path.join(root, "spark"))
-
-
 @pytest.mark.parametrize("fmt", ["native", "canonical"])
 def test_savepoint_restored_with_an_evolved_state_type(spark, tmp_path, fmt):
     """Stop with a savepoint, start a new job from it with the evolved function at another
@@ -96,15 +82,15 @@ def test_savepoint_restored_with_an_evolved_state_type(spark, tmp_path, fmt):
     input_dir = str(tmp_path / "input")
     write_files(input_dir, 2)
     job1, job2 = str(tmp_path / "job1"), str(tmp_path / "job2")
-    query = _start(spark, job1, RunningTotals(), input_dir, parallelism=2)
+    query = start(spark, job1, 2, input_dir)
     query.process_all_available()
     query.stop(savepoint=str(tmp_path / "sp"), format=fmt)
     # One more file, appearing whole (written aside, then renamed; see test_savepoints_spark).
     write_files(str(tmp_path / "later"), 1, first=2)
     for name in os.listdir(tmp_path / "later"):
         os.rename(tmp_path / "later" / name, os.path.join(input_dir, name))
-    restored = _start(spark, job2, EvolvedTotals(), input_dir, parallelism=3,
-                      restore_path=str(tmp_path / "sp"))
+    restored = start(spark, job2, 3, input_dir, EvolvedTotals(),
+                     restore_path=str(tmp_path / "sp"))
     restored.process_all_available()
     restored.stop()
     out = pd.concat([pd.read_parquet(os.path.join(job1, "out")),
