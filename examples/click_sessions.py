@@ -1,6 +1,7 @@
 """The click-sessions job: one KeyedProcessFunction, run locally (no Java) or on Spark.
 
-Per user it keeps running totals (a typed ValueState) and event-time session windows with a
+Per user it keeps running totals (a typed ValueState, read and written for all users of a
+batch at once: ``process_batch``, the vectorized path) and event-time session windows with a
 30-minute gap (a MapState of open sessions plus event-time timers, merged as Flink merges
 session windows); every batch it emits the user's totals, and each session when its timer
 fires (side output ``sessions``). The run, on either runtime:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from keyedstate.config import JobConfig
-from keyedstate.runtime.function import Context, KeyedProcessFunction
+from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 
@@ -72,7 +73,8 @@ def generate_events(n: int, users: int, seed: int = 42) -> Iterator[Event]:
 
 
 class ClickAnalytics(KeyedProcessFunction):
-    """Running totals per user, and event-time session windows merged per key batch."""
+    """Running totals per user, computed for all users of a batch at once (the vectorized
+    path), and event-time session windows merged per user (the per-key state calls)."""
 
     totals = ValueStateDescriptor("totals", "count bigint, total double")
     sessions = MapStateDescriptor("sessions", "bigint", "last bigint, events bigint, amount double")
@@ -81,12 +83,33 @@ class ClickAnalytics(KeyedProcessFunction):
         self.totals_state = ctx.get_state(self.totals)
         self.sessions_state = ctx.get_state(self.sessions)
 
-    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
-        ts_ms = [int(t.timestamp() * 1000) for t in rows.column("ts").to_pylist()]
-        amounts = rows.column("amount").to_pylist()
-        now = self.totals_state.value() or {"count": 0, "total": 0.0}
-        count, total = now["count"] + len(ts_ms), now["total"] + sum(amounts)
-        self.totals_state.update({"count": count, "total": total})
+    def process_batch(self, batch: KeyedBatch, ctx: Context) -> pa.Table:
+        # Running totals: one bulk read and one bulk write of the ValueState for every user of
+        # the batch; the batch's count and sum per user come from Arrow (rows are grouped by
+        # user, key i's rows at offsets[i]:offsets[i + 1]).
+        per_user = (pa.table({"i": batch.key_index(), "amount": batch.rows.column("amount")})
+                    .group_by("i", use_threads=False).aggregate([("amount", "sum")])
+                    .sort_by("i"))
+        previous = self.totals_state.get_many(batch.keys)
+        counts = pc.add(pa.array([0 if p is None else p["count"] for p in previous], pa.int64()),
+                        batch.counts)
+        totals = pc.add(pa.array([0.0 if p is None else p["total"] for p in previous],
+                                 pa.float64()), per_user.column("amount_sum").combine_chunks())
+        self.totals_state.update_many(
+            batch.keys, pa.StructArray.from_arrays([counts, totals], ["count", "total"]))
+        # Sessions need each user's events in order: the per-key calls, user by user.
+        ts_ms, amounts = _ms(batch.rows.column("ts")), batch.rows.column("amount").to_pylist()
+        offsets = batch.offsets.to_pylist()
+        for i, key in enumerate(batch.keys.keys):
+            ctx.set_current_key(key)
+            start, end = offsets[i], offsets[i + 1]
+            self._merge_sessions(ts_ms[start:end], amounts[start:end], ctx)
+        return pa.table({"user_id": batch.key_columns.column("user_id"), "count": counts,
+                         "total": totals,
+                         "batch_id": pa.repeat(pa.scalar(ctx.batch_id, pa.int64()), len(batch))})
+
+    def _merge_sessions(self, ts_ms: list[int], amounts: list[float], ctx: Context) -> None:
+        """Merge the current user's events (in arrival order) into their open sessions."""
         # Session windows: merge each event's [ts, ts + gap) with the open sessions it touches
         # (Flink's MergingWindowSet), in memory for the whole key batch, then write back.
         before = dict(self.sessions_state.items())
@@ -114,7 +137,6 @@ class ClickAnalytics(KeyedProcessFunction):
                 self.sessions_state.put(s_start, s)
             if old is None or old["last"] != s["last"]:
                 timers.register_event_time_timer(s["last"] + GAP_MS)
-        return [{"user_id": key, "count": count, "total": total, "batch_id": ctx.batch_id}]
 
     def on_timer(self, timestamp: int, ctx: Context) -> None:
         for s_start, s in list(self.sessions_state.items()):
