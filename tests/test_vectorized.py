@@ -12,6 +12,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.errors import BatchFailedError
@@ -20,7 +22,7 @@ from keyedstate.keys import KeySerializer
 from keyedstate.processor.canonical import read_range_tables
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
-from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN, _key_runs, keyed_batch
+from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN, keyed_batch, sort_by_key
 from keyedstate.state.descriptors import ValueStateDescriptor
 from tests.spark.jobs import COUNT_SCHEMA, VectorizedIdleCounts, VectorizedTotals
 from tests.test_local_job import INPUT, batches, config, new_job, reference, rows
@@ -82,6 +84,20 @@ def test_vectorized_totals_equal_pandas(tmp_path, backend):
             assert (out["batch_id"] == batch_id).all()
 
 
+def _key_runs(table: pa.Table, key_columns: list[str]) -> list[tuple[Any, int, int, int]]:
+    """The oracle: (key, key group, start, length) of each run of equal keys, compared in
+    Python row by row."""
+    cols = [table.column(c).to_pylist() for c in key_columns]
+    kgs = table.column(KG_COLUMN).to_pylist()
+    keys: list[Any] = cols[0] if len(cols) == 1 else list(zip(*cols))
+    runs, start = [], 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            runs.append((keys[start], kgs[start], start, i - start))
+            start = i
+    return runs
+
+
 def test_keyed_batch_groups_rows_as_the_per_key_path():
     """Key runs (composite keys, nulls, arrival order within a key), key bytes and key groups
     equal those the per-key path uses."""
@@ -99,7 +115,7 @@ def test_keyed_batch_groups_rows_as_the_per_key_path():
     table = table.append_column(SUBTASK_COLUMN, pa.array([0] * n, pa.int32()))
     table = table.take(pc.sort_indices(table, [("a", "ascending"), ("b", "ascending")]))
     batch = keyed_batch(table, ["a", "b"], serializer)
-    runs = list(_key_runs(table, ["a", "b"]))
+    runs = _key_runs(table, ["a", "b"])
     assert list(batch.keys.keys) == [k for k, _, _, _ in runs]
     assert list(batch.keys.key_groups) == [g for _, g, _, _ in runs]
     assert list(batch.keys.key_bytes) == [serializer.serialize(k) for k, _, _, _ in runs]
@@ -167,3 +183,19 @@ def test_vectorized_function_may_return_rows_and_use_per_key_calls(tmp_path):
     assert sorted(out.to_pylist(), key=lambda r: r["user_id"]) == [
         {"user_id": "a", "count": 5, "total": 0.0, "batch_id": 0},
         {"user_id": "b", "count": 2, "total": 0.0, "batch_id": 0}]
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.one_of(st.none(), st.text(max_size=4)), max_size=60),
+       binary=st.booleans(), chunk=st.integers(1, 7))
+def test_sort_by_key_orders_rows_as_a_stable_sort_of_the_key(keys: list[str | None],
+                                                             binary: bool, chunk: int) -> None:
+    """The dictionary path for one string or binary key equals sort_indices over the table:
+    ascending, nulls last, arrival order kept within a key; on chunked input too."""
+    values = [None if k is None else k.encode() for k in keys] if binary else keys
+    key_type = pa.binary() if binary else pa.string()
+    column = pa.chunked_array([pa.array(values[i:i + chunk], key_type)
+                               for i in range(0, len(values), chunk)], key_type)
+    table = pa.table({"k": column, "seq": pa.array(range(len(values)), pa.int64())})
+    expected = table.take(pc.sort_indices(table, [("k", "ascending")]))
+    assert sort_by_key(table, ["k"]).equals(expected)

@@ -468,30 +468,34 @@ def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out:
     return fired
 
 
-def _key_runs(table: pa.Table, key_columns: list[str]) -> Iterator[tuple[Any, int, int, int]]:
-    """(key, key group, start, length) of each key's rows, after a stable sort by key."""
-    cols = [table.column(c).to_pylist() for c in key_columns]
-    kgs = table.column(KG_COLUMN).to_pylist()
-    keys: list[Any] = cols[0] if len(cols) == 1 else list(zip(*cols))
-    start = 0
-    for i in range(1, len(keys) + 1):
-        if i == len(keys) or keys[i] != keys[start]:
-            yield keys[start], kgs[start], start, i - start
-            start = i
-
-
 def is_vectorized(function: KeyedProcessFunction) -> bool:
     """Whether ``function`` overrides :meth:`KeyedProcessFunction.process_batch` (it then runs
     once per subtask and batch, not once per key)."""
     return getattr(type(function), "process_batch", None) is not KeyedProcessFunction.process_batch
 
 
+def sort_by_key(table: pa.Table, key_columns: list[str]) -> pa.Table:
+    """``table`` sorted by its key columns, ascending, stable (a key's rows keep their arrival
+    order). One string or binary key column is sorted through its dictionary: the distinct
+    keys are ranked, then the rows by their key's rank (an integer sort), the same order in
+    about half the time of a string sort over every row."""
+    if len(key_columns) == 1:
+        column = table.column(key_columns[0])
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
+                or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            encoded = pc.dictionary_encode(column.combine_chunks())
+            # Nulls: index null, rank null, sorted last as sort_indices puts null keys.
+            ranks = pc.rank(encoded.dictionary, sort_keys="ascending", tiebreaker="first")
+            return table.take(pc.sort_indices(pc.take(ranks, encoded.indices)))
+    return table.take(pc.sort_indices(table, [(c, "ascending") for c in key_columns]))
+
+
 def keyed_batch(table: pa.Table, key_columns: list[str], key_serializer: KeySerializer
                 ) -> KeyedBatch:
-    """The :class:`KeyedBatch` of ``table``: rows sorted by key (stable) with their key group
-    column, as step 4 prepares them. Key runs are where any key column changes between
-    neighbouring rows (nulls equal to nulls), as :func:`_key_runs` finds them; the keys'
-    bytes are :meth:`KeySerializer.serialize_many` of the same Python values."""
+    """The :class:`KeyedBatch` of ``table``: rows sorted by key (stable, :func:`sort_by_key`)
+    with their key group column, as step 4 prepares them for both paths. Key runs are where
+    any key column changes between neighbouring rows (nulls equal to nulls); the keys' bytes
+    are :meth:`KeySerializer.serialize_many` of the same Python values."""
     n = table.num_rows
     changed = None
     for name in key_columns:
@@ -575,22 +579,24 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
                     late_rows = table.filter(is_late).drop_columns([KG_COLUMN, SUBTASK_COLUMN])
                     ctx.side_outputs.setdefault(LATE_EVENTS_TAG, []).extend(late_rows.to_pylist())
                 table = table.filter(pc.invert(is_late))
-        # Step 4. The function, key by key (stable sort keeps arrival order within a key).
+        # Step 4. The function, over the rows grouped by key (a stable sort keeps arrival
+        # order within a key): once per key, or once over all keys (vectorized).
         rows_in = 0 if table is None else table.num_rows
         if table is not None and table.num_rows:
-            table = table.take(pc.sort_indices(table, [(c, "ascending") for c in plan.key_columns]))
+            batch = keyed_batch(sort_by_key(table, plan.key_columns), plan.key_columns,
+                                backend.key_serializer)
             if is_vectorized(fn):
-                batch = keyed_batch(table, plan.key_columns, backend.key_serializer)
                 # No key is current: a per-key call must name its key (ctx.set_current_key).
                 backend.clear_current_key()
                 out.extend(NO_KEY, _call(ctx, NO_KEY, fn.process_batch, batch, ctx))
             else:
-                # The routing columns go once per batch, not once per key's slice.
-                user_table = table.drop_columns([SUBTASK_COLUMN, KG_COLUMN])
-                for key, kg, start, length in _key_runs(table, plan.key_columns):
-                    backend.set_current_key(key, kg)
-                    rows = user_table.slice(start, length)
-                    out.extend(key, _call(ctx, key, fn.process_key, key, rows, ctx))
+                # Keys, their bytes and key groups come from the batch (encoded in one pass),
+                # each key's rows are a zero-copy slice.
+                keys, rows, offsets = batch.keys, batch.rows, batch.offsets.to_pylist()
+                for i, key in enumerate(keys.keys):
+                    backend.set_current_batch_key(keys, i)
+                    key_rows = rows.slice(offsets[i], offsets[i + 1] - offsets[i])
+                    out.extend(key, _call(ctx, key, fn.process_key, key, key_rows, ctx))
         if plan.drain:
             fired += _fire_timers(plan, backend, ctx, out)
         _call(ctx, NO_KEY, fn.close)

@@ -242,6 +242,11 @@ class KeyedStateBackend(ABC):
             key_bytes = self.key_serializer.serialize(key)
         self._set_current(key, key_bytes, key_group)
 
+    def set_current_batch_key(self, keys: BatchKeys, index: int) -> None:
+        """Make key ``index`` of ``keys`` current, with the bytes and key group ``keys``
+        already holds (the per-key runtime loop encodes a batch's keys in one pass)."""
+        self._set_current(keys.keys[index], keys.key_bytes[index], keys.key_groups[index])
+
     def set_current_key_bytes(self, key_bytes: bytes, key_group: int) -> None:
         """Make a stored key current (timers, restore, state processor)."""
         self._set_current(None, key_bytes, key_group)
