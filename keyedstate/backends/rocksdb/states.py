@@ -17,8 +17,8 @@ Values are the descriptor's ``value_serializer`` bytes; under TTL they are prefi
 
 Bulk calls (``get_many``, ``update_many``, ...) build the keys of all their keys from the
 backend's per-batch prefixes (:meth:`RocksDBKeyedStateBackend.bulk_key_prefixes`, the bytes
-``set_current_key`` builds), read with one multi-get per instance and write with one write
-batch per instance: the same bytes as the per-key calls, in the same order (list sequence
+``set_current_key`` builds), read with one point lookup per key (faster than rocksdict's
+multi-get, see ``_multi_get``) and write with one write batch per instance: the same bytes as the per-key calls, in the same order (list sequence
 numbers included).
 
 A list element's sequence number comes from one counter per keyed backend that only grows, and
@@ -303,17 +303,24 @@ class RocksDBState(State):
 
     def _multi_get(self, keys: BatchKeys, stored_keys: list[bytes]) -> list[bytes | None]:
         """The raw stored bytes of ``stored_keys`` (one per key of ``keys``, in the instance of
-        that key), one multi-get per instance."""
+        that key; None where absent)."""
+        # One point lookup per key, not rocksdict's multi-get (``get`` of a list): measured at
+        # 50 K keys, 1.1 us per key against 2.5-2.9 us for the multi-get, in memtable and in
+        # SST files alike (rocksdict copies and converts more per key in its batched call).
         shards = self._backend.bulk_shards(keys)
-        if len(shards) == 1 and shards[0][1] is None:
-            return list(self._native(shards[0][0].cf(self.name).get, stored_keys))
-        out: list[bytes | None] = [None] * len(stored_keys)
-        for instance, positions in shards:
-            assert positions is not None
-            got = self._native(instance.cf(self.name).get, [stored_keys[i] for i in positions])
-            for i, raw in zip(positions, got):
-                out[i] = raw
-        return out
+        try:
+            if len(shards) == 1 and shards[0][1] is None:
+                get = shards[0][0].cf(self.name).get
+                return [get(k) for k in stored_keys]
+            out: list[bytes | None] = [None] * len(stored_keys)
+            for instance, positions in shards:
+                assert positions is not None
+                get = instance.cf(self.name).get
+                for i in positions:
+                    out[i] = get(stored_keys[i])
+            return out
+        except Exception as exc:
+            raise rocksdb_error(exc, self._what) from exc
 
     def _cleanup_steps(self, accesses: int) -> None:
         """The incremental cleanup of ``accesses`` per-key accesses, at once."""
