@@ -158,6 +158,20 @@ class BatchStats:
             restore_cache_hit_bytes=row.cache_hit_bytes or 0)
 
 
+def route(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int,
+          spark_tasks: int) -> Any:
+    """``df``'s rows with their key group and subtask (JVM expressions), partitioned so that
+    Spark task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
+    from pyspark.sql import functions as F
+
+    p, max_p = parallelism, max_parallelism
+    cols = ", ".join(f"`{c}`" for c in key_columns)
+    return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
+              .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
+              .repartitionById(spark_tasks, F.expr(
+                  f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
+
+
 class KeyedJobDriver:
     """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator."""
 
@@ -552,16 +566,8 @@ class KeyedJobDriver:
         return self.config.parallelism if slots is None else min(self.config.parallelism, slots)
 
     def _route(self, df: Any, spark_tasks: int) -> Any:
-        """Rows with their key group and subtask (JVM expressions), partitioned so that Spark
-        task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
-        from pyspark.sql import functions as F
-
-        p, max_p = self.config.parallelism, self.max_parallelism
-        cols = ", ".join(f"`{c}`" for c in self.job.stream.key_columns)
-        return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
-                  .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
-                  .repartitionById(spark_tasks, F.expr(
-                      f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
+        return route(df, self.job.stream.key_columns, self.config.parallelism,
+                     self.max_parallelism, spark_tasks)
 
     def _checkpoint(self, df: Any, batch_id: int, *, drain: bool = False
                     ) -> tuple[CompletedCheckpoint, list[Any], int]:
