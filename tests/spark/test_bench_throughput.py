@@ -18,10 +18,17 @@ pytestmark = pytest.mark.spark
 
 def test_keyedstate_systems_run_small(spark: Any) -> None:
     systems = [throughput.KEYEDSTATE_ROCKSDB_VECTORIZED, throughput.KEYEDSTATE_HEAP_VECTORIZED,
-               throughput.KEYEDSTATE_ROCKSDB]
+               throughput.KEYEDSTATE_ROCKSDB, throughput.ARROW_HANDOFF]
     figures = throughput.run(keys=50, events_per_batch=400, batches=2, parallelism=2,
                              systems=[throughput.BUILTIN_AGG, *systems], spark=spark)
     results = {r["system"]: r for r in figures["results"]}
     assert all(results[s]["verified"] and results[s]["batches"] == 2 for s in systems)
     assert f"{throughput.KEYEDSTATE_ROCKSDB_VECTORIZED} >= 2x {throughput.BUILTIN_AGG}" \
         in figures["goals"]
+
+
+def test_handoff_verify_refuses_a_batch_python_did_not_fully_see() -> None:
+    handoff = throughput.Handoff(parallelism=2)
+    handoff.seen = {0: 400, 1: 399}
+    with pytest.raises(AssertionError, match="399"):
+        handoff.verify(throughput.ARROW_HANDOFF, 400, 2)
