@@ -70,6 +70,8 @@ class SubtaskStateStats(msgspec.Struct, frozen=True, array_like=True):
     restored: bool | None = None
     rows_in: int | None = None
     rows_out: int | None = None
+    #: whether it restored by catching up a stale live copy (``KeyedStateBackend.catch_up``)
+    caught_up: bool | None = None
 
 
 class CompletedCheckpointStats(msgspec.Struct, frozen=True, array_like=True):
@@ -104,6 +106,8 @@ class CompletedCheckpointStats(msgspec.Struct, frozen=True, array_like=True):
     cache_hit_bytes: int | None = None
     rows_in: int | None = None
     rows_out: int | None = None
+    #: of the restored subtasks, those that caught a stale live copy up
+    caught_up_subtasks: int | None = None
 
 
 _subtasks_decoder = msgspec.json.Decoder(list[SubtaskStateStats])
@@ -119,12 +123,14 @@ def subtask_stats(stats: Mapping[str, Any]) -> SubtaskStateStats:
     """The statistics of one subtask from what it reported to the driver (the ``stats`` of
     its result row, :func:`~keyedstate.runtime.subtask.process_subtask`)."""
     reused, restored = stats.get("reused_local_state"), stats.get("restored")
+    caught_up = stats.get("caught_up")
     return SubtaskStateStats(
         sync_ms=_ms(stats.get("sync_s")), async_ms=_ms(stats.get("async_s")),
         restore_ms=_ms(stats.get("restore_s")),
         reused=None if reused is None else bool(reused),
         restored=None if restored is None else bool(restored),
-        rows_in=stats.get("rows_in"), rows_out=stats.get("rows_out"))
+        rows_in=stats.get("rows_in"), rows_out=stats.get("rows_out"),
+        caught_up=None if caught_up is None else bool(caught_up))
 
 
 def _max(values: Sequence[float | None]) -> float | None:
@@ -149,6 +155,7 @@ def completed_stats(checkpoint_id: int, *, batch_id: int | None, trigger_ms: int
     known = list(subtasks or [])
     reused = [s.reused for s in known if s.reused is not None]
     restored = [s.restored for s in known if s.restored is not None]
+    caught_up = [s.caught_up for s in known if s.caught_up is not None]
     rows_in = [s.rows_in for s in known if s.rows_in is not None]
     rows_out = [s.rows_out for s in known if s.rows_out is not None]
     return CompletedCheckpointStats(
@@ -166,7 +173,8 @@ def completed_stats(checkpoint_id: int, *, batch_id: int | None, trigger_ms: int
         inlined_bytes=snapshot.inlined_bytes, downloaded_bytes=restore.downloaded_bytes,
         cache_hit_bytes=restore.cache_hit_bytes,
         rows_in=sum(rows_in) if rows_in else None,
-        rows_out=sum(rows_out) if rows_out else None)
+        rows_out=sum(rows_out) if rows_out else None,
+        caught_up_subtasks=sum(caught_up) if caught_up else None)
 
 
 def _decode(decoder: msgspec.json.Decoder, properties: Mapping[str, str], key: str,

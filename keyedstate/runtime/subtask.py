@@ -7,9 +7,11 @@ per slot, not once per subtask. Steps of each subtask (:func:`process_subtask`),
 driver's side is in :mod:`keyedstate.spark.driver`):
 
 1. Get the subtask's state at the last committed checkpoint: the live copy this Python worker
-   holds if it is exactly that version (same snapshot token), else a restore from checkpoint
-   storage (rescaling when the parallelism changed). An uncommitted or stale copy is closed,
-   never used.
+   holds if it is exactly that version (same snapshot token); else that copy caught up with
+   what later checkpoints wrote when its backend can (``KeyedStateBackend.catch_up``: Spark
+   ran the subtask's last tasks in another worker, the copy is older but on the same chain);
+   else a restore from checkpoint storage (rescaling when the parallelism changed). A copy
+   that can't catch up is closed, never used.
 2. Fire timers due at the batch's watermark (event time) and now (processing time): the
    watermark advanced at the end of the previous batch, as Flink fires timers when a
    watermark arrives after the elements before it.
@@ -194,32 +196,47 @@ def _close_all_live() -> None:
         _close_live(_LIVE.popitem()[1])
 
 
-def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, float]:
-    """The subtask's backend at the last committed checkpoint: the live copy when it is that
-    version, else restored; the states of ``drop_states`` are dropped from a restored one."""
-    backend, reused, restore_s = _restore(plan, index)
-    if not reused:
+#: How a subtask got its state (step 1): its live copy as it was, its live copy caught up
+#: with later checkpoints, or a restore (or empty state for a new job).
+REUSED, CAUGHT_UP, RESTORED = "reused", "caught-up", "restored"
+
+
+def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float]:
+    """The subtask's backend at the last committed checkpoint and how it got it (``REUSED``,
+    ``CAUGHT_UP``, ``RESTORED``); the states of ``drop_states`` are dropped from a restored
+    one (a live copy, of the same job, dropped them when it was restored)."""
+    backend, how, restore_s = _restore(plan, index)
+    if how == RESTORED:
         try:
             for name in plan.drop_states:
                 backend.drop_state(name)
         except BaseException:
             backend.close()
             raise
-    return backend, reused, restore_s
+    return backend, how, restore_s
 
 
-def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, float]:
+def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float]:
     _close_idle_live(plan.job_id)
     live = _LIVE.pop((plan.job_id, index), None)
     src = plan.restore
-    if (live is not None and src is not None and src.tokens is not None
-            and src.parallelism == plan.parallelism and live.parallelism == plan.parallelism
+    same_layout = (live is not None and src is not None and src.canonical is None
+                   and src.parallelism == plan.parallelism
+                   and live.parallelism == plan.parallelism)
+    if (live is not None and same_layout and src is not None and src.tokens is not None
             and index < len(src.tokens) and src.tokens[index] == live.token):
         live.backend.notify_checkpoint_complete(src.checkpoint_id)
-        return live.backend, True, 0.0
-    if live is not None:
-        live.backend.close()  # stale or uncommitted: never used
+        return live.backend, REUSED, 0.0
     start = time.perf_counter()
+    if live is not None:
+        try:
+            if same_layout and src is not None \
+                    and live.backend.catch_up(src.handles, src.storage):
+                return live.backend, CAUGHT_UP, time.perf_counter() - start
+        except BaseException:
+            live.backend.close()  # possibly half caught up: never used again
+            raise
+        live.backend.close()  # uncommitted, or on another chain: never used
     key_group_range = KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index)
     if src is not None and src.canonical is not None:
         # A canonical savepoint: an empty backend of the job's kind, bulk-loaded with the rows
@@ -231,7 +248,7 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, floa
             subtask_index=index, key_group_range=key_group_range,
             max_parallelism=plan.max_parallelism, key_serializer=KeySerializer(plan.key_types),
             time_provider=SystemTimeProvider(), local_dir=plan.local_dir)
-        return backend, False, time.perf_counter() - start
+        return backend, RESTORED, time.perf_counter() - start
     backend = plan.backend.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=index,
         key_group_range=key_group_range,
@@ -243,7 +260,7 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, bool, floa
         time_provider=SystemTimeProvider(),
         local_dir=plan.local_dir,
     ))
-    return backend, False, time.perf_counter() - start
+    return backend, RESTORED, time.perf_counter() - start
 
 
 def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -547,7 +564,7 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     (:mod:`keyedstate.runtime.failures`)."""
     # Step 1. State at the last committed checkpoint.
     try:
-        backend, reused, restore_s = _acquire(plan, index)
+        backend, how, restore_s = _acquire(plan, index)
     except Exception as exc:
         raise subtask_failed(plan.batch_id, index, "restoring the state failed with", exc) \
             from exc
@@ -630,9 +647,11 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     # Step 7. Report.
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,
-        "process_s": process_s, "restore_s": restore_s, "reused_local_state": reused,
+        "process_s": process_s, "restore_s": restore_s, "reused_local_state": how == REUSED,
         # restored from a snapshot (neither this nor reused: a new job's empty state)
-        "restored": not reused and plan.restore is not None,
+        "restored": how != REUSED and plan.restore is not None,
+        # restored by catching a stale live copy up (restore_s: only the changes since)
+        "caught_up": how == CAUGHT_UP,
         "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s,
         "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
         "worker_pid": os.getpid(),

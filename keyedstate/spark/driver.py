@@ -117,6 +117,8 @@ class BatchStats:
     restore_s: float = 0.0
     reused_subtasks: int = 0
     restored_subtasks: int = 0
+    #: of the restored subtasks, those that caught a stale live copy up (a cheap restore)
+    caught_up_subtasks: int = 0
     skipped_replay: bool = False
     #: bytes the executors sent to checkpoint storage for this checkpoint
     uploaded_bytes: int = 0
@@ -152,6 +154,7 @@ class BatchStats:
             incremental_bytes=row.incremental_bytes or 0, full_bytes=row.full_bytes or 0,
             restore_s=seconds(row.restore_ms), reused_subtasks=row.reused_subtasks or 0,
             restored_subtasks=row.restored_subtasks or 0,
+            caught_up_subtasks=row.caught_up_subtasks or 0,
             uploaded_bytes=row.uploaded_bytes or 0,
             duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
             restore_downloaded_bytes=row.downloaded_bytes or 0,
@@ -658,6 +661,7 @@ class KeyedJobDriver:
             restore_s=max(s["restore_s"] for s in per),
             reused_subtasks=sum(1 for s in per if s["reused_local_state"]),
             restored_subtasks=sum(1 for s in per if not s["reused_local_state"]),
+            caught_up_subtasks=sum(1 for s in per if s.get("caught_up")),
             uploaded_bytes=transfer.uploaded_bytes,
             duplicated_bytes=transfer.duplicated_bytes,
             inlined_bytes=transfer.inlined_bytes,

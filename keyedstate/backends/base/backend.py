@@ -355,6 +355,18 @@ class KeyedStateBackend(ABC):
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is committed: its files may be the next base."""
 
+    def catch_up(self, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage) -> bool:
+        """Bring this backend, a live copy left unchanged since its own last snapshot, to the
+        state of ``handles`` (a later checkpoint of the same job at the same parallelism, in
+        ``storage``) by applying only what was written after that snapshot; True when done.
+
+        False, with the backend unchanged, when it can't: the checkpoint does not continue
+        this copy's snapshot (another chain, a full snapshot since, another key-group range),
+        or the backend has no such path (the default). The caller then closes the copy and
+        restores from scratch. What a subtask costs when Spark runs its task in another
+        process than the last time: the changes since, not the whole state."""
+        return False
+
     @abstractmethod
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete: never build on it."""

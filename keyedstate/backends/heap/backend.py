@@ -27,7 +27,7 @@ from keyedstate.backends.base.backend import (
 from keyedstate.backends.base.migration import plan_migration
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.heap import sizes
-from keyedstate.backends.heap.restore import HeapRestoreOperation
+from keyedstate.backends.heap.restore import HeapRestoreOperation, chain_of
 from keyedstate.backends.heap.snapshot import (
     DIFF,
     FULL,
@@ -118,6 +118,40 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         if base is not None and self.incremental:
             self._base = SnapshotChain(base.checkpoint_id, base.chain, base.storage, base.owned)
             self._journal.start(self._journaled())
+
+    def catch_up(self, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage) -> bool:
+        """See :meth:`KeyedStateBackend.catch_up`. Possible when this backend's own last
+        snapshot was written and the checkpoint's chain for exactly this key-group range
+        starts with that snapshot's chain: the diffs after it are applied, they become the
+        base of the next snapshot, and the journal starts afresh (its changes are in them)."""
+        self._check_open()
+        mine = [h for h in handles if h.key_group_range.intersection(self.key_group_range)]
+        if not self.incremental or len(mine) != 1 \
+                or mine[0].key_group_range != self.key_group_range:
+            return False
+        handle = mine[0]
+        with self._pending_lock:
+            own = self._pending.get(self._last_snapshot_id) \
+                if self._last_snapshot_id is not None else None
+            if own is None and self._base is not None \
+                    and self._base.checkpoint_id == self._last_snapshot_id:
+                own = self._base
+        chain = chain_of(handle)
+        if own is None or handle.checkpoint_id <= own.checkpoint_id \
+                or (own.storage is not None and own.storage.url != storage.url) \
+                or chain[:len(own.files)] != own.files:
+            return False
+        operation = HeapRestoreOperation(self, [handle], storage)
+        operation.catch_up(handle, skip=len(own.files))
+        self.restore_stats = operation.stats
+        with self._pending_lock:
+            self._pending.clear()
+            self._base = SnapshotChain(handle.checkpoint_id, chain, storage)
+        self._journal.segments.clear()
+        for table in self._journaled():
+            table.marks = {}
+        self._last_snapshot_id = handle.checkpoint_id
+        return True
 
     # -- states --------------------------------------------------------------------------------
 

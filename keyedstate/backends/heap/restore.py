@@ -190,13 +190,22 @@ class HeapRestoreOperation:
                                 chain_of(handle), self.storage, share_restored_files)
         return None
 
-    def _restore_handle(self, handle: KeyedStateHandle, key_groups: KeyGroupRange) -> None:
+    def catch_up(self, handle: KeyedStateHandle, skip: int) -> None:
+        """Apply the files of ``handle``'s chain after its first ``skip`` (diffs only) to
+        tables holding the state of those ``skip`` files (a live copy's own chain)."""
+        self._restore_handle(handle, handle.key_group_range.intersection(
+            self.backend.key_group_range), skip=skip)
+        for queue in self.backend.timer_queues.values():
+            queue.rebuild()
+
+    def _restore_handle(self, handle: KeyedStateHandle, key_groups: KeyGroupRange,
+                        skip: int = 0) -> None:
         chain = chain_of(handle)
         # Every file of the chain at once (in parallel, through the file cache), then in order.
         contents = parallel_map(
             lambda file: self.storage.read_verified(file, cached=True, stats=self.stats),
-            [file for _, file in chain], self.storage.transfer.threads)
-        for position, ((_, file), data) in enumerate(zip(chain, contents)):
+            [file for _, file in chain[skip:]], self.storage.transfer.threads)
+        for position, ((_, file), data) in enumerate(zip(chain[skip:], contents), skip):
             source = self.storage.describe(file)
             footer = read_footer(data, source)
             expected = FULL if position == 0 else DIFF

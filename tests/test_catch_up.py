@@ -1,0 +1,141 @@
+"""A subtask whose task lands in another Python worker than last time: a stale live copy that
+can catch up (``KeyedStateBackend.catch_up``) applies only what later checkpoints wrote; one
+that can't is closed and the state restored. Driven through the local runtime, which keeps live
+copies as a Spark Python worker does (``runtime.subtask._LIVE``); moving a copy out of
+``_LIVE`` and back stands for Spark running the subtask's next tasks in another worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import keyedstate.runtime.subtask as runtime
+from keyedstate.backends.heap.restore import chain_of
+from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.checkpoint.stats import subtask_stats_of
+from keyedstate.errors import BatchFailedError
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from tests.test_local_job import batches, config, new_job, reference, rows
+
+
+def _latest_subtasks(root: Any) -> list[Any]:
+    stats = subtask_stats_of(resolve_snapshot(str(root / "ckpt")).metadata)
+    assert stats is not None
+    return stats
+
+
+def _take_live(job_id: str, index: int) -> runtime._Live:
+    """The live copy of subtask ``index``, as another worker would keep it."""
+    return runtime._LIVE.pop((job_id, index))
+
+
+def _hand_back(job_id: str, index: int, live: runtime._Live) -> None:
+    """Spark runs the subtask's next task in the worker holding ``live``: the copy the
+    other worker made since is not there."""
+    other = runtime._LIVE.pop((job_id, index), None)
+    if other is not None:
+        other.backend.close()
+    runtime._LIVE[(job_id, index)] = live
+
+
+def test_a_stale_heap_copy_catches_up_with_the_diffs_written_since(tmp_path):
+    data = batches(6)
+    outputs = []
+    with new_job(config(tmp_path, backend="heap")) as job:
+        job_id = job.storage.url
+        outputs.append(job.process_batch(data[0]))
+        stale = _take_live(job_id, 0)  # worker A keeps subtask 0 at checkpoint 1
+        outputs.append(job.process_batch(data[1]))  # worker B restores it, writes checkpoint 2
+        outputs.append(job.process_batch(data[2]))  # and 3
+        assert not _latest_subtasks(tmp_path)[0].caught_up
+        _hand_back(job_id, 0, stale)
+        outputs.append(job.process_batch(data[3]))  # back in worker A: 2 diffs to apply
+        caught_up, other = _latest_subtasks(tmp_path)
+        assert caught_up.caught_up and caught_up.restored and not caught_up.reused
+        assert other.reused and not other.caught_up
+        # The caught-up copy extends the checkpoint's chain: full 1, diffs 2 and 3 (worker
+        # B's), diff 4 (its own).
+        handle = resolve_snapshot(str(tmp_path / "ckpt")).metadata.handles[0]
+        assert len(chain_of(handle)) == 4
+        outputs.append(job.process_batch(data[4]))
+        assert _latest_subtasks(tmp_path)[0].reused  # reused again as usual
+    # What the caught-up copy wrote restores (at another parallelism, in a new directory).
+    with new_job(config(tmp_path, backend="heap", parallelism=3,
+                        restore_path=str(tmp_path / "ckpt"),
+                        checkpoint_dir=str(tmp_path / "again"))) as job:
+        outputs.append(job.process_batch(data[5]))
+        outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data, "heap")
+
+
+def test_a_copy_on_another_chain_is_closed_and_the_state_restored(tmp_path):
+    """A full snapshot since the copy's own (max_chain_length 1: full, diff, full, ...) starts
+    a chain without it: catching up is refused, the copy closed, the state restored."""
+    data = batches(4)
+    cfg = config(tmp_path, backend="heap",
+                 backend_options={"max_chain_length": 1})
+    outputs = []
+    with new_job(cfg) as job:
+        job_id = job.storage.url
+        outputs.append(job.process_batch(data[0]))  # checkpoint 1: full
+        stale = _take_live(job_id, 0)
+        outputs.append(job.process_batch(data[1]))  # 2: diff on 1 (restored from 1)
+        outputs.append(job.process_batch(data[2]))  # 3: full again
+        _hand_back(job_id, 0, stale)
+        outputs.append(job.process_batch(data[3]))
+        first = _latest_subtasks(tmp_path)[0]
+        assert first.restored and not first.caught_up and not first.reused
+        assert stale.backend._closed  # type: ignore[attr-defined]
+        outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data, "heap")
+
+
+def test_rocksdb_copies_do_not_catch_up_they_restore(tmp_path):
+    data = batches(3)
+    outputs = []
+    with new_job(config(tmp_path, backend="rocksdb")) as job:
+        job_id = job.storage.url
+        outputs.append(job.process_batch(data[0]))
+        stale = _take_live(job_id, 0)
+        outputs.append(job.process_batch(data[1]))
+        _hand_back(job_id, 0, stale)
+        outputs.append(job.process_batch(data[2]))
+        first = _latest_subtasks(tmp_path)[0]
+        assert first.restored and not first.caught_up
+        outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data, "rocksdb")
+
+
+def test_a_storage_error_while_catching_up_fails_the_batch_then_a_restore_succeeds(
+        tmp_path, monkeypatch):
+    """The copy may be half caught up when reading a diff fails: it is closed, never used
+    again; the batch fails and its retry restores from the checkpoint."""
+    data = batches(4)
+    outputs = []
+    with new_job(config(tmp_path, backend="heap")) as job:
+        job_id = job.storage.url
+        outputs.append(job.process_batch(data[0]))
+        stale = _take_live(job_id, 0)
+        outputs.append(job.process_batch(data[1]))
+        outputs.append(job.process_batch(data[2]))
+        _hand_back(job_id, 0, stale)
+        read = CheckpointStorage.read_verified
+        calls = {"n": 0}
+
+        def failing_second_read(self: CheckpointStorage, *args: Any, **kwargs: Any) -> bytes:
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second diff of the catch-up
+                raise OSError("injected: the store is unreachable")
+            return read(self, *args, **kwargs)
+
+        monkeypatch.setattr(CheckpointStorage, "read_verified", failing_second_read)
+        with pytest.raises(BatchFailedError, match="injected"):
+            job.process_batch(data[3])
+        monkeypatch.setattr(CheckpointStorage, "read_verified", read)
+        assert stale.backend._closed  # type: ignore[attr-defined]
+        outputs.append(job.process_batch(data[3]))
+        first = _latest_subtasks(tmp_path)[0]
+        assert first.restored and not first.caught_up
+        outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data, "heap")
