@@ -12,6 +12,16 @@ through ``RocksDBOptions().write_options()``).
   ``state.update(v + 1)`` on a typed ``bigint`` ValueState (checked MessagePack values).
 - **keyedstate heap** (reference): the same calls on the heap backend.
 
+And the bulk calls of a vectorized function (``process_batch``), per pass over all keys:
+
+- **raw rocksdict multi-get**: ``cf.get(list of stored keys)`` (rocksdict's multi-get), one
+  write batch of the incremented values: the raw lower bound of a bulk pass;
+- **raw rocksdict gets**: the same with one ``cf.get(k)`` per key (the backend's choice, see
+  ``RocksDBState._multi_get``);
+- **keyedstate rocksdb bulk** / **keyedstate heap bulk**: the batch's keys encoded once
+  (``KeySerializer.serialize_many``, key groups precomputed as the Spark runtime has them),
+  ``state.get_many(keys)``, the values incremented, ``state.update_many(keys, values)``.
+
 Every side first writes every key once (untimed), then runs ``rounds`` timed passes of
 read-add-one-write over all keys. The sides are timed ``repeats`` times, interleaved, on fresh
 DBs; the figures are medians.
@@ -29,7 +39,7 @@ import statistics
 import struct
 from typing import Any, Callable, cast
 
-from rocksdict import Rdict
+from rocksdict import Rdict, WriteBatch
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
@@ -38,6 +48,7 @@ from keyedstate.backends.rocksdb.states import key_prefix, namespace_part
 from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serialize_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import serialize_namespace
+from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 from .common import machine, timed, user_keys, value_state, workdir
@@ -77,6 +88,47 @@ def _raw(stored: list[bytes], rounds: int, path: str) -> float:
         db.close()
 
 
+def _raw_bulk(stored: list[bytes], rounds: int, path: str, multi_get: bool) -> float:
+    options = RocksDBOptions()
+    db = Rdict(path, options.to_options(), column_families={STATE: options.to_options()})
+    cf = db.get_column_family(STATE)
+    cf.set_write_options(options.write_options())
+    handle = db.get_column_family_handle(STATE)
+    pack, unpack = _INT.pack, _INT.unpack
+    try:
+        for k in stored:
+            cf.put(k, pack(0))
+        with timed() as t:
+            for _ in range(rounds):
+                get = cast(Callable[[Any], Any], cf.get)
+                raws: list[bytes] = get(stored) if multi_get else [get(k) for k in stored]
+                batch = WriteBatch(raw_mode=True)
+                batch.set_default_column_family(handle)
+                for k, raw in zip(stored, raws):
+                    batch.put(k, pack(unpack(raw)[0] + 1))
+                db.write(batch, options.write_options())
+        return t.seconds
+    finally:
+        del cf, handle
+        db.close()
+
+
+def _ours_bulk(backend_name: str, names: list[str], key_groups: list[int], rounds: int,
+               ks: KeySerializer, local_dir: str) -> float:
+    sub = load_backend(backend_name).create_keyed_backend(KeyedStateBackendParameters(
+        subtask_index=0, key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
+        max_parallelism=MAX_PARALLELISM, key_serializer=ks, local_dir=local_dir))
+    with sub:
+        state = value_state(sub, ValueStateDescriptor(STATE, "bigint", default=0))
+        state.update_many(BatchKeys(names, ks.serialize_many(names), key_groups),
+                          [0] * len(names))
+        with timed() as t:
+            for _ in range(rounds):
+                keys = BatchKeys(names, ks.serialize_many(names), key_groups)
+                state.update_many(keys, [v + 1 for v in state.get_many(keys)])  # type: ignore[operator]  # default 0
+        return t.seconds
+
+
 def _ours(backend_name: str, routed: list[tuple[str, int]], rounds: int, ks: KeySerializer,
           local_dir: str) -> float:
     sub = load_backend(backend_name).create_keyed_backend(KeyedStateBackendParameters(
@@ -102,14 +154,22 @@ def run(keys: int = 200_000, rounds: int = 3, repeats: int = 5,
     names = user_keys(keys)
     routed = [(k, ks.key_group(k, MAX_PARALLELISM)) for k in names]
     stored = _stored_keys(names, ks)
-    samples: dict[str, list[float]] = {"raw_rocksdict": [], "keyedstate_rocksdb": [],
-                                       "keyedstate_heap": []}
+    key_groups = [kg for _, kg in routed]
     with workdir("access") as root:
         sides: dict[str, Callable[[int], float]] = {
             "raw_rocksdict": lambda n: _raw(stored, rounds, f"{root}/raw-{n}"),
             "keyedstate_rocksdb": lambda n: _ours("rocksdb", routed, rounds, ks, f"{root}"),
             "keyedstate_heap": lambda n: _ours("heap", routed, rounds, ks, f"{root}"),
+            "raw_rocksdict_multi_get": lambda n: _raw_bulk(stored, rounds, f"{root}/mg-{n}",
+                                                           multi_get=True),
+            "raw_rocksdict_gets": lambda n: _raw_bulk(stored, rounds, f"{root}/g-{n}",
+                                                      multi_get=False),
+            "keyedstate_rocksdb_bulk": lambda n: _ours_bulk("rocksdb", names, key_groups,
+                                                            rounds, ks, f"{root}"),
+            "keyedstate_heap_bulk": lambda n: _ours_bulk("heap", names, key_groups, rounds,
+                                                         ks, f"{root}"),
         }
+        samples: dict[str, list[float]] = {side: [] for side in sides}
         for n in range(repeats):
             for side, fn in sides.items():
                 if progress:
@@ -132,5 +192,11 @@ def run(keys: int = 200_000, rounds: int = 3, repeats: int = 5,
         "keyedstate_heap_us_per_op": median["keyedstate_heap"] / ops * 1e6,
         "rocksdb_over_raw": median["keyedstate_rocksdb"] / raw,
         "heap_over_raw": median["keyedstate_heap"] / raw,
+        # the bulk calls (one pass = one get_many + update_many over all keys)
+        "us_per_key_and_pass": {side: m / ops * 1e6 for side, m in median.items()},
+        "rocksdb_bulk_over_raw_multi_get":
+            median["keyedstate_rocksdb_bulk"] / median["raw_rocksdict_multi_get"],
+        "rocksdb_bulk_over_per_key":
+            median["keyedstate_rocksdb_bulk"] / median["keyedstate_rocksdb"],
         "goal_met": median["keyedstate_rocksdb"] / raw <= 2.0,
     }
