@@ -121,9 +121,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def catch_up(self, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage) -> bool:
         """See :meth:`KeyedStateBackend.catch_up`. Possible when this backend's own last
-        snapshot was written and the checkpoint's chain for exactly this key-group range
-        starts with that snapshot's chain: the diffs after it are applied, they become the
-        base of the next snapshot, and the journal starts afresh (its changes are in them)."""
+        snapshot was written and the checkpoint's chain for exactly this key-group range goes
+        through that snapshot's file (and agrees with the copy's chain up to it): the files
+        after it are applied, the chain becomes the base of the next snapshot, and the journal
+        starts afresh (its changes are in those files)."""
         self._check_open()
         mine = [h for h in handles if h.key_group_range.intersection(self.key_group_range)]
         if not self.incremental or len(mine) != 1 \
@@ -139,10 +140,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         chain = chain_of(handle)
         if own is None or handle.checkpoint_id <= own.checkpoint_id \
                 or (own.storage is not None and own.storage.url != storage.url) \
-                or chain[:len(own.files)] != own.files:
+                or own.files[-1] not in chain:
+            return False
+        # The chain goes through this copy's own last file, and what it lists up to there is
+        # the end of the copy's chain (the chain may have dropped older files since).
+        through = chain.index(own.files[-1]) + 1
+        if chain[:through] != own.files[len(own.files) - through:]:
             return False
         operation = HeapRestoreOperation(self, [handle], storage)
-        operation.catch_up(handle, skip=len(own.files))
+        operation.catch_up(handle, skip=through)
         self.restore_stats = operation.stats
         with self._pending_lock:
             self._pending.clear()
