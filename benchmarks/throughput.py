@@ -279,6 +279,7 @@ def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any
             "batch_id": s.batch_id, "driver_s": s.duration_s, "sink_s": sink,
             "slowest_subtask_s": slowest, "other_s": s.duration_s - sink - slowest,
             "reused_subtasks": s.reused_subtasks,
+            "caught_up_subtasks": s.caught_up_subtasks,
             "subtasks": [{k: st[k] for k in ("rows_in", "rows_out", "restore_s", "process_s",
                                              "sync_s", "async_s", "full_bytes",
                                              "incremental_bytes", "worker_pid")}
