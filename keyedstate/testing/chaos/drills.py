@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -144,8 +145,10 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
 
     drill = job.drill
     rng = random.Random(drill["seed"])
-    scratch = os.path.join(run_dir, "drills", f"job-{job.index:03d}")
-    shutil.rmtree(scratch, ignore_errors=True)
+    # A directory of its own per drill run: a drill that ends in an error may leave Spark tasks
+    # of its failed batch running for a moment, and they write into the drill's checkpoint
+    # directory (its staging/); a later drill reusing the path would collide with them.
+    scratch = os.path.join(run_dir, "drills", f"job-{job.index:03d}-{uuid.uuid4().hex[:8]}")
     root = os.path.join(scratch, "ckpt")
     copy_job_dir(plan.job_dir(job.index), plan.storage_options, root)
     dmg = damage_file(root, drill["target"], drill["damage"], rng)
@@ -213,8 +216,8 @@ def positions_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     from keyedstate.testing.chaos.workload import INPUT_DDL, input_file_name
 
     following = plan.jobs[job.index + 1]
-    scratch = os.path.join(run_dir, "drills", f"positions-{job.index:03d}")
-    shutil.rmtree(scratch, ignore_errors=True)
+    scratch = os.path.join(run_dir, "drills",
+                           f"positions-{job.index:03d}-{uuid.uuid4().hex[:8]}")  # as above
     savepoint = os.path.join(scratch, "savepoint")
     copy_job_dir(plan.savepoint_dir(job.index), plan.storage_options, savepoint)
     shutil.rmtree(os.path.join(savepoint, CONTEXT_DIR))
