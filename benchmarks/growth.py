@@ -30,8 +30,10 @@ RocksDB flush and compaction) and ``batches`` (30) measured batches.
 clock of ``bench throughput``); ``driver_s``, the driver's part (``foreachBatch``: routing,
 subtasks, checkpoint, sink); from the driver's :class:`~keyedstate.spark.driver.BatchStats`:
 ``uploaded_bytes`` (bytes the executors sent to the store for the checkpoint),
-``incremental_bytes`` (the checkpoint's new state, from its handles), ``full_bytes`` (the whole
-state), ``restored_subtasks`` / ``reused_subtasks`` (a subtask restores when its Python worker
+``incremental_bytes`` (the checkpoint's new state, from its handles), ``full_bytes`` (the
+checkpoint's full size: every state file it references, i.e. what a restore reads: RocksDB's SST
+files, older versions included until compactions drop them; the heap backend's base snapshot
+and its chain of diffs), ``restored_subtasks`` / ``reused_subtasks`` (a subtask restores when its Python worker
 holds no live copy of its state at the last checkpoint: on ``local-cluster`` when Spark places
 its task on the other executor); ``sink_s`` and ``verified``.
 
@@ -41,7 +43,8 @@ each with its count so far. A batch missing, differing or run with another numbe
 fails the run.
 
 **Per (backend, keys)**: median, p90 (linear interpolation) and max of the measured batches'
-``trigger_s``; the largest upload (bytes, and as a fraction of that checkpoint's full state).
+``trigger_s``; the largest upload (bytes, and as a fraction of that checkpoint's
+``full_bytes``).
 Goals, per backend: the median at ``keys`` at most 1.3x the median at ``small_keys``; the p90
 and the max at ``keys`` at most 2x the median at ``keys``.
 
@@ -153,9 +156,29 @@ def write_workload(directory: str, keys: int, load_batch_keys: int, warm_up_batc
     return out
 
 
+def check_output(batch_id: int, table: pa.Table, want: Batch) -> str | None:
+    """None if ``table`` (``user_id``, ``count``) holds exactly one row per key of ``want``
+    with the key's expected count, else what differs."""
+    idx = pc.cast(pc.utf8_slice_codeunits(table.column("user_id"), len(KEY_PREFIX)),
+                  pa.int64()).to_numpy()
+    got = table.column("count").to_numpy()
+    order = np.argsort(idx, kind="stable")
+    idx, got = idx[order], got[order]
+    if not np.array_equal(idx, want.keys):
+        return (f"batch {batch_id}: {len(idx)} output rows for {len(np.unique(idx))} keys, "
+                f"expected one row for each of its {len(want.keys)} keys")
+    wrong = np.flatnonzero(got != want.counts)
+    if wrong.size:
+        i = wrong[0]
+        return (f"batch {batch_id}: {wrong.size} keys with wrong counts, e.g. "
+                f"{KEY_PREFIX}{idx[i]:08d}: {got[i]}, expected {want.counts[i]}")
+    return None
+
+
 class VerifiedCounts(Sink):
     """The job's only sink: each batch's output (read from its staged files in the driver, as a
-    ``CallbackSink`` does, without a Spark job) against the generated data's, key by key. The
+    ``CallbackSink`` does, without a Spark job) against the generated data's, key by key
+    (:func:`check_output`). The
     verdicts are kept (:attr:`verified`, :attr:`errors`), for :meth:`check` after the run: a
     sink that raised would only have its commit retried. Idempotent: a replay checks again."""
 
@@ -167,31 +190,13 @@ class VerifiedCounts(Sink):
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         started = time.perf_counter()
-        table = read_staged(staged)
-        error = self._compare(batch_id, table)
+        error = (check_output(batch_id, read_staged(staged), self.expected[batch_id])
+                 if 0 <= batch_id < len(self.expected) else
+                 f"batch {batch_id} was not generated (only {len(self.expected)} were)")
         self.verified[batch_id] = error is None
         if error is not None:
             self.errors[batch_id] = error
         self.seconds[batch_id] = time.perf_counter() - started
-
-    def _compare(self, batch_id: int, table: pa.Table) -> str | None:
-        if not 0 <= batch_id < len(self.expected):
-            return f"batch {batch_id} was not generated (only {len(self.expected)} were)"
-        want = self.expected[batch_id]
-        idx = pc.cast(pc.utf8_slice_codeunits(table.column("user_id"), len(KEY_PREFIX)),
-                      pa.int64()).to_numpy()
-        got = table.column("count").to_numpy()
-        order = np.argsort(idx, kind="stable")
-        idx, got = idx[order], got[order]
-        if not np.array_equal(idx, want.keys):
-            return (f"batch {batch_id}: {len(idx)} output rows for {len(np.unique(idx))} keys, "
-                    f"expected one row for each of its {len(want.keys)} keys")
-        wrong = np.flatnonzero(got != want.counts)
-        if wrong.size:
-            i = wrong[0]
-            return (f"batch {batch_id}: {wrong.size} keys with wrong counts, e.g. "
-                    f"{KEY_PREFIX}{idx[i]:08d}: {got[i]}, expected {want.counts[i]}")
-        return None
 
     def check(self, run: str) -> None:
         """Raise ``AssertionError`` unless every generated batch was committed and right."""
@@ -236,11 +241,12 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
     wall_s = time.perf_counter() - started
     # Step 1. Every batch's output right, and every batch read its whole file.
     sink.check(name)
-    progress = [p for p in query.query.recentProgress if p.numInputRows > 0]
-    rows = [p.numInputRows for p in progress]
-    if rows != [b.events for b in workload]:
+    progress = {p.batchId: p for p in query.query.recentProgress if p.numInputRows > 0}
+    rows = [progress[b].numInputRows if b in progress else None for b in range(len(workload))]
+    if rows != [b.events for b in workload] or len(progress) != len(workload):
         raise AssertionError(f"{name}: expected batches of {[b.events for b in workload]} rows, "
-                             f"Spark reports {rows} (spark.sql.streaming."
+                             f"Spark reports {rows} for batches 0..{len(workload) - 1} and "
+                             f"{len(progress)} batches with rows (spark.sql.streaming."
                              f"numRecentProgressUpdates too small?)")
     stats = {s.batch_id: s for s in query.stats if s.checkpoint_id >= 0}
     if sorted(stats) != list(range(len(workload))):
@@ -248,8 +254,8 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
                              f"0..{len(workload) - 1}")
     # Step 2. Every batch's figures.
     per_batch = []
-    for batch_id, (batch, p) in enumerate(zip(workload, progress)):
-        s = stats[batch_id]
+    for batch_id, batch in enumerate(workload):
+        s, p = stats[batch_id], progress[batch_id]
         per_batch.append({
             "batch_id": batch_id, "phase": batch.phase, "events": batch.events,
             "keys": int(len(batch.keys)),
@@ -275,7 +281,8 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
         "largest_upload_bytes": largest["uploaded_bytes"],
         "largest_upload_fraction": largest["uploaded_bytes"] / max(1, largest["full_bytes"]),
         "median_upload_bytes": statistics.median(b["uploaded_bytes"] for b in measured),
-        "state_bytes": measured[-1]["full_bytes"],
+        "full_bytes_last": measured[-1]["full_bytes"],
+        "full_bytes_max": max(b["full_bytes"] for b in measured),
         "restored_subtasks": sum(b["restored_subtasks"] for b in measured),
         "reused_subtasks": sum(b["reused_subtasks"] for b in measured),
         "wall_s": wall_s,
@@ -390,25 +397,37 @@ def compute_goals(results: Sequence[dict[str, Any]], small_keys: int, keys: int
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """One panel per backend: each measured batch's seconds at both state sizes, their medians
-    (dotted) and the goals' lines (dashed: 1.3x the small state's median, 2x the large's)."""
+    """One panel per backend: each measured batch's seconds at both state sizes (a ring where a
+    subtask restored its state instead of reusing its live copy), their medians (dotted) and
+    the goals' lines (dashed: 1.3x the small state's median, 2x the large state's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     backends = list(dict.fromkeys(r["backend"] for r in result["results"]))
-    fig, axes = plt.subplots(1, len(backends), figsize=(6 * len(backends), 4.2), dpi=120,
+    fig, axes = plt.subplots(1, len(backends), figsize=(6 * len(backends), 4.4), dpi=120,
                              sharey=True, squeeze=False)
     w = result["workload"]
     colors = {w["small_keys"]: "#7f7f7f", w["keys"]: "#1f77b4"}
+    top = max(max(r["seconds_per_batch"]) for r in result["results"])
     for ax, backend in zip(axes[0], backends):
+        ringed = False
         for r in (r for r in result["results"] if r["backend"] == backend):
-            seconds = r["seconds_per_batch"]
+            measured = [b for b in r["per_batch"] if b["phase"] == MEASURED]
+            xs = range(1, len(measured) + 1)
             color = colors.get(r["keys"], "#ff7f0e")
-            ax.plot(range(1, len(seconds) + 1), seconds, marker="o", markersize=3,
+            ax.plot(xs, [b["trigger_s"] for b in measured], marker="o", markersize=3,
                     color=color, label=f"{r['keys']:,} keys (median {r['median_s']:.2f} s, "
                                        f"p90 {r['p90_s']:.2f}, max {r['max_s']:.2f})")
+            restored = [(x, b["trigger_s"]) for x, b in zip(xs, measured)
+                        if b["restored_subtasks"]]
+            if restored:
+                ax.scatter([x for x, _ in restored], [y for _, y in restored], s=40,
+                           facecolors="none", edgecolors=color, linewidths=1,
+                           label=None if ringed else "a subtask restored (no live copy)")
+                ringed = True
             ax.axhline(r["median_s"], color=color, linestyle=":", linewidth=1)
             if r["keys"] == w["keys"]:
                 ax.axhline(GOAL_TAIL_RATIO * r["median_s"], color="#d62728", linestyle="--",
@@ -417,15 +436,16 @@ def plot(result: dict[str, Any], path: str) -> None:
                 ax.axhline(GOAL_MEDIAN_RATIO * r["median_s"], color="#2ca02c", linestyle="--",
                            linewidth=1, label=f"goal: median <= {GOAL_MEDIAN_RATIO:g}x "
                                               f"{r['keys']:,} keys' median")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.5 * top)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("measured batch")
-        ax.set_title(f"{backend}", fontsize=10)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title(backend, fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
     axes[0][0].set_ylabel("seconds per batch (Spark's triggerExecution)")
     m = result["machine"]
     fig.suptitle(f"Batch time as the state grows: {w['events_per_batch']:,} events over "
-                 f"{w['distinct_keys_per_batch']:,} keys per batch, {m['master']}, S3 (moto); "
-                 f"{m['date']}, load {m['load_average'][0]}", fontsize=9)
+                 f"{w['distinct_keys_per_batch']:,} keys per batch, {m['master']}, checkpoints "
+                 f"on S3 (moto); {m['date']}, load average {m['load_average']}", fontsize=9)
     save_figure(fig, path)
 
 
