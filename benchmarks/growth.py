@@ -13,17 +13,18 @@ once with a state of ``small_keys`` (100 K) keys and once with ``keys`` (5 M), o
 **Loading the state.** The job itself loads it, in its first batches: ``load_batch_keys`` (1 M)
 events per batch, each key of the key space exactly once over the loading batches (5 batches at
 5 M keys). These batches are recorded (phase ``load``) and never measured. Why not a savepoint
-written by the state processor API (``SavepointWriter``) that the job starts from: that state
-would be a canonical savepoint the job restores in its first batch, i.e. what a restore
-produces (for RocksDB: a freshly ingested DB whose compactions then run inside the measured
-batches, and a first checkpoint that uploads everything), not what a running job holds after
-writing its state itself. Loading through the job gives the state a long-running job has (its
-own backend files, its checkpoint chain: RocksDB's shared SST files, the heap backend's diff
-chain), checks the loading batches' output like every other batch, and is fast enough: the load
-is ``keys`` calls of ``process_key`` (about a minute per million keys on a quiet 2-core machine,
-see the JSON's ``load_s``), once per backend. Then ``warm_up_batches`` (1) batches of the
-measured shape (phase ``warm-up``: the first after a 1 M-key batch also pays for that batch's
-RocksDB flush and compaction) and ``batches`` (30) measured batches.
+written by the state processor API (``SavepointWriter``) that the job starts from: the job's
+first batch would bulk-load it into empty backends (``restore_canonical``, a Python loop over
+every record too, so hardly faster) and its first checkpoint would upload all of it: the state
+of a job just restored from a bootstrap, not the one a running job holds after writing its state
+itself. Loading through the job gives the state a long-running job has (its own backend files,
+its checkpoint chain: RocksDB's shared SST files, the heap backend's base snapshot and diffs),
+checks the loading batches' output like every other batch, and is fast enough: the load is
+``keys`` calls of ``process_key`` in 2 subtasks (about 15 s per million keys on this 2-core
+machine under other load; the JSON's ``load_s``), once per backend. Then ``warm_up_batches``
+(1) batches of the measured shape (phase ``warm-up``, not measured: the first batch after the
+large loading batches may still pay for their flushes and compactions) and ``batches`` (30)
+measured batches.
 
 **Per batch** (every batch, every phase, in ``per_batch``): ``trigger_s``, Spark's
 ``triggerExecution`` of the micro-batch (listing, planning, the batch, the commit logs: the
@@ -33,9 +34,11 @@ subtasks, checkpoint, sink); from the driver's :class:`~keyedstate.spark.driver.
 ``incremental_bytes`` (the checkpoint's new state, from its handles), ``full_bytes`` (the
 checkpoint's full size: every state file it references, i.e. what a restore reads: RocksDB's SST
 files, older versions included until compactions drop them; the heap backend's base snapshot
-and its chain of diffs), ``restored_subtasks`` / ``reused_subtasks`` (a subtask restores when its Python worker
-holds no live copy of its state at the last checkpoint: on ``local-cluster`` when Spark places
-its task on the other executor); ``sink_s`` and ``verified``.
+and its chain of diffs), ``restored_subtasks`` / ``reused_subtasks`` (placement: a subtask
+restores when the Python worker its task lands on holds no live copy of its state at the last
+checkpoint; on ``local[2]`` either of two workers takes a task, on ``local-cluster`` either
+executor too), ``restore_s`` (the slowest subtask's restore, 0 when all reused) with the bytes
+restores downloaded or found in the executors' file caches; ``sink_s`` and ``verified``.
 
 **Verification.** The job's only sink reads each batch's output (the staged files, in the
 driver) and compares it key by key with the generated data's counts: the keys of the batch,
@@ -44,9 +47,9 @@ fails the run.
 
 **Per (backend, keys)**: median, p90 (linear interpolation) and max of the measured batches'
 ``trigger_s``; the largest upload (bytes, and as a fraction of that checkpoint's
-``full_bytes``).
-Goals, per backend: the median at ``keys`` at most 1.3x the median at ``small_keys``; the p90
-and the max at ``keys`` at most 2x the median at ``keys``.
+``full_bytes``); restored and reused subtasks summed. Goals, per backend: the median at
+``keys`` at most 1.3x the median at ``small_keys``; the p90 and the max at ``keys`` at most 2x
+the median at ``keys``.
 
 Run ``keyedstate bench growth [--keys N]`` or, with the master, backends and batches,
 ``python -m keyedstate_benchmarks.growth --master local-cluster[2,1,1024] --out
@@ -264,7 +267,9 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
             "uploaded_bytes": s.uploaded_bytes, "incremental_bytes": s.incremental_bytes,
             "full_bytes": s.full_bytes, "objects_written": s.objects_written,
             "restored_subtasks": s.restored_subtasks, "reused_subtasks": s.reused_subtasks,
-            "restore_s": s.restore_s, "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
+            "restore_s": s.restore_s, "restore_downloaded_bytes": s.restore_downloaded_bytes,
+            "restore_cache_hit_bytes": s.restore_cache_hit_bytes,
+            "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
             "verified": sink.verified[batch_id],
         })
     measured = [b for b in per_batch if b["phase"] == MEASURED]
@@ -346,6 +351,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                         f"loading + {warm_up_batches} warm-up + {batches} measured batches")
                     results.append(run_one(spark, s3, backend, size, workload,
                                            os.path.join(root, f"{backend}-{size}"), parallelism))
+            master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:
                 spark.stop()
