@@ -24,7 +24,9 @@ checks the loading batches' output like every other batch, and is fast enough: t
 machine under other load; the JSON's ``load_s``), once per backend. Then ``warm_up_batches``
 (1) batches of the measured shape (phase ``warm-up``, not measured: the first batch after the
 large loading batches may still pay for their flushes and compactions) and ``batches`` (30)
-measured batches.
+measured batches. Before all runs, a throw-away run of the small state's loading batch and
+``session_warm_up_batches`` (10) more on the first backend starts the Python workers and
+JIT-compiles the JVM (without it, the first run's measured batches were 1.5x the next run's).
 
 **Per batch** (every batch, every phase, in ``per_batch``): ``trigger_s``, Spark's
 ``triggerExecution`` of the micro-batch (listing, planning, the batch, the commit logs: the
@@ -218,19 +220,22 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence[Batch],
-            root: str, parallelism: int) -> dict[str, Any]:
-    """Run the keyed count over ``workload`` (its own query, checkpoints in a fresh folder of
-    the bucket), verify every batch's output, and summarize the measured batches."""
+def _median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def run_job(spark: Any, s3: LocalS3, backend: str, workload: Sequence[Batch], root: str,
+            parallelism: int, name: str) -> tuple[list[dict[str, Any]], float]:
+    """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
+    of the bucket) and verify every batch's output; returns each batch's figures (module
+    docstring) and the query's wall seconds."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
-    name = f"{backend}-{keys}"
     os.makedirs(root)
     events = _input(spark, root, [b.path for b in workload])
     sink = VerifiedCounts(workload)
     job = key_by(events, "user_id").process(KeyedCount(), OUTPUT_DDL).sink(sink)
-    load_before = os.getloadavg()[0]
     started = time.perf_counter()
     query = job.start(JobConfig(checkpoint_dir=s3.url(f"{name}/ckpt"), parallelism=parallelism,
                                 backend=backend, storage_options=s3.options,
@@ -272,6 +277,17 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
             "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
             "verified": sink.verified[batch_id],
         })
+    return per_batch, wall_s
+
+
+def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence[Batch],
+            root: str, parallelism: int) -> dict[str, Any]:
+    """:func:`run_job` for ``backend`` at ``keys`` keys, and the summary of its measured
+    batches: median, p90 and max seconds (also the median of the batches where every subtask
+    reused its live copy and of those where one restored: placement), uploads, state size."""
+    load_before = os.getloadavg()[0]
+    per_batch, wall_s = run_job(spark, s3, backend, workload, root, parallelism,
+                                f"{backend}-{keys}")
     measured = [b for b in per_batch if b["phase"] == MEASURED]
     seconds = [b["trigger_s"] for b in measured]
     largest = max(measured, key=lambda b: b["uploaded_bytes"])
@@ -283,6 +299,10 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
         "median_s": statistics.median(seconds), "p90_s": _percentile(seconds, 90),
         "max_s": max(seconds), "mean_s": statistics.fmean(seconds),
         "seconds_per_batch": seconds,
+        "median_all_reused_s": _median_or_none([b["trigger_s"] for b in measured
+                                                if not b["restored_subtasks"]]),
+        "median_any_restored_s": _median_or_none([b["trigger_s"] for b in measured
+                                                  if b["restored_subtasks"]]),
         "largest_upload_bytes": largest["uploaded_bytes"],
         "largest_upload_fraction": largest["uploaded_bytes"] / max(1, largest["full_bytes"]),
         "median_upload_bytes": statistics.median(b["uploaded_bytes"] for b in measured),
@@ -305,11 +325,13 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
 def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         warm_up_batches: int = 1, events_per_batch: int = 200_000, distinct_keys: int = 50_000,
         load_batch_keys: int = 1_000_000, backends: Sequence[str] = BACKENDS,
-        parallelism: int = 2, master: str = "local[2]",
+        session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
         progress: Callable[[str], None] | None = None, spark: Any = None) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
-    (module docstring); fails if any batch's output differs from the generated data's.
-    ``spark``: a session to use (else one on ``master`` is started and stopped here)."""
+    (module docstring); fails if any batch's output differs from the generated data's. First,
+    a throw-away run of the small state's loading batches and ``session_warm_up_batches``
+    more on the first backend warms the session up. ``spark``: a session to use (else one on
+    ``master`` is started and stopped here)."""
     from keyedstate.spark.session import local_session
 
     unknown = sorted(set(backends) - set(BACKENDS))
@@ -320,8 +342,9 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     if not 0 < distinct_keys <= min(small_keys, events_per_batch):
         raise ValueError(f"distinct_keys ({distinct_keys:,}) must be at most the small state's "
                          f"keys ({small_keys:,}) and the events per batch ({events_per_batch:,})")
-    if batches < 2 or load_batch_keys < 1 or warm_up_batches < 0:
-        raise ValueError("run at least 2 measured batches, with load_batch_keys >= 1")
+    if batches < 2 or load_batch_keys < 1 or warm_up_batches < 0 or session_warm_up_batches < 0:
+        raise ValueError("run at least 2 measured batches, with load_batch_keys >= 1 and no "
+                         "negative number of warm-up batches")
     say = progress or (lambda msg: None)
     own_session = spark is None
     sizes = (small_keys, keys)
@@ -342,6 +365,20 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                 # every batch's progress is read back at the end
                 "spark.sql.streaming.numRecentProgressUpdates": str(max(100, most + 10))})
         try:
+            # The session's first batches pay for starting Python workers and JIT-compiling
+            # the JVM's hot paths (in a first try, a first measured run's batches were still
+            # 1.5x the next run's): a throw-away run of the small state's first batches.
+            warm_up: dict[str, Any] = {"backend": backends[0], "keys": small_keys,
+                                       "batches": 0, "wall_s": 0.0}
+            if session_warm_up_batches:
+                first = workloads[small_keys]
+                first = first[:sum(b.phase == LOAD for b in first) + session_warm_up_batches]
+                say(f"warming up the session: {len(first)} throw-away batches")
+                per_batch, wall_s = run_job(spark, s3, backends[0], first,
+                                            os.path.join(root, "session-warm-up"), parallelism,
+                                            "session-warm-up")
+                warm_up.update(batches=len(per_batch), wall_s=wall_s,
+                               trigger_s=[b["trigger_s"] for b in per_batch])
             # A stopped job's live copies stay in the Python workers a while: the heap
             # backend's are millions of Python objects, so heap runs last (default order).
             for backend in backends:
@@ -363,12 +400,14 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         "workload": {"keys": keys, "small_keys": small_keys, "batches": batches,
                      "warm_up_batches": warm_up_batches, "events_per_batch": events_per_batch,
                      "distinct_keys_per_batch": distinct_keys, "load_batch_keys": load_batch_keys,
+                     "session_warm_up_batches": session_warm_up_batches,
                      "parallelism": parallelism, "backends": list(backends),
                      "function": "throughput.KeyedCount (process_key, bigint ValueState)",
                      "storage": "moto S3 server on loopback, via s3fs",
                      "timing": "trigger_s: Spark's triggerExecution of each micro-batch; "
                                "median, p90, max of the measured batches"},
         "total_s": time.perf_counter() - started,
+        "session_warm_up": warm_up,
         "results": results,
         "goals": goals,
         "goals_met": bool(goals) and all(g["met"] for g in goals.values()),

@@ -25,9 +25,10 @@ def test_bench_growth_runs_small_on_both_backends(spark: Any, tmp_path: Any) -> 
     assert BENCHMARKS["growth"] == "keyedstate_benchmarks.growth"
     figures = growth.run(keys=2000, small_keys=500, batches=3, warm_up_batches=0,
                          events_per_batch=400, distinct_keys=100, load_batch_keys=2000,
-                         spark=spark)
+                         session_warm_up_batches=1, spark=spark)
     assert figures["benchmark"] == "growth"
     assert {"commit", "load_average", "master", "spark"} <= set(figures["machine"])
+    assert figures["session_warm_up"]["batches"] == 2  # the small state's loading batch + 1
     assert [(r["backend"], r["keys"]) for r in figures["results"]] == [
         ("rocksdb", 500), ("rocksdb", 2000), ("heap", 500), ("heap", 2000)]
     for result in figures["results"]:
