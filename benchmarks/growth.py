@@ -183,9 +183,9 @@ def check_output(batch_id: int, table: pa.Table, want: Batch) -> str | None:
 class VerifiedCounts(Sink):
     """The job's only sink: each batch's output (read from its staged files in the driver, as a
     ``CallbackSink`` does, without a Spark job) against the generated data's, key by key
-    (:func:`check_output`). The
-    verdicts are kept (:attr:`verified`, :attr:`errors`), for :meth:`check` after the run: a
-    sink that raised would only have its commit retried. Idempotent: a replay checks again."""
+    (:func:`check_output`). The verdicts are kept (:attr:`verified`, :attr:`errors`) and
+    judged after the run (:meth:`check`), so that the run ends with every wrong batch named.
+    A replayed commit checks again; a batch that was ever wrong stays wrong."""
 
     def __init__(self, expected: Sequence[Batch]) -> None:
         self.expected = expected
@@ -198,7 +198,7 @@ class VerifiedCounts(Sink):
         error = (check_output(batch_id, read_staged(staged), self.expected[batch_id])
                  if 0 <= batch_id < len(self.expected) else
                  f"batch {batch_id} was not generated (only {len(self.expected)} were)")
-        self.verified[batch_id] = error is None
+        self.verified[batch_id] = self.verified.get(batch_id, True) and error is None
         if error is not None:
             self.errors[batch_id] = error
         self.seconds[batch_id] = time.perf_counter() - started

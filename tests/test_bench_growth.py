@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from benchmarks import growth
 
@@ -48,3 +49,16 @@ def test_check_output_refuses_missing_doubled_and_wrong_counts(tmp_path):
         is not None
     wrong = right.set_column(1, "count", pa.array(batch.counts + np.eye(10, dtype=np.int64)[3]))
     assert "1 keys with wrong counts" in (growth.check_output(2, wrong, batch) or "")
+
+
+def test_the_sink_fails_the_run_for_a_batch_never_committed_or_not_generated(tmp_path):
+    batches = growth.write_workload(str(tmp_path), keys=20, load_batch_keys=20,
+                                    warm_up_batches=0, batches=2, events_per_batch=10,
+                                    distinct_keys=5)
+    sink = growth.VerifiedCounts(batches)
+    with pytest.raises(AssertionError, match=r"never committed: \[0, 1, 2\]"):
+        sink.check("rocksdb-20")
+    sink.commit(None, 3, None)  # a batch id the workload does not have: nothing read
+    assert sink.verified == {3: False}
+    with pytest.raises(AssertionError, match="batch 3 was not generated"):
+        sink.check("rocksdb-20")
