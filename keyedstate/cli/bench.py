@@ -23,6 +23,7 @@ BENCHMARKS = {
     "rescale": "keyedstate_benchmarks.rescale",
     "evolution": "keyedstate_benchmarks.evolution",
     "sinks": "keyedstate_benchmarks.sinks",
+    "growth": "keyedstate_benchmarks.growth",
 }
 
 

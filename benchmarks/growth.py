@@ -1,0 +1,528 @@
+"""Does a batch cost the same when the state is 50 times larger? (issue 14 part 3)
+
+The keyed count of ``bench throughput`` (:class:`~.throughput.KeyedCount`: a
+``KeyedProcessFunction`` with a bigint ``ValueState`` per key, the per-key path
+``process_key``) on real Spark (``local[2]`` by default), parallelism 2, checkpoints on the
+local S3 server (moto on loopback, through s3fs; Spark's offset log on the local disk). Each
+measured batch is ``events_per_batch`` (200 K) events over exactly ``distinct_keys`` (50 K)
+distinct keys, drawn uniformly without replacement from the state's key space; the job runs
+once with a state of ``small_keys`` (100 K) keys and once with ``keys`` (5 M), on each backend
+(``rocksdb``, then ``heap``), each run a query of its own over generated Parquet files (one file
+= one micro-batch, ``maxFilesPerTrigger=1``, ``trigger(availableNow=True)``).
+
+**Loading the state.** The job itself loads it, in its first batches: ``load_batch_keys`` (1 M)
+events per batch, each key of the key space exactly once over the loading batches (5 batches at
+5 M keys). These batches are recorded (phase ``load``) and never measured. Why not a savepoint
+written by the state processor API (``SavepointWriter``) that the job starts from: the job's
+first batch would bulk-load it into empty backends (``restore_canonical``, a Python loop over
+every record too, so hardly faster) and its first checkpoint would upload all of it: the state
+of a job just restored from a bootstrap, not the one a running job holds after writing its state
+itself. Loading through the job gives the state a long-running job has (its own backend files,
+its checkpoint chain: RocksDB's shared SST files, the heap backend's base snapshot and diffs),
+checks the loading batches' output like every other batch, and is fast enough: the load is
+``keys`` calls of ``process_key`` in 2 subtasks (about 15 s per million keys on this 2-core
+machine under other load; the JSON's ``load_s``), once per backend. Then ``warm_up_batches``
+(1) batches of the measured shape (phase ``warm-up``, not measured: the first batch after the
+large loading batches may still pay for their flushes and compactions) and ``batches`` (30)
+measured batches. Before all runs, a throw-away run of the small state's loading batch and
+``session_warm_up_batches`` (10) more on the first backend starts the Python workers and
+JIT-compiles the JVM (without it, the first run's measured batches were 1.5x the next run's).
+
+**Per batch** (every batch, every phase, in ``per_batch``): ``trigger_s``, Spark's
+``triggerExecution`` of the micro-batch (listing, planning, the batch, the commit logs: the
+clock of ``bench throughput``); ``driver_s``, the driver's part (``foreachBatch``: routing,
+subtasks, checkpoint, sink); from the driver's :class:`~keyedstate.spark.driver.BatchStats`:
+``uploaded_bytes`` (bytes the executors sent to the store for the checkpoint),
+``incremental_bytes`` (the checkpoint's new state, from its handles), ``full_bytes`` (the
+checkpoint's full size: every state file it references, i.e. what a restore reads: RocksDB's SST
+files, older versions included until compactions drop them; the heap backend's base snapshot
+and its chain of diffs), ``restored_subtasks`` / ``reused_subtasks`` (placement: a subtask
+restores when the Python worker its task lands on holds no live copy of its state at the last
+checkpoint; on ``local[2]`` either of two workers takes a task, on ``local-cluster`` either
+executor too), ``restore_s`` (the slowest subtask's restore, 0 when all reused) with the bytes
+restores downloaded or found in the executors' file caches; ``sink_s`` and ``verified``.
+
+**Verification.** The job's only sink reads each batch's output (the staged files, in the
+driver) and compares it key by key with the generated data's counts: the keys of the batch,
+each with its count so far. A batch missing, differing or run with another number of input rows
+fails the run.
+
+**Per (backend, keys)**: median, p90 (linear interpolation) and max of the measured batches'
+``trigger_s``; the largest upload (bytes, and as a fraction of that checkpoint's
+``full_bytes``); restored and reused subtasks summed. Goals, per backend: the median at
+``keys`` at most 1.3x the median at ``small_keys``; the p90 and the max at ``keys`` at most 2x
+the median at ``keys``.
+
+Run ``keyedstate bench growth [--keys N]`` or, with the master, backends and batches,
+``python -m keyedstate_benchmarks.growth --master local-cluster[2,1,1024] --out
+docs/bench-results/growth.json`` (the figure goes to ``docs/img/growth.png``, ``--plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from keyedstate.runtime.batch import StagedOutput, read_staged
+from keyedstate.spark.sinks import Sink
+
+from .common import machine, save_figure, workdir
+from .remote import LocalS3
+from .throughput import (
+    INPUT_SCHEMA,
+    OUTPUT_DDL,
+    ROW_GROUP_SIZE,
+    KeyedCount,
+    _input,
+    spark_version,
+)
+
+BACKENDS = ("rocksdb", "heap")
+#: the small state's keys (the reference of the median goal)
+SMALL_KEYS = 100_000
+#: the goals: the large state's median at most this times the small state's ...
+GOAL_MEDIAN_RATIO = 1.3
+#: ... and its p90 and max at most this times its own median
+GOAL_TAIL_RATIO = 2.0
+LOAD, WARM_UP, MEASURED = "load", "warm-up", "measured"
+KEY_PREFIX = "user-"
+
+
+# --------------------------------------------------------------------------------------------
+# the generated batches and their expected output
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """One generated micro-batch (one Parquet file) and the job's expected output for it."""
+
+    phase: str
+    path: str
+    events: int
+    #: the key indices in the batch, ascending (key ``i`` is ``user-{i:08d}``)
+    keys: np.ndarray
+    #: each of those keys' count after the batch: the output the job must emit
+    counts: np.ndarray
+
+
+def key_names(n: int) -> pa.Array:
+    """``user-00000000`` ... for key indices ``0 .. n-1`` (the names of ``bench throughput``)."""
+    digits = pc.utf8_lpad(pc.cast(pa.array(np.arange(n, dtype=np.int64)), pa.string()), 8, "0")
+    return pc.binary_join_element_wise(KEY_PREFIX, digits, "")
+
+
+def write_workload(directory: str, keys: int, load_batch_keys: int, warm_up_batches: int,
+                   batches: int, events_per_batch: int, distinct_keys: int, seed: int = 14
+                   ) -> list[Batch]:
+    """The Parquet files of one run, with increasing modification times (the file source takes
+    them in that order): loading batches that hold each of ``keys`` keys exactly once, then
+    ``warm_up_batches + batches`` batches of ``events_per_batch`` events over exactly
+    ``distinct_keys`` keys each (every drawn key at least once, the rest of the events drawn
+    uniformly among them)."""
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = key_names(keys)
+    counts = np.zeros(keys, dtype=np.int64)
+    out: list[Batch] = []
+
+    def write(idx: np.ndarray, phase: str) -> None:
+        n = len(out)
+        table = pa.table({
+            "user_id": names.take(pa.array(idx)),
+            "ts": pa.array(1_800_000_000_000_000 + n * 10**9 + np.arange(len(idx)),
+                           pa.timestamp("us", tz="UTC")),
+            "amount": rng.uniform(0, 100, len(idx)).round(2),
+        }, schema=INPUT_SCHEMA)
+        path = os.path.join(directory, f"events-{n:05d}.parquet")
+        pq.write_table(table, path, row_group_size=ROW_GROUP_SIZE)
+        os.utime(path, (1_800_000_000 + n, 1_800_000_000 + n))
+        touched, in_batch = np.unique(idx, return_counts=True)
+        counts[touched] += in_batch
+        out.append(Batch(phase, path, len(idx), touched, counts[touched].copy()))
+
+    for start in range(0, keys, load_batch_keys):
+        write(rng.permutation(np.arange(start, min(keys, start + load_batch_keys))), LOAD)
+    for n in range(warm_up_batches + batches):
+        drawn = rng.choice(keys, distinct_keys, replace=False)
+        idx = np.concatenate([drawn, rng.choice(drawn, events_per_batch - distinct_keys)])
+        write(rng.permutation(idx), WARM_UP if n < warm_up_batches else MEASURED)
+    return out
+
+
+def check_output(batch_id: int, table: pa.Table, want: Batch) -> str | None:
+    """None if ``table`` (``user_id``, ``count``) holds exactly one row per key of ``want``
+    with the key's expected count, else what differs."""
+    idx = pc.cast(pc.utf8_slice_codeunits(table.column("user_id"), len(KEY_PREFIX)),
+                  pa.int64()).to_numpy()
+    got = table.column("count").to_numpy()
+    order = np.argsort(idx, kind="stable")
+    idx, got = idx[order], got[order]
+    if not np.array_equal(idx, want.keys):
+        return (f"batch {batch_id}: {len(idx)} output rows for {len(np.unique(idx))} keys, "
+                f"expected one row for each of its {len(want.keys)} keys")
+    wrong = np.flatnonzero(got != want.counts)
+    if wrong.size:
+        i = wrong[0]
+        return (f"batch {batch_id}: {wrong.size} keys with wrong counts, e.g. "
+                f"{KEY_PREFIX}{idx[i]:08d}: {got[i]}, expected {want.counts[i]}")
+    return None
+
+
+class VerifiedCounts(Sink):
+    """The job's only sink: each batch's output (read from its staged files in the driver, as a
+    ``CallbackSink`` does, without a Spark job) against the generated data's, key by key
+    (:func:`check_output`). The verdicts are kept (:attr:`verified`, :attr:`errors`) and
+    judged after the run (:meth:`check`), so that the run ends with every wrong batch named.
+    A replayed commit checks again; a batch that was ever wrong stays wrong."""
+
+    def __init__(self, expected: Sequence[Batch]) -> None:
+        self.expected = expected
+        self.verified: dict[int, bool] = {}
+        self.errors: dict[int, str] = {}
+        self.seconds: dict[int, float] = {}
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        started = time.perf_counter()
+        error = (check_output(batch_id, read_staged(staged), self.expected[batch_id])
+                 if 0 <= batch_id < len(self.expected) else
+                 f"batch {batch_id} was not generated (only {len(self.expected)} were)")
+        self.verified[batch_id] = self.verified.get(batch_id, True) and error is None
+        if error is not None:
+            self.errors[batch_id] = error
+        self.seconds[batch_id] = time.perf_counter() - started
+
+    def check(self, run: str) -> None:
+        """Raise ``AssertionError`` unless every generated batch was committed and right."""
+        missing = [b for b in range(len(self.expected)) if b not in self.verified]
+        if missing or self.errors:
+            raise AssertionError(f"{run}: batches never committed: {missing}; wrong output: "
+                                 f"{list(self.errors.values())[:5]}")
+
+
+# --------------------------------------------------------------------------------------------
+# one run: one backend, one state size
+# --------------------------------------------------------------------------------------------
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def _median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def run_job(spark: Any, s3: LocalS3, backend: str, workload: Sequence[Batch], root: str,
+            parallelism: int, name: str) -> tuple[list[dict[str, Any]], float]:
+    """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
+    of the bucket) and verify every batch's output; returns each batch's figures (module
+    docstring) and the query's wall seconds."""
+    from keyedstate.config import JobConfig
+    from keyedstate.spark.api import key_by
+
+    os.makedirs(root)
+    events = _input(spark, root, [b.path for b in workload])
+    sink = VerifiedCounts(workload)
+    job = key_by(events, "user_id").process(KeyedCount(), OUTPUT_DDL).sink(sink)
+    started = time.perf_counter()
+    query = job.start(JobConfig(checkpoint_dir=s3.url(f"{name}/ckpt"), parallelism=parallelism,
+                                backend=backend, storage_options=s3.options,
+                                local_dir=os.path.join(root, "local")),
+                      spark_checkpoint_location=os.path.join(root, "spark"),
+                      trigger={"availableNow": True})
+    try:
+        query.await_termination()
+    finally:
+        query.stop()
+    wall_s = time.perf_counter() - started
+    # Step 1. Every batch's output right, and every batch read its whole file.
+    sink.check(name)
+    progress = {p.batchId: p for p in query.query.recentProgress if p.numInputRows > 0}
+    rows = [progress[b].numInputRows if b in progress else None for b in range(len(workload))]
+    if rows != [b.events for b in workload] or len(progress) != len(workload):
+        raise AssertionError(f"{name}: expected batches of {[b.events for b in workload]} rows, "
+                             f"Spark reports {rows} for batches 0..{len(workload) - 1} and "
+                             f"{len(progress)} batches with rows (spark.sql.streaming."
+                             f"numRecentProgressUpdates too small?)")
+    stats = {s.batch_id: s for s in query.stats if s.checkpoint_id >= 0}
+    if sorted(stats) != list(range(len(workload))):
+        raise AssertionError(f"{name}: checkpoints for batches {sorted(stats)}, expected "
+                             f"0..{len(workload) - 1}")
+    # Step 2. Every batch's figures.
+    per_batch = []
+    for batch_id, batch in enumerate(workload):
+        s, p = stats[batch_id], progress[batch_id]
+        per_batch.append({
+            "batch_id": batch_id, "phase": batch.phase, "events": batch.events,
+            "keys": int(len(batch.keys)),
+            "trigger_s": p.durationMs["triggerExecution"] / 1000, "driver_s": s.duration_s,
+            "sink_s": sink.seconds[batch_id], "checkpoint_id": s.checkpoint_id,
+            "uploaded_bytes": s.uploaded_bytes, "incremental_bytes": s.incremental_bytes,
+            "full_bytes": s.full_bytes, "objects_written": s.objects_written,
+            "restored_subtasks": s.restored_subtasks, "reused_subtasks": s.reused_subtasks,
+            "restore_s": s.restore_s, "restore_downloaded_bytes": s.restore_downloaded_bytes,
+            "restore_cache_hit_bytes": s.restore_cache_hit_bytes,
+            "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
+            "verified": sink.verified[batch_id],
+        })
+    return per_batch, wall_s
+
+
+def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence[Batch],
+            root: str, parallelism: int) -> dict[str, Any]:
+    """:func:`run_job` for ``backend`` at ``keys`` keys, and the summary of its measured
+    batches: median, p90 and max seconds (also the median of the batches where every subtask
+    reused its live copy and of those where one restored: placement), uploads, state size."""
+    load_before = os.getloadavg()[0]
+    per_batch, wall_s = run_job(spark, s3, backend, workload, root, parallelism,
+                                f"{backend}-{keys}")
+    measured = [b for b in per_batch if b["phase"] == MEASURED]
+    seconds = [b["trigger_s"] for b in measured]
+    largest = max(measured, key=lambda b: b["uploaded_bytes"])
+    return {
+        "backend": backend, "keys": keys,
+        "load_batches": sum(b["phase"] == LOAD for b in per_batch),
+        "load_s": sum(b["trigger_s"] for b in per_batch if b["phase"] == LOAD),
+        "batches": len(measured),
+        "median_s": statistics.median(seconds), "p90_s": _percentile(seconds, 90),
+        "max_s": max(seconds), "mean_s": statistics.fmean(seconds),
+        "seconds_per_batch": seconds,
+        "median_all_reused_s": _median_or_none([b["trigger_s"] for b in measured
+                                                if not b["restored_subtasks"]]),
+        "median_any_restored_s": _median_or_none([b["trigger_s"] for b in measured
+                                                  if b["restored_subtasks"]]),
+        "largest_upload_bytes": largest["uploaded_bytes"],
+        "largest_upload_fraction": largest["uploaded_bytes"] / max(1, largest["full_bytes"]),
+        "median_upload_bytes": statistics.median(b["uploaded_bytes"] for b in measured),
+        "full_bytes_last": measured[-1]["full_bytes"],
+        "full_bytes_max": max(b["full_bytes"] for b in measured),
+        "restored_subtasks": sum(b["restored_subtasks"] for b in measured),
+        "reused_subtasks": sum(b["reused_subtasks"] for b in measured),
+        "wall_s": wall_s,
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "verified": all(b["verified"] for b in per_batch),
+        "per_batch": per_batch,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# the benchmark
+# --------------------------------------------------------------------------------------------
+
+
+def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
+        warm_up_batches: int = 1, events_per_batch: int = 200_000, distinct_keys: int = 50_000,
+        load_batch_keys: int = 1_000_000, backends: Sequence[str] = BACKENDS,
+        session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
+        progress: Callable[[str], None] | None = None, spark: Any = None) -> dict[str, Any]:
+    """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
+    (module docstring); fails if any batch's output differs from the generated data's. First,
+    a throw-away run of the small state's loading batches and ``session_warm_up_batches``
+    more on the first backend warms the session up. ``spark``: a session to use (else one on
+    ``master`` is started and stopped here)."""
+    from keyedstate.spark.session import local_session
+
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown or not backends:
+        raise ValueError(f"unknown backends {unknown or backends}; known: {list(BACKENDS)}")
+    if not 0 < small_keys < keys:
+        raise ValueError(f"keys ({keys:,}) must be more than the small state's {small_keys:,}")
+    if not 0 < distinct_keys <= min(small_keys, events_per_batch):
+        raise ValueError(f"distinct_keys ({distinct_keys:,}) must be at most the small state's "
+                         f"keys ({small_keys:,}) and the events per batch ({events_per_batch:,})")
+    if batches < 2 or load_batch_keys < 1 or warm_up_batches < 0 or session_warm_up_batches < 0:
+        raise ValueError("run at least 2 measured batches, with load_batch_keys >= 1 and no "
+                         "negative number of warm-up batches")
+    say = progress or (lambda msg: None)
+    own_session = spark is None
+    sizes = (small_keys, keys)
+    results: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with workdir("growth") as root, LocalS3() as s3:
+        workloads: dict[int, list[Batch]] = {}
+        for size in sizes:
+            say(f"generating {size:,} keys' batches")
+            workloads[size] = write_workload(os.path.join(root, f"data-{size}"), size,
+                                             load_batch_keys, warm_up_batches, batches,
+                                             events_per_batch, distinct_keys)
+        if own_session:
+            say(f"starting Spark ({master})")
+            most = max(len(w) for w in workloads.values())
+            spark = local_session(master, "keyedstate-bench-growth", {
+                "spark.sql.shuffle.partitions": str(parallelism),
+                # every batch's progress is read back at the end
+                "spark.sql.streaming.numRecentProgressUpdates": str(max(100, most + 10))})
+        try:
+            # The session's first batches pay for starting Python workers and JIT-compiling
+            # the JVM's hot paths (in a first try, a first measured run's batches were still
+            # 1.5x the next run's): a throw-away run of the small state's first batches.
+            warm_up: dict[str, Any] = {"backend": backends[0], "keys": small_keys,
+                                       "batches": 0, "wall_s": 0.0}
+            if session_warm_up_batches:
+                first = workloads[small_keys]
+                first = first[:sum(b.phase == LOAD for b in first) + session_warm_up_batches]
+                say(f"warming up the session: {len(first)} throw-away batches")
+                per_batch, wall_s = run_job(spark, s3, backends[0], first,
+                                            os.path.join(root, "session-warm-up"), parallelism,
+                                            "session-warm-up")
+                warm_up.update(batches=len(per_batch), wall_s=wall_s,
+                               trigger_s=[b["trigger_s"] for b in per_batch])
+            # A stopped job's live copies stay in the Python workers a while: the heap
+            # backend's are millions of Python objects, so heap runs last (default order).
+            for backend in backends:
+                for size in sizes:
+                    workload = workloads[size]
+                    say(f"{backend}, {size:,} keys: {sum(b.phase == LOAD for b in workload)} "
+                        f"loading + {warm_up_batches} warm-up + {batches} measured batches")
+                    results.append(run_one(spark, s3, backend, size, workload,
+                                           os.path.join(root, f"{backend}-{size}"), parallelism))
+            master = spark.sparkContext.master  # a session given may run elsewhere
+        finally:
+            if own_session:
+                spark.stop()
+    goals = compute_goals(results, small_keys, keys)
+    return {
+        "benchmark": "growth",
+        "machine": {**machine(), "master": master, "spark": spark_version(),
+                    "shuffle_partitions": parallelism},
+        "workload": {"keys": keys, "small_keys": small_keys, "batches": batches,
+                     "warm_up_batches": warm_up_batches, "events_per_batch": events_per_batch,
+                     "distinct_keys_per_batch": distinct_keys, "load_batch_keys": load_batch_keys,
+                     "session_warm_up_batches": session_warm_up_batches,
+                     "parallelism": parallelism, "backends": list(backends),
+                     "function": "throughput.KeyedCount (process_key, bigint ValueState)",
+                     "storage": "moto S3 server on loopback, via s3fs",
+                     "timing": "trigger_s: Spark's triggerExecution of each micro-batch; "
+                               "median, p90, max of the measured batches"},
+        "total_s": time.perf_counter() - started,
+        "session_warm_up": warm_up,
+        "results": results,
+        "goals": goals,
+        "goals_met": bool(goals) and all(g["met"] for g in goals.values()),
+    }
+
+
+def compute_goals(results: Sequence[dict[str, Any]], small_keys: int, keys: int
+                  ) -> dict[str, dict[str, Any]]:
+    """Per backend: the median batch at ``keys`` against the one at ``small_keys`` (at most
+    :data:`GOAL_MEDIAN_RATIO`), and the p90 and the max batch at ``keys`` against its median
+    (at most :data:`GOAL_TAIL_RATIO` each)."""
+    by = {(r["backend"], r["keys"]): r for r in results}
+    goals: dict[str, dict[str, Any]] = {}
+    for backend in dict.fromkeys(r["backend"] for r in results):
+        small, large = by.get((backend, small_keys)), by.get((backend, keys))
+        if small is None or large is None:
+            continue
+        ratio = large["median_s"] / small["median_s"]
+        goals[f"{backend}: median at {keys:,} keys <= {GOAL_MEDIAN_RATIO:g}x median at "
+              f"{small_keys:,}"] = {"ratio": ratio, "target": GOAL_MEDIAN_RATIO,
+                                    "met": ratio <= GOAL_MEDIAN_RATIO}
+        for stat in ("p90", "max"):
+            ratio = large[f"{stat}_s"] / large["median_s"]
+            goals[f"{backend}: {stat} at {keys:,} keys <= {GOAL_TAIL_RATIO:g}x its median"] = {
+                "ratio": ratio, "target": GOAL_TAIL_RATIO, "met": ratio <= GOAL_TAIL_RATIO}
+    return goals
+
+
+# --------------------------------------------------------------------------------------------
+# the figure
+# --------------------------------------------------------------------------------------------
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """One panel per backend: each measured batch's seconds at both state sizes (a ring where a
+    subtask restored its state instead of reusing its live copy), their medians (dotted) and
+    the goals' lines (dashed: 1.3x the small state's median, 2x the large state's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    backends = list(dict.fromkeys(r["backend"] for r in result["results"]))
+    fig, axes = plt.subplots(1, len(backends), figsize=(6 * len(backends), 4.4), dpi=120,
+                             sharey=True, squeeze=False)
+    w = result["workload"]
+    colors = {w["small_keys"]: "#7f7f7f", w["keys"]: "#1f77b4"}
+    top = max(max(r["seconds_per_batch"]) for r in result["results"])
+    for ax, backend in zip(axes[0], backends):
+        ringed = False
+        for r in (r for r in result["results"] if r["backend"] == backend):
+            measured = [b for b in r["per_batch"] if b["phase"] == MEASURED]
+            xs = range(1, len(measured) + 1)
+            color = colors.get(r["keys"], "#ff7f0e")
+            ax.plot(xs, [b["trigger_s"] for b in measured], marker="o", markersize=3,
+                    color=color, label=f"{r['keys']:,} keys (median {r['median_s']:.2f} s, "
+                                       f"p90 {r['p90_s']:.2f}, max {r['max_s']:.2f})")
+            restored = [(x, b["trigger_s"]) for x, b in zip(xs, measured)
+                        if b["restored_subtasks"]]
+            if restored:
+                ax.scatter([x for x, _ in restored], [y for _, y in restored], s=40,
+                           facecolors="none", edgecolors=color, linewidths=1,
+                           label=None if ringed else "a subtask restored (no live copy)")
+                ringed = True
+            ax.axhline(r["median_s"], color=color, linestyle=":", linewidth=1)
+            if r["keys"] == w["keys"]:
+                ax.axhline(GOAL_TAIL_RATIO * r["median_s"], color="#d62728", linestyle="--",
+                           linewidth=1, label=f"goal: p90, max <= {GOAL_TAIL_RATIO:g}x median")
+            else:
+                ax.axhline(GOAL_MEDIAN_RATIO * r["median_s"], color="#2ca02c", linestyle="--",
+                           linewidth=1, label=f"goal: median <= {GOAL_MEDIAN_RATIO:g}x "
+                                              f"{r['keys']:,} keys' median")
+        ax.set_ylim(0, 1.5 * top)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("measured batch")
+        ax.set_title(backend, fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("seconds per batch (Spark's triggerExecution)")
+    m = result["machine"]
+    fig.suptitle(f"Batch time as the state grows: {w['events_per_batch']:,} events over "
+                 f"{w['distinct_keys_per_batch']:,} keys per batch, {m['master']}, checkpoints "
+                 f"on S3 (moto); {m['date']}, load average {m['load_average']}", fontsize=9)
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="keyedstate bench growth, with its options")
+    parser.add_argument("--keys", type=int, default=5_000_000, help="the large state's keys")
+    parser.add_argument("--batches", type=int, default=30, help="measured batches per run")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated, run in this order")
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master, e.g. local-cluster[2,1,1024]")
+    parser.add_argument("--out", default=None, help="write the JSON result here (and the "
+                                                    "figure to --plot)")
+    parser.add_argument("--plot", default=os.path.join("docs", "img", "growth.png"),
+                        help="the figure's path, written with --out (default: %(default)s)")
+    parser.add_argument("--from-json", default=None,
+                        help="draw the figure of a saved result to --plot, run nothing")
+    args = parser.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            plot(json.load(f), args.plot)
+        return
+    result = run(keys=args.keys, batches=args.batches, master=args.master,
+                 backends=[b.strip() for b in args.backends.split(",") if b.strip()],
+                 progress=lambda message: print(message, file=sys.stderr, flush=True))
+    text = json.dumps(result, indent=2)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+        plot(result, args.plot)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""``keyedstate bench growth`` runs tiny (never timed here) on both backends with checkpoints on
+the local S3 server: every batch's output is checked by ``run`` (it fails otherwise), every
+batch has its figures, the goals are reported, and the figure is drawn.
+
+Imported as ``benchmarks.growth``, this checkout's file, not the installed
+``keyedstate_benchmarks`` (an editable install points at one checkout; Spark's Python workers
+import the function's module from their working directory, this checkout)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks import growth
+from keyedstate.cli.bench import BENCHMARKS
+
+pytestmark = [pytest.mark.spark, pytest.mark.s3]
+
+NUMBERS = ("trigger_s", "driver_s", "sink_s", "uploaded_bytes", "incremental_bytes",
+           "full_bytes")
+
+
+def test_bench_growth_runs_small_on_both_backends(spark: Any, tmp_path: Any) -> None:
+    assert BENCHMARKS["growth"] == "keyedstate_benchmarks.growth"
+    figures = growth.run(keys=2000, small_keys=500, batches=3, warm_up_batches=0,
+                         events_per_batch=400, distinct_keys=100, load_batch_keys=2000,
+                         session_warm_up_batches=1, spark=spark)
+    assert figures["benchmark"] == "growth"
+    assert {"commit", "load_average", "master", "spark"} <= set(figures["machine"])
+    assert figures["session_warm_up"]["batches"] == 2  # the small state's loading batch + 1
+    assert [(r["backend"], r["keys"]) for r in figures["results"]] == [
+        ("rocksdb", 500), ("rocksdb", 2000), ("heap", 500), ("heap", 2000)]
+    for result in figures["results"]:
+        assert result["verified"] is True and result["batches"] == 3
+        assert [b["phase"] for b in result["per_batch"]] == ["load"] + ["measured"] * 3
+        for batch in result["per_batch"]:
+            assert batch["verified"] is True
+            assert all(batch[k] > 0 for k in NUMBERS), batch
+            assert batch["restored_subtasks"] + batch["reused_subtasks"] == 2
+        assert len(result["seconds_per_batch"]) == 3
+        assert result["median_s"] <= result["p90_s"] <= result["max_s"]
+        assert 0 < result["largest_upload_fraction"] <= 1
+    assert len(figures["goals"]) == 6
+    for goal in figures["goals"].values():
+        assert set(goal) == {"ratio", "target", "met"}
+    assert figures["goals_met"] == all(g["met"] for g in figures["goals"].values())
+    growth.plot(figures, str(tmp_path / "growth.png"))
+    assert (tmp_path / "growth.png").stat().st_size > 0
+
+
+def test_bench_growth_refuses_a_large_state_not_larger_than_the_small(spark: Any) -> None:
+    with pytest.raises(ValueError, match="must be more than"):
+        growth.run(keys=100_000, spark=spark)
+    with pytest.raises(ValueError, match="unknown backends"):
+        growth.run(keys=2000, small_keys=500, backends=["hashmap"], spark=spark)

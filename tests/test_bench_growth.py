@@ -1,0 +1,64 @@
+"""``keyedstate bench growth``'s generated batches and its output check (no Spark): the loading
+batches hold every key once, each later batch its exact number of distinct keys, and a job's
+output with a key missing, doubled or miscounted is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from benchmarks import growth
+
+
+def _output(batch: growth.Batch) -> pa.Table:
+    """The output a right job emits for ``batch``: one row per key with its count so far."""
+    names = growth.key_names(int(batch.keys.max()) + 1)
+    return pa.table({"user_id": names.take(pa.array(batch.keys)),
+                     "count": pa.array(batch.counts, pa.int64())})
+
+
+def test_workload_loads_every_key_once_then_draws_distinct_keys(tmp_path):
+    batches = growth.write_workload(str(tmp_path), keys=1000, load_batch_keys=400,
+                                    warm_up_batches=1, batches=3, events_per_batch=300,
+                                    distinct_keys=100)
+    assert [b.phase for b in batches] == ["load"] * 3 + ["warm-up"] + ["measured"] * 3
+    loaded = np.concatenate([b.keys for b in batches[:3]])
+    assert sorted(loaded.tolist()) == list(range(1000))
+    assert all((b.counts == 1).all() for b in batches[:3])
+    counts = np.ones(1000, dtype=np.int64)
+    for b in batches[3:]:
+        assert b.events == 300 and len(b.keys) == 100
+        table = pq.read_table(b.path)
+        assert table.num_rows == 300
+        idx = np.array([int(u[len(growth.KEY_PREFIX):]) for u in table["user_id"].to_pylist()])
+        assert np.array_equal(np.unique(idx), b.keys)
+        counts += np.bincount(idx, minlength=1000)
+        assert np.array_equal(b.counts, counts[b.keys])
+
+
+def test_check_output_refuses_missing_doubled_and_wrong_counts(tmp_path):
+    batch = growth.write_workload(str(tmp_path), keys=50, load_batch_keys=50,
+                                  warm_up_batches=0, batches=2, events_per_batch=40,
+                                  distinct_keys=10)[-1]
+    right = _output(batch)
+    assert growth.check_output(2, right, batch) is None
+    assert growth.check_output(2, right.slice(0, 9), batch) is not None
+    assert growth.check_output(2, pa.concat_tables([right, right.slice(0, 1)]), batch) \
+        is not None
+    wrong = right.set_column(1, "count", pa.array(batch.counts + np.eye(10, dtype=np.int64)[3]))
+    assert "1 keys with wrong counts" in (growth.check_output(2, wrong, batch) or "")
+
+
+def test_the_sink_fails_the_run_for_a_batch_never_committed_or_not_generated(tmp_path):
+    batches = growth.write_workload(str(tmp_path), keys=20, load_batch_keys=20,
+                                    warm_up_batches=0, batches=2, events_per_batch=10,
+                                    distinct_keys=5)
+    sink = growth.VerifiedCounts(batches)
+    with pytest.raises(AssertionError, match=r"never committed: \[0, 1, 2\]"):
+        sink.check("rocksdb-20")
+    sink.commit(None, 3, None)  # a batch id the workload does not have: nothing read
+    assert sink.verified == {3: False}
+    with pytest.raises(AssertionError, match="batch 3 was not generated"):
+        sink.check("rocksdb-20")
