@@ -88,7 +88,7 @@ class SnapshotChain:
 
 #: Every key group is imaged again within this many + 1 incremental snapshots. 128: at Flink's
 #: default max parallelism (128) a snapshot with few changes images one key group, so the
-#: bound costs little; a chain then holds at most one file per key group of the subtask + 1.
+#: bound costs little; a chain then holds at most one file per key group of the subtask.
 DEFAULT_MAX_CHAIN_LENGTH = 128
 
 
