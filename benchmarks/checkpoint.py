@@ -12,8 +12,9 @@ memtables already flushed and look faster than it is).
 
 A sequence of checkpoints, not one: RocksDB compacts the small L0 files each flush leaves, and
 an incremental checkpoint then uploads the compaction's output; a single checkpoint after the
-base would hide that. ``rounds`` = 10 stays within the heap backend's default chain length
-(10 diffs, then a full snapshot starts a new chain).
+base would hide that. ``rounds`` = 10 for the heap backend (chosen when its chain was 10 diffs,
+then a full snapshot; with rolling materialization every checkpoint is a diff plus images of
+about as many entries, docs/heap-backend.md).
 
 Goal (issue 2): at 1% changed, an incremental checkpoint writes at most 5% of the bytes of a
 full one. Judged on the whole sequence (bytes of all incremental checkpoints over bytes of all
@@ -49,9 +50,9 @@ BACKENDS: dict[str, dict[str, Any]] = {
     "rocksdb-level": {"name": "rocksdb",
                       "options": {"options": RocksDBOptions(compaction_style="level")}},
 }
-#: Checkpoints after the base per backend label: the heap backend's default chain (10 diffs,
-#: then a full snapshot); RocksDB long enough for its compactions to show (leveled compacts
-#: every 4 flushes, universal when 8 sorted runs accumulate).
+#: Checkpoints after the base per backend label: 10 for the heap backend (its chain length
+#: before rolling materialization); RocksDB long enough for its compactions to show (leveled
+#: compacts every 4 flushes, universal when 8 sorted runs accumulate).
 ROUNDS = {"heap": 10, "rocksdb": 30, "rocksdb-level": 30}
 
 

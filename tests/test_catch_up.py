@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import keyedstate.runtime.subtask as runtime
@@ -16,7 +17,8 @@ from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.stats import subtask_stats_of
 from keyedstate.errors import BatchFailedError
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from tests.test_local_job import batches, config, new_job, reference, rows
+from tests.backends.test_heap import MAX_P, VALUE, FileParts, Job, contents
+from tests.test_local_job import T0, batches, config, new_job, reference, rows
 
 
 def _latest_subtasks(root: Any) -> list[Any]:
@@ -39,8 +41,17 @@ def _hand_back(job_id: str, index: int, live: runtime._Live) -> None:
     runtime._LIVE[(job_id, index)] = live
 
 
+def _every_key(users: int) -> pa.Table:
+    """One row per user of ``batches(users=users)``, all at the first batch's start time."""
+    return pa.table({"user_id": [f"u{i:03d}" for i in range(users)],
+                     "ts": pa.array([T0 * 1000] * users, pa.timestamp("us", tz="UTC")),
+                     "amount": [1.0] * users})
+
+
 def test_a_stale_heap_copy_catches_up_with_the_diffs_written_since(tmp_path):
-    data = batches(6)
+    # A first batch with every key, so that the few checkpoints in between image only some
+    # key groups: the chain still goes through the copy's own file.
+    data = [_every_key(5000), *batches(5, users=5000)]
     outputs = []
     with new_job(config(tmp_path, backend="heap")) as job:
         job_id = job.storage.url
@@ -54,8 +65,8 @@ def test_a_stale_heap_copy_catches_up_with_the_diffs_written_since(tmp_path):
         caught_up, other = _latest_subtasks(tmp_path)
         assert caught_up.caught_up and caught_up.restored and not caught_up.reused
         assert other.reused and not other.caught_up
-        # The caught-up copy extends the checkpoint's chain: full 1, diffs 2 and 3 (worker
-        # B's), diff 4 (its own).
+        # The caught-up copy extends the checkpoint's chain: file 1 (full), files 2 and 3
+        # (worker B's), file 4 (its own).
         handle = resolve_snapshot(str(tmp_path / "ckpt")).metadata.handles[0]
         assert len(chain_of(handle)) == 4
         outputs.append(job.process_batch(data[4]))
@@ -70,8 +81,9 @@ def test_a_stale_heap_copy_catches_up_with_the_diffs_written_since(tmp_path):
 
 
 def test_a_copy_on_another_chain_is_closed_and_the_state_restored(tmp_path):
-    """A full snapshot since the copy's own (max_chain_length 1: full, diff, full, ...) starts
-    a chain without it: catching up is refused, the copy closed, the state restored."""
+    """Once every key group was imaged again after the copy's own file, the chain no longer
+    lists that file (max_chain_length 1: half the key groups imaged per checkpoint): catching
+    up is refused, the copy closed, the state restored."""
     data = batches(4)
     cfg = config(tmp_path, backend="heap",
                  backend_options={"max_chain_length": 1})
@@ -80,8 +92,8 @@ def test_a_copy_on_another_chain_is_closed_and_the_state_restored(tmp_path):
         job_id = job.storage.url
         outputs.append(job.process_batch(data[0]))  # checkpoint 1: full
         stale = _take_live(job_id, 0)
-        outputs.append(job.process_batch(data[1]))  # 2: diff on 1 (restored from 1)
-        outputs.append(job.process_batch(data[2]))  # 3: full again
+        outputs.append(job.process_batch(data[1]))  # 2 and 3 image all key groups again
+        outputs.append(job.process_batch(data[2]))
         _hand_back(job_id, 0, stale)
         outputs.append(job.process_batch(data[3]))
         first = _latest_subtasks(tmp_path)[0]
@@ -111,7 +123,7 @@ def test_a_storage_error_while_catching_up_fails_the_batch_then_a_restore_succee
         tmp_path, monkeypatch):
     """The copy may be half caught up when reading a diff fails: it is closed, never used
     again; the batch fails and its retry restores from the checkpoint."""
-    data = batches(4)
+    data = [_every_key(5000), *batches(3, users=5000)]  # as in the first test
     outputs = []
     with new_job(config(tmp_path, backend="heap")) as job:
         job_id = job.storage.url
@@ -139,3 +151,39 @@ def test_a_storage_error_while_catching_up_fails_the_batch_then_a_restore_succee
         assert first.restored and not first.caught_up
         outputs.append(job.drain())
     assert rows(outputs) == reference(tmp_path, data, "heap")
+
+
+def test_a_key_group_imaged_since_is_rebuilt_from_its_image(tmp_path):
+    """The copy holds key X; the other worker removes it, and the next checkpoint images X's
+    key group (the first one, as rolling materialization starts at the range's start) and
+    writes no diff for it. Catching up must drop X, not keep it beside the image, and take
+    the other key groups' diffs on top of the copy's content."""
+    job = Job(tmp_path)
+    keys = range(4000)
+    in_first = [k for k in keys if job.keys.key_group(k, MAX_P) == 0]
+    elsewhere = [k for k in keys if job.keys.key_group(k, MAX_P) == 100]
+    assert in_first and elsewhere
+    gone, changed = in_first[0], elsewhere[0]
+    copy = job.create()
+    state = copy.get_state(VALUE)
+    for k in keys:
+        copy.set_current_key(k)
+        state.update(k)
+    first = job.snapshot(copy, 1)  # the copy's own (full) snapshot
+    other = job.create(handles=[first])
+    other_state = other.get_state(VALUE)
+    other.set_current_key(gone)
+    other_state.clear()
+    other.set_current_key(changed)
+    other_state.update(-1)
+    second = job.snapshot(other, 2)
+    assert 0 in FileParts(job, chain_of(second)[-1][1]).imaged  # X's key group: an image
+    assert 100 not in FileParts(job, chain_of(second)[-1][1]).imaged  # the change: a diff
+    assert copy.catch_up([second], job.storage)
+    assert contents([copy]) == contents([other])
+    copy.set_current_key(gone)
+    assert state.value() is None
+    # The caught-up copy's next snapshot extends the chain it caught up with.
+    third = job.snapshot(copy, 3)
+    assert [n for n, _ in chain_of(third)][:-1] == [n for n, _ in chain_of(second)]
+    assert contents(job.create_all(2, [third])) == contents([copy])

@@ -14,7 +14,7 @@ from keyedstate import LocalKeyedOperator
 from keyedstate.backends.base.backend import OTHER_FILES
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.cli import main
-from tests.test_savepoints import BACKENDS, read_all, run_job
+from tests.test_savepoints import BACKENDS, SOME_KEYS, read_all, run_job
 
 LISTING_FIELDS = {"id", "batch_id", "parallelism", "max_parallelism", "backend",
                   "incremental_bytes", "full_bytes", "files"}
@@ -33,7 +33,8 @@ def invoke_json(*args: str) -> object:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_checkpoints_list_json(tmp_path, backend):
-    op, _ = run_job(str(tmp_path / "job"), backend, rounds=3, num_retained=2)
+    op, _ = run_job(str(tmp_path / "job"), backend, rounds=3, num_retained=2,
+                    later_keys=SOME_KEYS)
     op.close()
     listing = invoke_json("checkpoints", "list", str(tmp_path / "job"))
     assert [c["id"] for c in listing] == [2, 3]

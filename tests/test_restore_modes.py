@@ -15,7 +15,7 @@ from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.errors import MissingCheckpointFileError, SnapshotClaimedError
 from keyedstate.processor.inspection import find_garbage
 from keyedstate.storage.layout import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
-from tests.test_savepoints import BACKENDS, feed, files_under, read_all, run_job
+from tests.test_savepoints import BACKENDS, SOME_KEYS, feed, files_under, read_all, run_job
 
 
 def make_savepoint(tmp_path, backend: str) -> tuple[str, dict]:
@@ -66,7 +66,7 @@ def test_no_claim_and_legacy_never_touch_the_snapshot_nor_depend_on_it(tmp_path,
     assert files_under(snapshot) == original
     # Later checkpoints are incremental again; subsuming never reaches the snapshot.
     for n in (11, 12):
-        feed(op, n, expected)
+        feed(op, n, expected, SOME_KEYS)
         later = op.checkpoint()
         assert later.metadata.incremental_size < later.metadata.full_size
         assert files_under(snapshot) == original
@@ -115,7 +115,7 @@ def test_claim_takes_ownership_and_deletes_the_snapshot_once_subsumed(tmp_path, 
                                                                    METADATA_FILE)).st_ino}
     assert read_all(op) == expected
     # Checkpoint 1 builds on the claimed files (incremental, same parallelism).
-    feed(op, 10, expected)
+    feed(op, 10, expected, SOME_KEYS)
     first = op.checkpoint()
     assert first.metadata.incremental_size < first.metadata.full_size
     if num_retained == 2:

@@ -54,7 +54,8 @@ class InternalTimerService(ABC):
 
     @abstractmethod
     def timers(self, domain: TimeDomain) -> Iterator[Timer]:
-        """All timers of ``domain`` in order, without removing them."""
+        """All timers of ``domain`` without removing them, in timestamp order, ties by key group
+        (same-timestamp timers of one key group in an order of the backend's, deterministic)."""
 
     def next_timestamp(self, domain: TimeDomain) -> int | None:
         """The earliest timer's timestamp, or None."""

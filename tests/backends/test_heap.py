@@ -46,7 +46,7 @@ from keyedstate.state.descriptors import (
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import ManualTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.handles import KeyedStateHandle
+from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
 
 MAX_P = 128
 VALUE = ValueStateDescriptor("v", "bigint")
@@ -65,16 +65,18 @@ class Job:
 
     def create(self, index: int = 0, parallelism: int = 1,
                handles: Sequence[KeyedStateHandle] = (),
-               share: bool = True) -> HeapKeyedStateBackend:
+               share: bool = True, clock: ManualTimeProvider | None = None,
+               storage: CheckpointStorage | None = None) -> HeapKeyedStateBackend:
         return self.backend.create_keyed_backend(KeyedStateBackendParameters(
             subtask_index=index,
             key_group_range=KeyGroupRange.of_operator(MAX_P, parallelism, index),
             max_parallelism=MAX_P, key_serializer=self.keys, restore_handles=list(handles),
-            storage=self.storage, share_restored_files=share, time_provider=self.clock))
+            storage=storage or self.storage, share_restored_files=share,
+            time_provider=clock or self.clock))
 
-    def create_all(self, parallelism: int,
-                   handles: Sequence[KeyedStateHandle] = ()) -> list[HeapKeyedStateBackend]:
-        return [self.create(i, parallelism, handles) for i in range(parallelism)]
+    def create_all(self, parallelism: int, handles: Sequence[KeyedStateHandle] = (),
+                   **kwargs: Any) -> list[HeapKeyedStateBackend]:
+        return [self.create(i, parallelism, handles, **kwargs) for i in range(parallelism)]
 
     def at(self, backends: Sequence[HeapKeyedStateBackend], key: int) -> HeapKeyedStateBackend:
         kg = self.keys.key_group(key, MAX_P)
@@ -104,16 +106,46 @@ def contents(backends: Sequence[HeapKeyedStateBackend]) -> dict[str, Any]:
     return out
 
 
+class FileParts:
+    """One chain file read back: its footer, and its entries per state name, split into the
+    diff sections and the image sections (key groups the footer names as imaged)."""
+
+    def __init__(self, job: Job, file: StreamHandle) -> None:
+        data = job.storage.read_verified(file)
+        self.footer = read_footer(data, file.path)
+        self.imaged = {kg for s, e in self.footer.imaged() for kg in range(s, e + 1)}
+        self.diffs: dict[str, list[Any]] = defaultdict(list)
+        self.images: dict[str, list[Any]] = defaultdict(list)
+        for s in self.footer.sections:
+            into = self.images if s.key_group in self.imaged else self.diffs
+            into[self.footer.states[s.state].meta.name].extend(
+                msgspec.msgpack.decode(data[s.offset:s.offset + s.length]))
+
+    def count(self, part: dict[str, list[Any]]) -> int:
+        return sum(len(entries) for entries in part.values())
+
+
 def last_file(job: Job, handle: KeyedStateHandle) -> tuple[str, dict[str, list[Any]]]:
-    """(kind, entries per state name) of the newest file of the handle's chain."""
-    _, file = chain_of(handle)[-1]
-    data = job.storage.read_verified(file)
-    footer = read_footer(data, file.path)
-    entries: dict[str, list[Any]] = defaultdict(list)
-    for s in footer.sections:
-        entries[footer.states[s.state].meta.name].extend(
-            msgspec.msgpack.decode(data[s.offset:s.offset + s.length]))
-    return footer.kind, entries
+    """(kind, entries per state name) of the newest file of the handle's chain: its diff
+    sections, or for a full file its images."""
+    parts = FileParts(job, chain_of(handle)[-1][1])
+    return parts.footer.kind, parts.images if parts.footer.kind == FULL else parts.diffs
+
+
+def key_in(job: Job, key_group: int) -> int:
+    """The smallest key of ``key_group``."""
+    return next(k for k in range(1_000_000) if job.keys.key_group(k, MAX_P) == key_group)
+
+
+def background(job: Job, b: HeapKeyedStateBackend) -> int:
+    """One value in every key group (a few entries' worth of image budget reaches one key
+    group, so the rolling images go round the key groups one by one from key group 0); returns
+    a key of the last key group, the last to be imaged again."""
+    v = b.get_state(VALUE)
+    for kg in range(MAX_P):
+        b.set_current_key(key_in(job, kg))
+        v.update(kg)
+    return key_in(job, MAX_P - 1)
 
 
 def fill(job: Job, backends: Sequence[HeapKeyedStateBackend], keys: range, seed: int) -> None:
@@ -153,7 +185,8 @@ def test_list_appends_are_journaled_as_appends(tmp_path):
     job = Job(tmp_path)
     b = job.create()
     lst = b.get_state(LIST)
-    b.set_current_key(1)
+    key = background(job, b)
+    b.set_current_key(key)
     lst.add_all(f"element-{i}" for i in range(2000))
     full = job.snapshot(b, 1)
     lst.add("new")
@@ -170,7 +203,7 @@ def test_list_appends_are_journaled_as_appends(tmp_path):
     _, entries = last_file(job, job.snapshot(b, 3))
     assert [e[0] for e in entries["l"]] == [OP_PUT]
     restored = job.create(handles=[job.snapshot(b, 4)])
-    restored.set_current_key(1)
+    restored.set_current_key(key)
     assert restored.get_state(LIST).get() == ["only"]
 
 
@@ -178,7 +211,7 @@ def test_map_changes_are_journaled_per_user_key(tmp_path):
     job = Job(tmp_path)
     b = job.create()
     m = b.get_state(MAP)
-    b.set_current_key(1)
+    b.set_current_key(background(job, b))
     m.put_all({f"k{i}": i for i in range(500)})
     job.snapshot(b, 1)
     m.put("k1", -1)
@@ -240,19 +273,23 @@ def test_a_discarded_snapshot_is_never_a_base(tmp_path):
 
 
 def test_max_chain_length_bounds_the_chain(tmp_path):
+    # max_chain_length 2: each snapshot images at least ceil(128 / 3) = 43 key groups, so every
+    # key group is imaged again within 3 snapshots and a chain never holds more than 3 files.
     job = Job(tmp_path, HeapStateBackend(max_chain_length=2))
     b = job.create()
-    kinds, lengths = [], []
-    for cid in range(1, 8):
+    kinds, chains = [], []
+    for cid in range(1, 10):
         fill(job, [b], range(cid * 5, cid * 5 + 5), seed=cid)
         handle = job.snapshot(b, cid)
         kinds.append(last_file(job, handle)[0])
-        lengths.append(len(handle.shared))
+        chains.append([n for n, _ in chain_of(handle)])
         assert contents([job.create(handles=[handle])]) == contents([b])
-    assert kinds == [FULL, DIFF, DIFF, FULL, DIFF, DIFF, FULL]
-    assert lengths == [1, 2, 3, 1, 2, 3, 1]
-    assert last_file(job, job.snapshot(b, 8, full=True))[0] == FULL
-    assert [last_file(job, job.snapshot(b, 9))[0]] == [DIFF]
+    assert kinds == [FULL] + [DIFF] * 8  # never a periodic full snapshot again
+    assert max(len(c) for c in chains) == 3
+    # the first file drops out of the chain once every key group was imaged after it
+    assert chains[-1][0] != "000000000001-full"
+    assert last_file(job, job.snapshot(b, 10, full=True))[0] == FULL
+    assert len(job.snapshot(b, 11).shared) == 2
 
 
 def test_not_incremental_means_always_full(tmp_path):
@@ -275,9 +312,16 @@ def test_incremental_bytes_follow_the_change(tmp_path):
         b.set_current_key(key)
         v.update(-key)
     diff = job.snapshot(b, 2)
+    # the changed entries, plus images of key groups holding at least as many entries (about
+    # 78 entries per key group here: two key groups)
     assert diff.incremental_size < 0.05 * full.incremental_size
     assert diff.full_size == full.incremental_size + diff.incremental_size
-    assert len(last_file(job, diff)[1]["v"]) == 100
+    parts = FileParts(job, chain_of(diff)[-1][1])
+    assert len(parts.imaged) == 2
+    imaged_changes = sum(1 for key in range(0, 10_000, 100)
+                         if job.keys.key_group(key, MAX_P) in parts.imaged)
+    assert len(parts.diffs["v"]) == 100 - imaged_changes
+    assert 100 <= len(parts.images["v"]) < 100 + 2 * 10_000 / MAX_P
 
 
 def test_a_snapshot_is_frozen_against_in_place_accumulator_changes(tmp_path):
@@ -506,17 +550,25 @@ def test_ttl_expiry_and_incremental_cleanup(tmp_path):
         b.set_current_key(key)
         v.update(key)
         lst.add(key)
+    plain = b.get_state(VALUE)
+    for key in range(1000, 3000):  # state without TTL: the next image budget is met early
+        b.set_current_key(key)
+        plain.update(key)
     job.clock.advance(6_000)
     b.set_current_key(0)
     lst.add(100)  # a younger element in an old list
     job.snapshot(b, 1)
     job.clock.advance(5_000)  # everything but that element expired
     assert v.value() is None and lst.get() == [100]
-    # the access above swept the rest: the diff removes them, and a restore agrees
+    # the access above swept the rest: the diff removes them (but in the imaged key groups,
+    # which the many entries of "v" fill), and a restore agrees
     handle = job.snapshot(b, 2)
-    _, entries = last_file(job, handle)
-    assert {e[0] for e in entries["t"]} == {OP_REMOVE}
-    assert len(entries["t"]) == 50
+    parts = FileParts(job, chain_of(handle)[-1][1])
+    assert parts.footer.kind == DIFF
+    assert {e[0] for e in parts.diffs["t"]} == {OP_REMOVE}
+    assert len(parts.diffs["t"]) == sum(1 for key in range(50)
+                                        if job.keys.key_group(key, MAX_P) not in parts.imaged)
+    assert parts.images["t"] == []
     assert b.state_meta_infos()[0].ttl_ms == 10_000
     restored = job.create(handles=[handle])
     assert [e.value for e in restored.iter_entries("tl")] == [[100]]

@@ -327,3 +327,13 @@ def test_fixed_scenario_through_the_machine(state_backend: StateBackend) -> None
         assert machine.model["value"]  # the rollback kept the confirmed content
     finally:
         machine.teardown()
+
+
+def test_heap_rolling_chain_matches_the_model() -> None:
+    """The heap backend with a short chain bound (``max_chain_length=1``: each incremental
+    snapshot images at least half of each subtask's key groups), so that within a run's few
+    confirmed checkpoints chains roll, drop their first files (the machine deletes every file
+    the latest checkpoint does not list) and get restored and rescaled mid-roll."""
+    from keyedstate.backends.heap import HeapStateBackend
+
+    test_backend_matches_the_model(HeapStateBackend(max_chain_length=1))

@@ -2,8 +2,10 @@
 
 State lives in dicts per state and key group (:mod:`.states`), so an access costs a dict
 lookup and never a serialization. Snapshots are full or incremental (:mod:`.snapshot`): an
-incremental one writes only the entries changed since the last *confirmed* snapshot, on top of
-that snapshot's chain; every ``max_chain_length`` diffs a full snapshot starts a new chain, which
+incremental one writes the entries changed since the last *confirmed* snapshot, on top of that
+snapshot's chain, plus images of the key groups whose latest image is oldest, about as many
+entries as it changed (rolling materialization). No snapshot after the first writes the whole
+state; every key group is imaged again within ``max_chain_length + 1`` checkpoints, which
 bounds the files a restore replays (:mod:`.restore`).
 """
 
@@ -27,7 +29,13 @@ from keyedstate.backends.base.backend import (
 from keyedstate.backends.base.migration import plan_migration
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.heap import sizes
-from keyedstate.backends.heap.restore import HeapRestoreOperation, chain_of
+from keyedstate.backends.heap.images import (
+    KeyGroupRanges,
+    latest_images,
+    plan_rolling,
+    ranges_of,
+)
+from keyedstate.backends.heap.restore import HeapRestoreOperation, chain_of, images_of
 from keyedstate.backends.heap.snapshot import (
     DIFF,
     FULL,
@@ -35,8 +43,7 @@ from keyedstate.backends.heap.snapshot import (
     HeapSnapshotResult,
     Journal,
     SnapshotJob,
-    capture_diff,
-    capture_full,
+    capture_state,
     type_schema,
 )
 from keyedstate.backends.heap.states import StateTable, create_state
@@ -58,18 +65,31 @@ from keyedstate.storage.transfer import TransferStats
 
 @dataclass(frozen=True)
 class SnapshotChain:
-    """A written snapshot's files, full base first; what the next incremental one extends.
-    ``storage``: where they lie (None: where this backend's snapshots go); ``owned`` False: a
-    restored snapshot the job does not own, whose files the next snapshot duplicates."""
+    """A written snapshot's files, oldest first, and the key groups each images; what the next
+    incremental one extends. ``latest``: per key group of the backend's range (from its start),
+    the position in ``files`` of its newest image. ``storage``: where the files lie (None: where
+    this backend's snapshots go); ``owned`` False: a restored snapshot the job does not own,
+    whose files the next snapshot duplicates."""
 
     checkpoint_id: int
     files: list[tuple[str, StreamHandle]]
+    images: list[KeyGroupRanges]
+    latest: list[int]
     storage: CheckpointStorage | None = None
     owned: bool = True
 
-    @property
-    def diffs(self) -> int:
-        return len(self.files) - 1
+    @classmethod
+    def of(cls, checkpoint_id: int, files: list[tuple[str, StreamHandle]],
+           images: list[KeyGroupRanges], key_groups: KeyGroupRange,
+           storage: CheckpointStorage | None = None, owned: bool = True) -> SnapshotChain:
+        return cls(checkpoint_id, files, images, latest_images(images, key_groups), storage,
+                   owned)
+
+
+#: Every key group is imaged again within this many + 1 incremental snapshots. 128: at Flink's
+#: default max parallelism (128) a snapshot with few changes images one key group, so the
+#: bound costs little; a chain then holds at most one file per key group of the subtask.
+DEFAULT_MAX_CHAIN_LENGTH = 128
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -86,7 +106,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def __init__(self, *, subtask_index: int, key_group_range: KeyGroupRange,
                  max_parallelism: int, key_serializer: KeySerializer,
-                 time_provider: TtlTimeProvider | None = None, max_chain_length: int = 10,
+                 time_provider: TtlTimeProvider | None = None,
+                 max_chain_length: int = DEFAULT_MAX_CHAIN_LENGTH,
                  incremental: bool = True) -> None:
         super().__init__(subtask_index=subtask_index, key_group_range=key_group_range,
                          max_parallelism=max_parallelism, key_serializer=key_serializer,
@@ -116,7 +137,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         base = operation.restore(share_restored_files)
         self.restore_stats = operation.stats
         if base is not None and self.incremental:
-            self._base = SnapshotChain(base.checkpoint_id, base.chain, base.storage, base.owned)
+            self._base = SnapshotChain.of(base.checkpoint_id, base.chain, base.images,
+                                          self.key_group_range, base.storage, base.owned)
             self._journal.start(self._journaled())
 
     def catch_up(self, handles: Sequence[KeyedStateHandle], storage: CheckpointStorage) -> bool:
@@ -147,12 +169,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         through = chain.index(own.files[-1]) + 1
         if chain[:through] != own.files[len(own.files) - through:]:
             return False
+        images = images_of(handle, len(chain))
+        if images is None:  # a chain of format version 1: restored instead
+            return False
         operation = HeapRestoreOperation(self, [handle], storage)
         operation.catch_up(handle, skip=through)
         self.restore_stats = operation.stats
         with self._pending_lock:
             self._pending.clear()
-            self._base = SnapshotChain(handle.checkpoint_id, chain, storage)
+            self._base = SnapshotChain.of(handle.checkpoint_id, chain, images,
+                                          self.key_group_range, storage)
         self._journal.segments.clear()
         for table in self._journaled():
             table.marks = {}
@@ -356,10 +382,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def snapshot(self, checkpoint_id: int, location: CheckpointStorageLocation,
                  *, full: bool = False) -> SnapshotResult:
-        """Synchronous part. Incremental when a confirmed base exists, its chain has fewer than
-        ``max_chain_length`` diffs and ``full`` is False; its cost then follows the number of
-        changed entries. A full one copies every table (C-speed dict copies; reducing and
-        aggregating values are serialized now)."""
+        """Synchronous part. Incremental when a confirmed base exists and ``full`` is False: the
+        changed entries as ops, plus images of the key groups whose latest image is oldest,
+        until the imaged entries reach the changed ones and at least ``ceil(key groups /
+        (max_chain_length + 1))`` key groups are imaged (:func:`.images.plan_rolling`); its
+        cost then follows the change. A full one images every key group: it copies every table
+        (C-speed dict copies; reducing and aggregating values are serialized now)."""
         start = time.perf_counter()
         self._check_open()
         base = self._base
@@ -373,26 +401,45 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 duplicate_from = base.storage
             else:
                 base = None
-        incremental = (self.incremental and not full and base is not None
-                       and base.diffs < self.max_chain_length
-                       and checkpoint_id > base.checkpoint_id)
+        if not (self.incremental and not full and base is not None
+                and checkpoint_id > base.checkpoint_id):
+            base = None
         tables = [self.tables[n] for n in sorted(self.tables)]
         infos = [FileStateInfo(t.meta, type_schema(t.value_serializer),
                                type_schema(t.user_key_serializer)) for t in tables]
         queues = self.timer_queues
-        if incremental:
+        key_groups = self.key_group_range
+        changed: int | None
+        if base is not None:
             changes = self._journal.changes([*tables, *queues.values()])
-            captures = [capture_diff(t, i, changes[t.name])
-                        for i, t in enumerate(tables) if t.name in changes]
-            timers = {d: q.copy_key_groups(changes.get(q.name, {})) for d, q in queues.items()}
+            plan = plan_rolling(base.latest, len(base.files), key_groups, changes, tables,
+                                list(queues.values()), self.max_chain_length)
+            imaged = set(plan.images)
+            images = ranges_of(plan.images)
+            captures = [capture_state(t, i, imaged, changes.get(t.name))
+                        for i, t in enumerate(tables)]
+            # Timers: a changed key group's whole (even empty: it replaces), an imaged one's
+            # only when it has any (an image is the key group's whole content anyway).
+            timers = {d: {**q.copy_key_groups(k for k in changes.get(q.name, ())
+                                              if k not in imaged),
+                          **{k: v for k, v in q.copy_key_groups(plan.images).items() if v}}
+                      for d, q in queues.items()}
+            base_files = base.files[plan.first_needed:]
+            base_images = base.images[plan.first_needed:]
+            changed, image_entries = plan.changed_entries, plan.image_entries
         else:
-            captures = [capture_full(t, i) for i, t in enumerate(tables)]
+            changed = None  # no journal to count: everything is written
+            image_entries = sum(len(g) for t in tables for g in t.maps.values()) + \
+                sum(len(q) for q in queues.values())
+            images = [(key_groups.start, key_groups.end)] if key_groups else []
+            captures = [capture_state(t, i, None) for i, t in enumerate(tables)]
             timers = {d: q.copy_key_groups() for d, q in queues.items()}
+            base_files, base_images = [], []
         job = SnapshotJob(
             checkpoint_id=checkpoint_id,
-            kind=DIFF if incremental else FULL,
+            kind=DIFF if base_files else FULL,
             subtask_index=self.subtask_index,
-            key_group_range=self.key_group_range,
+            key_group_range=key_groups,
             max_parallelism=self.max_parallelism,
             now_ms=self.time_provider.now_ms(),
             infos=infos,
@@ -400,14 +447,20 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             ttl_ms=[t.ttl_ms if t.cleanup_in_full_snapshot else None for t in tables],
             captures=captures,
             timers=timers,
-            base_chain=list(base.files) if incremental and base is not None else [],
-            duplicate_from=duplicate_from if incremental else None,
+            images=images,
+            base_chain=list(base_files),
+            base_images=list(base_images),
+            duplicate_from=duplicate_from if base_files else None,
             restore_stats=self.restore_stats,
         )
         self.restore_stats = None
         self._start_segment(checkpoint_id)
-        return HeapSnapshotResult(job, location, time.perf_counter() - start,
-                                  self._on_written, self._on_discarded)
+        result = HeapSnapshotResult(job, location, time.perf_counter() - start,
+                                    self._on_written, self._on_discarded)
+        if changed is not None:
+            result.stats.extra["changed_entries"] = changed
+        result.stats.extra["image_entries"] = image_entries
+        return result
 
     def _journaled(self) -> list[StateTable | TimerQueue]:
         return [*self.tables.values(), *self.timer_queues.values()]
@@ -436,10 +489,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._journal.prune(self._potential_bases())
 
     def _on_written(self, checkpoint_id: int, files: list[tuple[str, StreamHandle]],
-                    storage: CheckpointStorage) -> None:
+                    images: list[KeyGroupRanges], storage: CheckpointStorage) -> None:
+        chain = SnapshotChain.of(checkpoint_id, files, images, self.key_group_range, storage)
         with self._pending_lock:
             if checkpoint_id in self._pending:
-                self._pending[checkpoint_id] = SnapshotChain(checkpoint_id, files, storage)
+                self._pending[checkpoint_id] = chain
 
     def _on_discarded(self, checkpoint_id: int) -> None:
         self.notify_checkpoint_aborted(checkpoint_id)
@@ -490,14 +544,17 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 class HeapStateBackend(StateBackend):
     """Configuration of the heap backend (``state.backend.type: heap``). Pickles.
 
-    ``incremental`` enables FLIP-151 incremental snapshots; ``max_chain_length`` is the number
-    of diffs allowed on top of a full snapshot before the next snapshot is full again (0: every
-    snapshot is full), which bounds how many files a restore reads.
+    ``incremental`` enables FLIP-151 incremental snapshots with rolling materialization;
+    ``max_chain_length`` bounds the diffs a restore applies on top of a key group's image
+    (0: every snapshot is full): each incremental snapshot images at least ``ceil(key groups
+    / (max_chain_length + 1))`` key groups, oldest image first, so a chain holds at most
+    ``max_chain_length + 1`` files.
     """
 
     name = "heap"
 
-    def __init__(self, *, max_chain_length: int = 10, incremental: bool = True) -> None:
+    def __init__(self, *, max_chain_length: int = DEFAULT_MAX_CHAIN_LENGTH,
+                 incremental: bool = True) -> None:
         if not isinstance(max_chain_length, int) or isinstance(max_chain_length, bool) \
                 or max_chain_length < 0:
             raise ConfigurationError(

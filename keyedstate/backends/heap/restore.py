@@ -1,11 +1,14 @@
 """Restoring the heap backend (Flink's ``HeapRestoreOperation``), with rescaling.
 
-Every handle overlapping this subtask's key groups is replayed: its chain's full file, then
-its diff files in order, keeping only the key groups this subtask owns (each file's footer
-indexes its sections by key group, so other key groups are never decoded). Timers come from
-every file too: a file's timer section for a key group replaces that key group's timers (a full
-file holds all of them, a diff the key groups whose timers changed). Values are decoded with serializers rebuilt from
-the file (the Arrow schema it records), so states nobody registered yet are restored too.
+Every handle overlapping this subtask's key groups is replayed, keeping only the key groups
+this subtask owns: each key group from the newest file of the chain holding its image on,
+applying the later files' diff sections of that key group (each file's footer indexes its
+sections by state and key group and names its imaged key groups, so nothing else is decoded;
+the handle records the images too, so files older than every needed image are not even read).
+An image is the key group's whole content, timers included; a diff's timer section for a key
+group replaces that key group's timers. Values are decoded with serializers rebuilt from the
+file (the Arrow schema it records), so states nobody registered yet are restored too. Files of
+format version 1 (a full file, then diffs) read as a full file imaging every key group.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ import msgspec
 import pyarrow as pa
 
 from keyedstate.backends.base.backend import state_meta_info
+from keyedstate.backends.heap.images import KeyGroupRanges, latest_images, parse_images
 from keyedstate.backends.heap.snapshot import (
     CHAIN_PROPERTY,
-    DIFF,
-    FULL,
+    IMAGES_PROPERTY,
     MAGIC,
     OP_APPEND,
     OP_MAP_DIFF,
@@ -79,9 +82,38 @@ def read_footer(data: bytes, source: str) -> HeapFileFooter:
                 f"{source} has heap format_version {version}, this keyedstate reads "
                 f"{sorted(SUPPORTED_FORMAT_VERSIONS)}; upgrade keyedstate to restore it"
             )
-        return msgspec.msgpack.decode(raw, type=HeapFileFooter)
+        footer = msgspec.msgpack.decode(raw, type=HeapFileFooter)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CorruptCheckpointError(f"{source} has an unreadable footer: {exc}") from exc
+    if version >= 2 and footer.images is None:
+        raise CorruptCheckpointError(f"{source} (format version {version}) names no imaged "
+                                     f"key groups")
+    for start, end in footer.imaged():
+        if not footer.key_group_start <= start <= end <= footer.key_group_end:
+            raise CorruptCheckpointError(
+                f"{source} images key groups {start}-{end}, outside its range "
+                f"{footer.key_group_start}-{footer.key_group_end}")
+    return footer
+
+
+def images_of(handle: KeyedStateHandle, files: int) -> list[KeyGroupRanges] | None:
+    """The imaged key groups of each of the handle's ``files`` chain files as its properties
+    record them; None when they don't (format version 1)."""
+    text = handle.properties.get(IMAGES_PROPERTY)
+    if text is None:
+        return None
+    try:
+        images = parse_images(text)
+    except ValueError:
+        images = []
+    if len(images) != files:
+        raise CorruptCheckpointError(
+            f"snapshot handle of subtask {handle.subtask_index} (checkpoint "
+            f"{handle.checkpoint_id}) records the images of its chain as {text!r}, which does "
+            f"not fit its {files} files; the _metadata file was altered. Restore from another "
+            f"checkpoint or savepoint"
+        )
+    return images
 
 
 def chain_of(handle: KeyedStateHandle) -> list[tuple[str, StreamHandle]]:
@@ -149,6 +181,7 @@ class RestoredBase:
 
     checkpoint_id: int
     chain: list[tuple[str, StreamHandle]]
+    images: list[KeyGroupRanges]
     storage: CheckpointStorage | None = None
     owned: bool = True
 
@@ -177,59 +210,111 @@ class HeapRestoreOperation:
                     f"groups; the _metadata file is inconsistent. Restore from another checkpoint"
                 )
             covered = part or covered
-        # Step 2. Replay each chain (full, then diffs) for the key groups this subtask owns.
-        for handle in self.handles:
-            self._restore_handle(handle, handle.key_group_range.intersection(mine))
+        # Step 2. Replay each chain for the key groups this subtask owns: each from its
+        # newest image on.
+        restored = [self._restore_handle(handle, handle.key_group_range.intersection(mine))
+                    for handle in self.handles]
         for queue in self.backend.timer_queues.values():
             queue.rebuild()
         # Step 3. Only an exact restore of one chain may be the next snapshot's base: in place
         # when shared, duplicated otherwise (id 0: any new snapshot of the job replaces it).
         if len(self.handles) == 1 and self.handles[0].key_group_range == mine:
             handle = self.handles[0]
+            files, images = restored[0]
             return RestoredBase(handle.checkpoint_id if share_restored_files else 0,
-                                chain_of(handle), self.storage, share_restored_files)
+                                files, images, self.storage, share_restored_files)
         return None
 
     def catch_up(self, handle: KeyedStateHandle, skip: int) -> None:
-        """Apply the files of ``handle``'s chain after its first ``skip`` (diffs only) to
-        tables holding the state of those ``skip`` files (a live copy's own chain)."""
+        """Apply the files of ``handle``'s chain after its first ``skip`` to tables holding
+        the state of those ``skip`` files (a live copy's own chain, see
+        ``HeapKeyedStateBackend.catch_up``): a key group imaged after them is cleared and
+        rebuilt from its newest image on, the others take every later diff section."""
         self._restore_handle(handle, handle.key_group_range.intersection(
             self.backend.key_group_range), skip=skip)
         for queue in self.backend.timer_queues.values():
             queue.rebuild()
 
     def _restore_handle(self, handle: KeyedStateHandle, key_groups: KeyGroupRange,
-                        skip: int = 0) -> None:
+                        skip: int = 0
+                        ) -> tuple[list[tuple[str, StreamHandle]], list[KeyGroupRanges]]:
+        """Replay ``handle``'s chain for ``key_groups``; returns the files read and their
+        images (the chain from the oldest image of ``key_groups`` on). With ``skip``, only
+        the files after the first ``skip``, on top of the state those hold (catch-up)."""
         chain = chain_of(handle)
-        # Every file of the chain at once (in parallel, through the file cache), then in order.
+        # Step 2a. The files to read: from the oldest of the key groups' newest images on (all
+        # of them when the handle does not record images: format version 1).
+        recorded = images_of(handle, len(chain))
+        first = skip
+        if recorded is not None and key_groups and not skip:
+            latest = latest_images(recorded, key_groups)
+            first = max(0, min(latest))
+        files = chain[first:]
+        # Step 2b. Every file at once (in parallel, through the file cache), then in order.
         contents = parallel_map(
             lambda file: self.storage.read_verified(file, cached=True, stats=self.stats),
-            [file for _, file in chain[skip:]], self.storage.transfer.threads)
-        for position, ((_, file), data) in enumerate(zip(chain[skip:], contents), skip):
+            [file for _, file in files], self.storage.transfer.threads)
+        footers = []
+        for (_, file), data in zip(files, contents):
             source = self.storage.describe(file)
             footer = read_footer(data, source)
-            expected = FULL if position == 0 else DIFF
-            if footer.kind != expected:
-                raise CorruptCheckpointError(
-                    f"{source} is a {footer.kind} snapshot at position {position} of the chain "
-                    f"{[n for n, _ in chain]}, expected {expected}"
-                )
             if footer.max_parallelism != self.backend.max_parallelism:
                 raise MaxParallelismMismatchError(
                     f"{source} was written with max parallelism {footer.max_parallelism}, the "
                     f"job runs with {self.backend.max_parallelism}; restore with the original "
                     f"max parallelism"
                 )
-            self._apply_file(data, footer, source, key_groups)
+            footers.append(footer)
+        # Step 2c. Each key group's newest image, from the footers (checked against the
+        # handle's record); every key group needs one.
+        images = [footer.imaged() for footer in footers]
+        names = [n for n, _ in files]
+        if recorded is not None and images != recorded[first:]:
+            raise CorruptCheckpointError(
+                f"the chain files {names} of subtask {handle.subtask_index} (checkpoint "
+                f"{handle.checkpoint_id}) image other key groups than its handle records; the "
+                f"_metadata file or the files were altered. Restore from another checkpoint"
+            )
+        latest = latest_images(images, key_groups)
+        if skip:
+            # Catching up: a key group imaged since is rebuilt from that image; one that is
+            # not (-1) keeps the live content and takes every later diff section.
+            for kg, position in zip(key_groups, latest):
+                if position >= 0:
+                    self._clear_key_group(kg)
+        elif key_groups and min(latest) < 0:
+            missing = key_groups.start + latest.index(-1)
+            raise CorruptCheckpointError(
+                f"no file of the chain {names} of subtask {handle.subtask_index} (checkpoint "
+                f"{handle.checkpoint_id}) holds an image of key group {missing}; restore from "
+                f"another checkpoint or savepoint"
+            )
+        # Step 2d. Apply each file's sections of the key groups whose image it holds or
+        # follows; an image is the first thing applied of its key group (the backend starts
+        # empty), so it is the key group's whole content.
+        for position, ((_, file), data, footer) in enumerate(zip(files, contents, footers)):
+            self._apply_file(data, footer, self.storage.describe(file), key_groups,
+                             [p <= position for p in latest])
+        return files, images
+
+    def _clear_key_group(self, key_group: int) -> None:
+        """Drop a key group's entries from every table and its timers (before its image)."""
+        for table in self.backend.tables.values():
+            table.maps.pop(key_group, None)
+        for queue in self.backend.timer_queues.values():
+            queue.restore_key_group(key_group, ())
 
     def _apply_file(self, data: bytes, footer: HeapFileFooter, source: str,
-                    key_groups: KeyGroupRange) -> None:
+                    key_groups: KeyGroupRange, applies: list[bool]) -> None:
+        """Apply the sections of ``key_groups`` whose ``applies`` flag (per key group, from the
+        range's start) is set."""
         tables = [None if i.meta.kind == TIMERS_KIND else self._table_for(i, source)
                   for i in footer.states]
         view = memoryview(data)
         decoders: dict[int, Decode] = {}
+        first = key_groups.start
         for section in footer.sections:
-            if section.key_group not in key_groups:
+            if section.key_group not in key_groups or not applies[section.key_group - first]:
                 continue
             if not 0 <= section.state < len(footer.states) or \
                     section.offset + section.length > len(data) - len(MAGIC):

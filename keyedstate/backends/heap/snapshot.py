@@ -6,15 +6,20 @@ segment N. The changes since the confirmed base are the union of the segments af
 the open one; ``notify_checkpoint_complete(N)`` drops segments up to N and makes N's chain the
 base; an aborted segment is folded into its successor, so its changes reach the next snapshot.
 
-**Chain.** A full file, then up to ``max_chain_length`` diff files, each referenced in place by
-every later handle of the chain. A diff holds, per changed entry, one op: PUT (the whole current
-value), REMOVE, APPEND (list elements added since the base) or MAP_DIFF (changed and removed map
-keys).
+**Chain (rolling materialization).** Every file holds, per key group, either a diff (one op per
+changed entry: PUT of the whole current value, REMOVE, APPEND of the list elements added since
+the base, or MAP_DIFF of changed and removed map keys) or an *image* (the key group's whole
+content, which replaces it). An incremental snapshot writes the diff of the changed entries
+plus images of the key groups whose latest image is oldest, as many as its change is large, so
+no checkpoint after the first writes the whole state at once and every key group is imaged
+again within ``max_chain_length + 1`` checkpoints (:mod:`.images`). A chain lists the files
+from the oldest of the key groups' latest images on; the earlier ones are referenced no more.
 
 **File.** ``MAGIC | section* | footer | u32 footer length | MAGIC``. Each section is one
 MessagePack array of entries ``[op, key, namespace, payload]`` for one state and key group (or
 ``[timestamp, key, namespace]`` timers); the footer (:class:`HeapFileFooter`) indexes the
-sections, so a restore decodes only the key groups it owns.
+sections and names the imaged key groups, so a restore decodes only the key groups it owns,
+each from its latest image on.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Collection, Iterable, Protocol
 
 import msgspec
 import pyarrow as pa
 
 from keyedstate.backends.base.backend import SnapshotResult
+from keyedstate.backends.heap.images import KeyGroupRanges, count, format_images
 from keyedstate.backends.heap.states import REPLACED, EntryKey, KeyGroupMarks, Mark, StateTable
 from keyedstate.errors import CheckpointAbortedError
 from keyedstate.keygroups import KeyGroupRange
@@ -42,8 +48,10 @@ from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 # -- file format ---------------------------------------------------------------------------------
 
 MAGIC = b"KSHEAP\x00\x01"
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = frozenset({1})
+#: 2: rolling materialization (footers name their imaged key groups); 1: a full file, then
+#: diffs (still read).
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2})
 TRAILER = struct.Struct("<I")
 TIMERS_KIND = "timers"
 OP_PUT, OP_REMOVE, OP_APPEND, OP_MAP_DIFF = 0, 1, 2, 3
@@ -51,6 +59,9 @@ FULL, DIFF = "full", "diff"
 #: handle.properties key holding the chain's file names, base first, comma-separated.
 CHAIN_PROPERTY = "heap.chain"
 FORMAT_PROPERTY = "heap.format-version"
+#: handle.properties key holding each chain file's imaged key groups (:func:`format_images`),
+#: so a restore reads only the files its key groups need before opening any.
+IMAGES_PROPERTY = "heap.images"
 
 
 class FileStateInfo(msgspec.Struct, frozen=True):
@@ -71,13 +82,23 @@ class Section(msgspec.Struct, frozen=True, array_like=True):
 
 class HeapFileFooter(msgspec.Struct, frozen=True):
     format_version: int
-    kind: str  # FULL or DIFF
+    kind: str  # FULL (every key group of the range imaged) or DIFF
     checkpoint_id: int
     max_parallelism: int
     key_group_start: int
     key_group_end: int
     states: list[FileStateInfo]
     sections: list[Section]
+    #: version 2: the key groups whose sections in this file are images (each replaces the
+    #: key group's content, timers included; an imaged key group without sections is empty).
+    #: Version 1 has none: a FULL file images its whole range, a DIFF file nothing.
+    images: KeyGroupRanges | None = None
+
+    def imaged(self) -> KeyGroupRanges:
+        """The key groups this file holds images of."""
+        if self.images is not None:
+            return self.images
+        return [(self.key_group_start, self.key_group_end)] if self.kind == FULL else []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -94,10 +115,15 @@ def chain_file_name(checkpoint_id: int, kind: str) -> str:
     return f"{checkpoint_id:012d}-{kind}"
 
 
-def restored_chain_name(position: int) -> str:
+def kind_of(images: KeyGroupRanges, key_groups: KeyGroupRange) -> str:
+    """FULL when ``images`` cover every key group of ``key_groups``, else DIFF."""
+    return FULL if count(images) >= len(key_groups) else DIFF
+
+
+def restored_chain_name(position: int, kind: str) -> str:
     """The name of link ``position`` of a chain duplicated from a snapshot the job does not own
     (NO_CLAIM): id 0 sorts before every id of the job, the position keeps the order."""
-    return f"{0:012d}-{position:04d}-{FULL if position == 0 else DIFF}"
+    return f"{0:012d}-{position:04d}-{kind}"
 
 
 # -- journal -------------------------------------------------------------------------------------
@@ -231,14 +257,16 @@ def _second(item: tuple[Any, ...]) -> Any:
 @dataclass
 class StateCapture:
     """A frozen view of one state: containers copied; reducing and aggregating values already
-    serialized, because user functions may mutate them in place after the snapshot."""
+    serialized, because user functions may mutate them in place after the snapshot.
+    ``images``: the imaged key groups' entries; ``diffs``: the ops of the other changed ones."""
 
     index: int
     table_kind: StateKind
     ttl: bool
     encode_value: Callable[[Any], Any]
     encode_user_key: Callable[[Any], Any]
-    groups: dict[int, Any] = field(default_factory=dict)  # full: {key: stored}; diff: [ops]
+    images: dict[int, dict[EntryKey, Any]] = field(default_factory=dict)
+    diffs: dict[int, list[tuple[int, EntryKey, Any]]] = field(default_factory=dict)
 
 
 def _freezer(table: StateTable) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
@@ -259,35 +287,35 @@ def _copy_stored(kind: StateKind) -> Callable[[Any], Any]:
     return _identity
 
 
-def capture_full(table: StateTable, index: int) -> StateCapture:
+def capture_state(table: StateTable, index: int, images: Collection[int] | None,
+                  marks: KeyGroupMarks | None = None) -> StateCapture:
+    """The state's part of one snapshot: the whole content of the key groups in ``images``
+    (None: every key group, a full snapshot; copies of the per-key-group dicts at C speed) and
+    ops for the entries ``marks`` lists in the other key groups (the cost follows the change,
+    not the state size)."""
     freeze, encode = _freezer(table)
     uk = table.user_key_serializer
     cap = StateCapture(index, table.kind, table.ttl_ms is not None, encode,
                        uk.serialize if uk is not None else _identity)
     copy = _copy_stored(table.kind)
-    if copy is _identity and freeze is _identity:
-        cap.groups = {kg: group.copy() for kg, group in table.maps.items()}
-    elif table.kind is StateKind.MAP:
-        cap.groups = {kg: {k: dict(m) for k, m in group.items()}
-                      for kg, group in table.maps.items()}
-    elif table.kind is StateKind.LIST:
-        cap.groups = {kg: {k: list(v) for k, v in group.items()}
-                      for kg, group in table.maps.items()}
+    maps = table.maps
+    if images is None:
+        groups = list(maps.items())
     else:
-        cap.groups = {kg: {k: freeze(v) for k, v in group.items()}
-                      for kg, group in table.maps.items()}
-    return cap
-
-
-def capture_diff(table: StateTable, index: int, marks: KeyGroupMarks) -> StateCapture:
-    """Ops for the changed entries only: the cost follows the change, not the state size."""
-    freeze, encode = _freezer(table)
-    uk = table.user_key_serializer
-    cap = StateCapture(index, table.kind, table.ttl_ms is not None, encode,
-                       uk.serialize if uk is not None else _identity)
-    copy = _copy_stored(table.kind)
-    for kg, entries in marks.items():
-        group = table.maps.get(kg, {})
+        groups = [(kg, maps[kg]) for kg in images if kg in maps]
+    if copy is _identity and freeze is _identity:
+        cap.images = {kg: group.copy() for kg, group in groups}
+    elif table.kind is StateKind.MAP:
+        cap.images = {kg: {k: dict(m) for k, m in group.items()} for kg, group in groups}
+    elif table.kind is StateKind.LIST:
+        cap.images = {kg: {k: list(v) for k, v in group.items()} for kg, group in groups}
+    else:
+        cap.images = {kg: {k: freeze(v) for k, v in group.items()} for kg, group in groups}
+    imaged = () if images is None else images
+    for kg, entries in (marks or {}).items():
+        if images is None or kg in imaged:
+            continue  # the image holds the key group's changes
+        group = maps.get(kg, {})
         ops: list[tuple[int, EntryKey, Any]] = []
         for key, mark in entries.items():
             stored = group.get(key)
@@ -300,7 +328,7 @@ def capture_diff(table: StateTable, index: int, marks: KeyGroupMarks) -> StateCa
                 ops.append((OP_PUT, key, freeze(copy(stored))))
             else:
                 ops.append((OP_APPEND, key, stored[mark:]))  # type: ignore[misc]
-        cap.groups[kg] = ops
+        cap.diffs[kg] = ops
     return cap
 
 
@@ -308,9 +336,9 @@ def capture_diff(table: StateTable, index: int, marks: KeyGroupMarks) -> StateCa
 
 def _payload_encoder(cap: StateCapture, ttl_ms: int | None,
                      now: int | None) -> Callable[[Any], Any]:
-    """Stored value -> MessagePack-ready payload. With ``now`` (full snapshots under TTL),
-    expired elements and map entries are dropped and a wholly expired value becomes None (left
-    out); without it everything is encoded as is (diffs: an empty map put list stays [])."""
+    """Stored value -> MessagePack-ready payload. With ``now`` (images under TTL), expired
+    elements and map entries are dropped and a wholly expired value becomes None (left out);
+    without it everything is encoded as is (diffs: an empty map put list stays [])."""
     enc, enc_uk = cap.encode_value, cap.encode_user_key
     if not cap.ttl:
         if cap.table_kind is StateKind.LIST:
@@ -333,26 +361,32 @@ def _payload_encoder(cap: StateCapture, ttl_ms: int | None,
     return lambda s: [enc(s[0]), s[1]] if s[1] > horizon else None
 
 
-def encode_section(cap: StateCapture, kg: int, full: bool, ttl_ms: int | None,
-                   now: int | None) -> bytes | None:
-    put = _payload_encoder(cap, ttl_ms, now if full else None)
+def encode_image(cap: StateCapture, kg: int, ttl_ms: int | None, now: int) -> bytes | None:
+    """One key group's image section (PUT entries only; None when empty). Under TTL with
+    ``ttl_ms`` (cleanup in full snapshot on), expired entries are left out, as in a full
+    snapshot."""
+    put = _payload_encoder(cap, ttl_ms, now)
     entries: list[list[Any]] = []
-    if full:
-        for (key, ns), stored in sorted(cap.groups[kg].items(), key=_first):
-            payload = put(stored)
-            if payload is not None:
-                entries.append([OP_PUT, key, ns, payload])
-    else:
-        diff_put = _payload_encoder(cap, None, None)
-        for op, (key, ns), arg in sorted(cap.groups[kg], key=_second):
-            if op == OP_MAP_DIFF:
-                puts, removed = arg
-                payload = [diff_put(puts), [cap.encode_user_key(u) for u in removed]]
-            elif op == OP_REMOVE:
-                payload = None
-            else:
-                payload = diff_put(arg)
-            entries.append([op, key, ns, payload])
+    for (key, ns), stored in sorted(cap.images[kg].items(), key=_first):
+        payload = put(stored)
+        if payload is not None:
+            entries.append([OP_PUT, key, ns, payload])
+    return _encoder.encode(entries) if entries else None
+
+
+def encode_diff(cap: StateCapture, kg: int) -> bytes | None:
+    """One key group's diff section (None when it has no ops)."""
+    diff_put = _payload_encoder(cap, None, None)
+    entries: list[list[Any]] = []
+    for op, (key, ns), arg in sorted(cap.diffs[kg], key=_second):
+        if op == OP_MAP_DIFF:
+            puts, removed = arg
+            payload = [diff_put(puts), [cap.encode_user_key(u) for u in removed]]
+        elif op == OP_REMOVE:
+            payload = None
+        else:
+            payload = diff_put(arg)
+        entries.append([op, key, ns, payload])
     return _encoder.encode(entries) if entries else None
 
 
@@ -369,8 +403,15 @@ class SnapshotJob:
     infos: list[FileStateInfo]
     ttl_ms: list[int | None]
     captures: list[StateCapture]
+    #: per domain and key group, the timers to write: every timer of an imaged key group (none
+    #: written when it has none) and of a key group whose timers changed (written even empty)
     timers: dict[TimeDomain, dict[int, list[tuple[int, bytes, bytes]]]]
+    #: the key groups this file images (the whole range for a full snapshot)
+    images: KeyGroupRanges
+    #: the base chain's files this snapshot still needs (from the oldest latest image on) and
+    #: the key groups each images
     base_chain: list[tuple[str, StreamHandle]]
+    base_images: list[KeyGroupRanges] = field(default_factory=list)
     #: the store to duplicate ``base_chain`` from (a snapshot the job does not own, or another
     #: root); None: reference it in place
     duplicate_from: CheckpointStorage | None = None
@@ -382,14 +423,14 @@ class SnapshotJob:
         sections: list[Section] = []
         infos = list(self.infos)
         for cap in self.captures:
-            for kg in sorted(cap.groups):
-                data = encode_section(cap, kg, self.kind == FULL, self.ttl_ms[cap.index],
-                                      self.now_ms)
+            ttl_ms = self.ttl_ms[cap.index]
+            for kg in sorted({*cap.images, *cap.diffs}):
+                data = encode_image(cap, kg, ttl_ms, self.now_ms) if kg in cap.images \
+                    else encode_diff(cap, kg)
                 if data is not None:
                     sections.append(Section(cap.index, kg, len(buf), len(data)))
                     buf += data
         for domain, by_kg in self.timers.items():
-            # A diff writes a changed key group's timers whole, even when none are left.
             index = len(infos)
             infos.append(FileStateInfo(StateMetaInfo(TIMER_STATE_NAMES[domain], TIMERS_KIND,
                                                      "timer")))
@@ -399,14 +440,16 @@ class SnapshotJob:
                 buf += data
         footer = _encoder.encode(HeapFileFooter(
             FORMAT_VERSION, self.kind, self.checkpoint_id, self.max_parallelism,
-            self.key_group_range.start, self.key_group_range.end, infos, sections))
+            self.key_group_range.start, self.key_group_range.end, infos, sections,
+            self.images))
         buf += footer
         buf += TRAILER.pack(len(footer))
         buf += MAGIC
         return bytes(buf)
 
-    def write(self, location: CheckpointStorageLocation) -> tuple[KeyedStateHandle,
-                                                                  list[tuple[str, StreamHandle]]]:
+    def write(self, location: CheckpointStorageLocation
+              ) -> tuple[KeyedStateHandle, list[tuple[str, StreamHandle]], list[KeyGroupRanges]]:
+        """Encode and store the file; returns the handle, its chain and the chain's images."""
         data = self.encode()
         name = chain_file_name(self.checkpoint_id, self.kind)
         base = list(self.base_chain)
@@ -415,12 +458,16 @@ class SnapshotJob:
             # Copies get names of their own: the restored chain's names come from another
             # job's checkpoint ids and could clash with this job's next ones.
             copies = location.duplicate_files(self.duplicate_from, base)
-            base = [(restored_chain_name(i), h) for i, h in enumerate(copies)]
+            base = [(restored_chain_name(i, kind_of(images, self.key_group_range)), h)
+                    for i, (h, images) in enumerate(zip(copies, self.base_images))]
             written += sum(h.length for h in copies)
         (stored,) = location.put_files([StateFile(name, True, data=data, immutable=True)])
         chain = [*base, (name, stored)]
+        images = [*self.base_images, self.images]
         properties = {CHAIN_PROPERTY: ",".join(n for n, _ in chain),
-                      FORMAT_PROPERTY: str(FORMAT_VERSION), **location.stats.to_properties()}
+                      FORMAT_PROPERTY: str(FORMAT_VERSION),
+                      IMAGES_PROPERTY: format_images(images),
+                      **location.stats.to_properties()}
         if self.restore_stats is not None:
             properties.update(self.restore_stats.to_properties(RESTORE_PREFIX))
         handle = KeyedStateHandle(
@@ -436,18 +483,18 @@ class SnapshotJob:
             incremental_size=written,
             properties=properties,
         )
-        return handle, chain
+        return handle, chain, images
 
 
 class HeapSnapshotResult(SnapshotResult):
-    """The synchronous part's product. ``materialize`` writes one file and reports the chain to
-    the backend (``on_written``) so the snapshot may become the next base once confirmed;
-    ``discard`` reports it will never be one (``on_discarded``)."""
+    """The synchronous part's product. ``materialize`` writes one file and reports the chain
+    (files and their images) to the backend (``on_written``) so the snapshot may become the
+    next base once confirmed; ``discard`` reports it will never be one (``on_discarded``)."""
 
     def __init__(self, job: SnapshotJob, location: CheckpointStorageLocation,
                  sync_duration_s: float,
                  on_written: Callable[[int, list[tuple[str, StreamHandle]],
-                                       CheckpointStorage], None],
+                                       list[KeyGroupRanges], CheckpointStorage], None],
                  on_discarded: Callable[[int], None]) -> None:
         super().__init__(job.checkpoint_id, sync_duration_s)
         self._job: SnapshotJob | None = job
@@ -457,6 +504,7 @@ class HeapSnapshotResult(SnapshotResult):
         self.kind = job.kind
         self.stats.extra["kind"] = job.kind
         self.stats.extra["chain_length"] = len(job.base_chain) + 1
+        self.stats.extra["image_key_groups"] = count(job.images)
 
     def _materialize(self) -> KeyedStateHandle:
         if self._job is None:
@@ -466,10 +514,10 @@ class HeapSnapshotResult(SnapshotResult):
             )
         job, self._job = self._job, None
         start = time.perf_counter()
-        handle, chain = job.write(self._location)
+        handle, chain, images = job.write(self._location)
         self.stats.extra["write_s"] = time.perf_counter() - start
         self.stats.extra.update(self._location.stats.as_dict())
-        self._on_written(job.checkpoint_id, chain, self._location.storage)
+        self._on_written(job.checkpoint_id, chain, images, self._location.storage)
         return handle
 
     def discard(self) -> None:
