@@ -257,12 +257,14 @@ class RocksDBIncrementalRestoreOperation:
         self.ingested: list[InstanceHandle] = []
 
     def restore(self) -> RestoreResult:
-        if not self.handles:
-            path = instance_db_dir(self.instance_dir, 0)
-            return RestoreResult([RestoredInstance(self.key_group_range,
-                                                   open_db(path, self.options), path)])
         subs = [s for h in self.handles for s in split_instances(h)
                 if s.key_group_range.intersection(self.key_group_range)]
+        if not subs:
+            # A fresh backend (or handles with nothing in range): empty DBs, one per key-group
+            # shard (``RocksDBOptions.key_group_shards``).
+            return self._restore_instances(
+                [InstancePlan(r, None)
+                 for r in self.key_group_range.split(self.options.key_group_shards)])
         if self.rescale_strategy == "copy" and not (
                 len(subs) == 1 and subs[0].key_group_range == self.key_group_range):
             result = self._restore_by_copy(subs)
@@ -340,7 +342,9 @@ class RocksDBIncrementalRestoreOperation:
         """Open every planned instance from its initial sub-handle (downloaded together),
         clip it to its range, then ingest the merged sub-handles (only when the cap was hit)."""
         dirs = [instance_db_dir(self.instance_dir, k) for k in range(len(plans))]
-        self._download([(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None])
+        downloads = [(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None]
+        if downloads:
+            self._download(downloads)
         result = RestoreResult([])
         try:
             for plan, path in zip(plans, dirs):
