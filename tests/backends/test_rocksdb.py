@@ -668,18 +668,23 @@ def test_multi_instance_handles_restore_same_and_rescaled_with_the_cap(
         assert counts == [instances] and ingested == 6 - instances and content == original
 
 
-def test_plan_instances_keeps_the_largest_and_merges_into_a_neighbour() -> None:
+def test_plan_instances_cuts_even_groups_opened_from_their_largest() -> None:
     def sub(start: int, end: int) -> InstanceHandle:
         handle = KeyedStateHandle("rocksdb", 0, start, end, 1, [], {}, {}, 0, 0)
         return split_instances(handle)[0]
 
     subs = [sub(0, 9), sub(10, 12), sub(13, 40), sub(41, 42), sub(43, 80)]
     plans = plan_instances(subs, KeyGroupRange(5, 70), 2)
-    # kept: [13, 40] (28 key groups) and [43, 70] (28); [5, 9] and [10, 12] lead: they go to
-    # the first kept instance, [41, 42] to its left neighbour.
-    assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(5, 42), (43, 70)]
+    # Overlaps of 5, 3, 28, 2 and 28 key groups: [5, 40] (36) and [41, 70] (30) is the most
+    # even cut, each opened from its 28-key-group sub-handle, the others ingested.
+    assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(5, 40), (41, 70)]
     assert [p.initial.key_group_range.start for p in plans if p.initial] == [13, 43]
-    assert [[s.key_group_range.start for s in p.ingested] for p in plans] == [[0, 10, 41], []]
+    assert [[s.key_group_range.start for s in p.ingested] for p in plans] == [[0, 10], [41]]
+    # 24 equal sub-handles (3 -> 1 with 8 shards each) under a cap of 16: pairs, then singles,
+    # never one instance holding the nine last ones.
+    plans = plan_instances([sub(k * 8, k * 8 + 7) for k in range(24)], KeyGroupRange(0, 191),
+                           16)
+    assert [len(p.key_group_range) for p in plans] == [16] * 8 + [8] * 8
     # Uncovered key groups go to a neighbour; nothing overlapping: one empty instance.
     plans = plan_instances([sub(10, 20)], KeyGroupRange(0, 30), 4)
     assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(0, 30)]

@@ -2,11 +2,14 @@
 rocksdict), incremental snapshots of their SST files, restore by reopening and clipping the old
 instances on rescale.
 
-A keyed backend holds one RocksDB instance, or several after a rescaling restore: each
-instance (a key-group shard, :class:`RocksDBInstance`) owns a disjoint contiguous sub-range of
-the subtask's key groups, and keys go to the instance of their key group. rocksdict has no
-column-family import/export and can't ingest a DB's own SST files, so instances are how the
-data of several old subtasks enters one new subtask without passing through Python key by key.
+A keyed backend holds several RocksDB instances (``RocksDBOptions.key_group_shards`` when
+fresh, what the restored handles had otherwise): each instance (a key-group shard,
+:class:`RocksDBInstance`) owns a disjoint contiguous sub-range of the subtask's key groups, and
+keys go to the instance of their key group. rocksdict has no column-family import/export and
+can't ingest a DB's own SST files, so instances are how the data of several old subtasks
+enters one new subtask without passing through Python key by key; and since each instance
+compacts on its own, the rolling compaction (:meth:`RocksDBKeyedStateBackend.snapshot`) keeps
+any one checkpoint from uploading more than about one instance plus the change.
 
 One column family per state, named as the state; ``_timers_event`` and ``_timers_proc`` hold
 the timers. Layouts are in :mod:`.states` and :mod:`.timers`, the snapshot flow in
@@ -313,7 +316,8 @@ class RocksDBInstance:
 class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state of one subtask in one or more RocksDB instances (key-group shards, see
     :class:`RocksDBInstance`), in key-group order and together covering ``key_group_range``
-    exactly. One instance unless restored with rescaling. Created by
+    exactly. ``RocksDBOptions.key_group_shards`` instances when fresh; a restore keeps the
+    restored handles' instances (:mod:`.restore`). Created by
     :meth:`RocksDBStateBackend.create_keyed_backend`; removes its directory on :meth:`close`.
     """
 
