@@ -5,10 +5,12 @@ subtasks and snapshotted (full) to a local file system. Then, for the RocksDB ba
 target subtask is restored from all p handles with:
 
 - **clip + ingest** (``RocksDBStateBackend()``, the default, seed 001): every overlapping
-  handle is downloaded and opened as a RocksDB instance of its own (a key-group shard of the
-  target), ``delete_range`` clips it to the target key groups; no key is rewritten unless more
-  than ``max_instances`` (4) handles overlap, when the smallest overlaps are written to SST
-  files and ingested into a neighbouring instance (not the case here);
+  instance of every handle (8 key-group shards per subtask since issue 14) is downloaded and
+  opened as a RocksDB instance of its own (a key-group shard of the target), ``delete_range``
+  clips it to the target key groups; no key is rewritten unless more than ``max_instances``
+  (twice the shards, 16) overlap, when they are cut into even groups and all but the largest
+  of each group are written to SST files and ingested into it (not the case here: 4 -> 2
+  meets 16);
 - **key-by-key copy** (``RocksDBStateBackend(rescale_strategy="copy")``, the baseline): an
   empty DB, every in-range key of every handle copied through WriteBatches (10,000 puts each,
   WAL off).

@@ -113,6 +113,16 @@ class KeyGroupRange:
             expected = part.end + 1
         return bool(parts) and expected == self.end + 1
 
+    def split(self, parts: int) -> list[KeyGroupRange]:
+        """This range cut into ``min(parts, len(self))`` contiguous non-empty ranges whose
+        lengths differ by at most one (the key-group shards of a fresh RocksDB backend); an
+        empty range gives ``[self]``."""
+        n = max(1, min(parts, len(self)))
+        size = len(self)
+        bounds = [self.start + (i * size) // n for i in range(n + 1)]
+        return [KeyGroupRange(a, b - 1) for a, b in zip(bounds, bounds[1:])] if size \
+            else [self]
+
     def check_key_group(self, key_group: int) -> None:
         """Raise :class:`KeyGroupRangeError` unless ``key_group`` is in this range."""
         if key_group not in self:

@@ -53,6 +53,10 @@ from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo
 
 MAX_P = 128
 KEYS = KeySerializer(["bigint"])
+#: This module tests one instance per fresh backend, and the instances a rescale makes; a
+#: fresh backend of several key-group shards (the default) is tested in
+#: test_rocksdb_shards.py (and by the contract suite).
+ONE_SHARD = RocksDBOptions(key_group_shards=1)
 
 VALUE = ValueStateDescriptor("count", "bigint", default=0)
 LIST = ListStateDescriptor("events", "string")
@@ -189,7 +193,7 @@ def test_memory_options_are_applied_and_the_cache_is_shared(local_dir: str) -> N
 
 
 def test_state_kind_mismatch_and_unknown_state(local_dir: str) -> None:
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         _state(kb, VALUE)
         assert _state(kb, ValueStateDescriptor("count", "bigint", default=0)) \
             is _state(kb, VALUE)
@@ -211,7 +215,7 @@ def test_user_function_errors_name_the_state(local_dir: str) -> None:
         def get_result(self, acc: int) -> int:
             return acc
 
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         kb.set_current_key(1)
         reducing = _state(kb, ReducingStateDescriptor("sum", lambda a, b: a / 0, "bigint"))
         reducing.add(1)
@@ -227,7 +231,7 @@ def test_user_function_errors_name_the_state(local_dir: str) -> None:
 
 def test_second_checkpoint_uploads_only_new_ssts(storage: CheckpointStorage,
                                                  local_dir: str) -> None:
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         _fill(kb, range(200))
         first = _checkpoint(kb, storage, 1)
         assert first.incremental_size == first.full_size
@@ -255,7 +259,7 @@ def test_private_files_under_names_without_uuid_still_restore(storage: Checkpoin
     format version 2) restore as recorded: a reference is a path, never rebuilt from a name."""
     import msgspec
 
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         _fill(kb, range(20))
         handle = _checkpoint(kb, storage, 1)
         expected = _content(kb)
@@ -267,14 +271,14 @@ def test_private_files_under_names_without_uuid_still_restore(storage: Checkpoin
     old = msgspec.structs.replace(handle, private=old_private)
     old = msgspec.json.decode(msgspec.json.encode(old), type=KeyedStateHandle)
     assert old.private and all(h.path == f"chk-1/sub-0/{n}" for n, h in old.private.items())
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir,
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir,
                   restore_handles=[old], storage=storage) as restored:
         assert _content(restored) == expected
 
 
 def test_unconfirmed_and_aborted_snapshots_are_never_the_base(storage: CheckpointStorage,
                                                                local_dir: str) -> None:
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         _fill(kb, range(100))
         unconfirmed = _checkpoint(kb, storage, 1, confirm=False)
         _fill(kb, range(5), round_=1)
@@ -295,13 +299,13 @@ def test_unconfirmed_and_aborted_snapshots_are_never_the_base(storage: Checkpoin
 
 def test_full_and_non_incremental_snapshots_upload_everything(storage: CheckpointStorage,
                                                               local_dir: str) -> None:
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         _fill(kb, range(50))
         first = _checkpoint(kb, storage, 1)
         full = _checkpoint(kb, storage, 2, full=True)
     assert not set(_ssts(first).values()) & set(_ssts(full).values())
     assert full.incremental_size == full.full_size
-    with _backend(RocksDBStateBackend(incremental=False), KeyGroupRange(0, 127),
+    with _backend(RocksDBStateBackend(ONE_SHARD, incremental=False), KeyGroupRange(0, 127),
                   local_dir) as kb:
         _fill(kb, range(50))
         one, two = _checkpoint(kb, storage, 11), _checkpoint(kb, storage, 12)
@@ -310,7 +314,7 @@ def test_full_and_non_incremental_snapshots_upload_everything(storage: Checkpoin
 
 def test_restore_reuses_restored_files_only_when_shared(storage: CheckpointStorage,
                                                         local_dir: str) -> None:
-    backend, kg = RocksDBStateBackend(), KeyGroupRange(0, 127)
+    backend, kg = RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127)
     with _backend(backend, kg, local_dir) as kb:
         _fill(kb, range(100))
         handle = _checkpoint(kb, storage, 1)
@@ -327,7 +331,7 @@ def test_restore_reuses_restored_files_only_when_shared(storage: CheckpointStora
 
 def test_corrupt_sst_fails_restore_with_a_typed_error(storage: CheckpointStorage,
                                                       local_dir: str) -> None:
-    backend, kg = RocksDBStateBackend(), KeyGroupRange(0, 127)
+    backend, kg = RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127)
     with _backend(backend, kg, local_dir) as kb:
         _fill(kb, range(100))
         handle = _checkpoint(kb, storage, 1)
@@ -381,7 +385,7 @@ def _snapshot_job(backend: RocksDBStateBackend, parallelism: int, storage: Check
 @pytest.mark.parametrize("old_p,new_p", [(2, 3), (3, 2)])
 def test_rescale_ingest_equals_copy_equals_original(storage: CheckpointStorage, local_dir: str,
                                                     old_p: int, new_p: int) -> None:
-    ingest, copy = RocksDBStateBackend(), RocksDBStateBackend(rescale_strategy="copy")
+    ingest, copy = RocksDBStateBackend(ONE_SHARD), RocksDBStateBackend(ONE_SHARD, rescale_strategy="copy")
     handles, original = _snapshot_job(ingest, old_p, storage, local_dir, 1)
     assert len(original["count"]) == len(original["default"]) == len(original["timers"]) == 300
     assert all(len(e[4]) in (1, 2) for e in original["events"])
@@ -393,7 +397,7 @@ def test_rescale_ingest_equals_copy_equals_original(storage: CheckpointStorage, 
 
 def test_list_order_survives_restore_and_rescale(storage: CheckpointStorage,
                                                  local_dir: str) -> None:
-    backend = RocksDBStateBackend()
+    backend = RocksDBStateBackend(ONE_SHARD)
     with _backend(backend, KeyGroupRange(0, 127), local_dir) as kb:
         kb.set_current_key(42)
         _state(kb, LIST).add_all(["a", "b"])
@@ -407,7 +411,7 @@ def test_list_order_survives_restore_and_rescale(storage: CheckpointStorage,
 
 
 def test_timers_fire_in_time_order_across_key_groups(local_dir: str) -> None:
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         timers = kb.timer_service
         for key, ts in [(1, 30), (2, 10), (3, 20), (4, -5), (5, 10)]:
             kb.set_current_key(key)
@@ -443,7 +447,7 @@ def _raw_count(kb: RocksDBKeyedStateBackend, name: str) -> int:
 
 def test_ttl_expiry_per_value_entry_and_element(local_dir: str) -> None:
     clock = ManualTimeProvider(1_000)
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir,
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir,
                   time_provider=clock) as kb:
         value = _state(kb, ValueStateDescriptor("v", "bigint", default=-1, ttl=_ttl()))
         read = _state(kb, ValueStateDescriptor("r", "bigint",
@@ -474,7 +478,7 @@ def test_ttl_expiry_per_value_entry_and_element(local_dir: str) -> None:
 
 def test_ttl_incremental_cleanup_removes_expired_entries(local_dir: str) -> None:
     clock = ManualTimeProvider(0)
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir,
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir,
                   time_provider=clock) as kb:
         state = _state(kb, ValueStateDescriptor("v", "bigint", ttl=_ttl(cleanup=5)))
         for key in range(20):
@@ -491,7 +495,7 @@ def test_ttl_incremental_cleanup_removes_expired_entries(local_dir: str) -> None
 
 
 def test_closed_backend_refuses_use(local_dir: str) -> None:
-    kb = _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir)
+    kb = _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir)
     state = _state(kb, VALUE)
     kb.set_current_key(1)
     kb.close()
@@ -538,7 +542,7 @@ def _killed_process_instance_dir(local_dir: str) -> str:
 def test_instance_dirs_live_in_a_directory_of_their_process(local_dir: str) -> None:
     from keyedstate.backends.base.working_dirs import process_start_time
 
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir, index=2) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir, index=2) as kb:
         parent, name = os.path.split(kb.instance_dir)
         assert name.startswith("rocksdb-2-")
         assert os.path.dirname(parent) == local_dir
@@ -561,7 +565,7 @@ def test_directories_of_a_killed_process_are_removed_by_the_next_one(local_dir: 
     other = os.path.join(local_dir, "not-a-worker")
     for path in (alive, reused, other):
         os.makedirs(os.path.join(path, "rocksdb-0-x"))
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         assert not os.path.exists(dead_worker)
         assert not os.path.exists(reused)
         assert os.path.isdir(alive) and os.path.isdir(other)
@@ -585,7 +589,7 @@ def test_directories_of_a_killed_process_go_without_a_local_dir(
     assert proc.returncode == -9, proc.stderr
     left = proc.stdout.strip()
     assert os.path.dirname(os.path.dirname(left)) == base
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), None) as kb:  # type: ignore[arg-type]
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), None) as kb:  # type: ignore[arg-type]
         assert os.path.dirname(os.path.dirname(kb.instance_dir)) == base
         assert not os.path.exists(os.path.dirname(left))
 
@@ -622,7 +626,7 @@ def _restore_job(backend: RocksDBStateBackend, parallelism: int, storage: Checkp
 def test_scaling_in_reopens_every_old_instance_without_rewriting(
         storage: CheckpointStorage, local_dir: str, monkeypatch: pytest.MonkeyPatch,
         old_p: int, new_p: int, counts: list[int]) -> None:
-    backend = RocksDBStateBackend()
+    backend = RocksDBStateBackend(ONE_SHARD)
     handles, original = _snapshot_job(backend, old_p, storage, local_dir, 1)
     _no_sst_rewrite(monkeypatch)
     new, content, got, ingested = _restore_job(backend, new_p, storage, local_dir, 2, handles)
@@ -644,7 +648,7 @@ def test_multi_instance_handles_restore_same_and_rescaled_with_the_cap(
         storage: CheckpointStorage, local_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """2 -> 4 -> 3 -> 3 -> 1: scaling out keeps one instance, 4 -> 3 gives two per subtask,
     3 -> 3 reopens them, 3 -> 1 meets six old instances with a cap of four (two ingested)."""
-    backend = RocksDBStateBackend()
+    backend = RocksDBStateBackend(ONE_SHARD)
     handles, original = _snapshot_job(backend, 2, storage, local_dir, 1)
     with monkeypatch.context() as m:
         _no_sst_rewrite(m)
@@ -658,24 +662,29 @@ def test_multi_instance_handles_restore_same_and_rescaled_with_the_cap(
     assert counts == [4] and ingested == 2 and content == original
     # A lower cap merges more; a cap of one is a single instance built by ingestion.
     for cap, instances in ((2, 2), (1, 1)):
-        capped = RocksDBStateBackend(max_instances=cap)
+        capped = RocksDBStateBackend(ONE_SHARD, max_instances=cap)
         _, content, counts, ingested = _restore_job(capped, 1, storage, local_dir, 6 + cap,
                                                     handles)
         assert counts == [instances] and ingested == 6 - instances and content == original
 
 
-def test_plan_instances_keeps_the_largest_and_merges_into_a_neighbour() -> None:
+def test_plan_instances_cuts_even_groups_opened_from_their_largest() -> None:
     def sub(start: int, end: int) -> InstanceHandle:
         handle = KeyedStateHandle("rocksdb", 0, start, end, 1, [], {}, {}, 0, 0)
         return split_instances(handle)[0]
 
     subs = [sub(0, 9), sub(10, 12), sub(13, 40), sub(41, 42), sub(43, 80)]
     plans = plan_instances(subs, KeyGroupRange(5, 70), 2)
-    # kept: [13, 40] (28 key groups) and [43, 70] (28); [5, 9] and [10, 12] lead: they go to
-    # the first kept instance, [41, 42] to its left neighbour.
-    assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(5, 42), (43, 70)]
+    # Overlaps of 5, 3, 28, 2 and 28 key groups: [5, 40] (36) and [41, 70] (30) is the most
+    # even cut, each opened from its 28-key-group sub-handle, the others ingested.
+    assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(5, 40), (41, 70)]
     assert [p.initial.key_group_range.start for p in plans if p.initial] == [13, 43]
-    assert [[s.key_group_range.start for s in p.ingested] for p in plans] == [[0, 10, 41], []]
+    assert [[s.key_group_range.start for s in p.ingested] for p in plans] == [[0, 10], [41]]
+    # 24 equal sub-handles (3 -> 1 with 8 shards each) under a cap of 16: pairs, then singles,
+    # never one instance holding the nine last ones.
+    plans = plan_instances([sub(k * 8, k * 8 + 7) for k in range(24)], KeyGroupRange(0, 191),
+                           16)
+    assert [len(p.key_group_range) for p in plans] == [16] * 8 + [8] * 8
     # Uncovered key groups go to a neighbour; nothing overlapping: one empty instance.
     plans = plan_instances([sub(10, 20)], KeyGroupRange(0, 30), 4)
     assert [(p.key_group_range.start, p.key_group_range.end) for p in plans] == [(0, 30)]
@@ -687,7 +696,7 @@ def test_plan_instances_keeps_the_largest_and_merges_into_a_neighbour() -> None:
 def _sharded(storage: CheckpointStorage, local_dir: str, **kwargs: Any
              ) -> RocksDBKeyedStateBackend:
     """Subtask 0 of 2, restored from four subtasks: two instances."""
-    backend = RocksDBStateBackend()
+    backend = RocksDBStateBackend(ONE_SHARD)
     handles = []
     for index in range(4):
         kg = KeyGroupRange.of_operator(MAX_P, 4, index)
@@ -757,7 +766,7 @@ def test_incremental_snapshots_of_several_instances_upload_only_new_ssts(
         assert second.incremental_size < second.full_size
         expected = _content(kb)
     # The handle restores at the same parallelism into two instances again.
-    with _backend(RocksDBStateBackend(), KeyGroupRange.of_operator(MAX_P, 2, 0), local_dir,
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange.of_operator(MAX_P, 2, 0), local_dir,
                   restore_handles=[second], storage=storage) as kb:
         assert len(kb.instances) == 2 and kb.ingested_on_restore == 0
         assert _content(kb) == expected
@@ -792,7 +801,7 @@ def test_ttl_cleanup_and_full_snapshot_cover_every_instance(storage: CheckpointS
         clock.advance(20_000)
         handle = _checkpoint(kb, storage, 2, full=True)  # purges every instance first
         assert sum(_raw_count_in(inst, "v") for inst in kb.instances) == 0
-    with _backend(RocksDBStateBackend(), kb.key_group_range, local_dir, restore_handles=[handle],
+    with _backend(RocksDBStateBackend(ONE_SHARD), kb.key_group_range, local_dir, restore_handles=[handle],
                   storage=storage, time_provider=ManualTimeProvider(0)) as kb:
         assert list(kb.iter_entries("v")) == []
 
@@ -837,7 +846,7 @@ def test_a_handle_written_before_instances_still_restores(tmp_path: Path, local_
     found = {}
     for index in range(parallelism):
         kg = KeyGroupRange.of_operator(MAX_P, parallelism, index)
-        with _backend(RocksDBStateBackend(), kg, local_dir, index, restore_handles=handles,
+        with _backend(RocksDBStateBackend(ONE_SHARD), kg, local_dir, index, restore_handles=handles,
                       storage=storage) as kb:
             # one instance per overlapping old subtask, none rewritten
             assert len(kb.instances) == sum(1 for h in handles
@@ -857,7 +866,7 @@ def test_a_handle_written_before_instances_still_restores(tmp_path: Path, local_
 
 def test_single_instance_backends_write_the_layout_of_before(storage: CheckpointStorage,
                                                               local_dir: str) -> None:
-    with _backend(RocksDBStateBackend(), KeyGroupRange(0, 127), local_dir) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir) as kb:
         _fill(kb, range(20))
         handle = _checkpoint(kb, storage, 1)
     assert "rocksdb.instances" not in handle.properties
@@ -871,7 +880,7 @@ def test_state_sizes_of_a_multi_instance_handle_add_up(storage: CheckpointStorag
 
     with _sharded(storage, local_dir) as kb:
         handle = _checkpoint(kb, storage, 2)
-    sizes = RocksDBStateBackend().state_sizes(storage, handle)
+    sizes = RocksDBStateBackend(ONE_SHARD).state_sizes(storage, handle)
     assert sizes["count"] > 0 and sizes["events"] > 0 and sizes[OTHER_FILES] > 0
     assert sum(sizes.values()) == handle.full_size
 
@@ -962,7 +971,7 @@ def test_bulk_calls_store_the_bytes_per_key_calls_store(tmp_path: Any, ttl: str 
     from .contract import Harness
     from .contract_bulk import TTLS, Script
 
-    harness = Harness(RocksDBStateBackend(), tmp_path)
+    harness = Harness(RocksDBStateBackend(ONE_SHARD), tmp_path)
     config = TTLS[ttl] if ttl else None
     try:
         per_key, bulk = harness.create(), harness.create()

@@ -199,12 +199,15 @@ def test_restore_with_a_warm_file_cache_downloads_nothing(store, tmp_path, backe
     if store.kind == "local":  # no cache for a local disk: it is the local copy already
         assert cold_stats.cache_hit_bytes == warm_stats.cache_hit_bytes == 0
         return
-    # (a cold restore may still hit: files of equal content, e.g. RocksDB's OPTIONS of two
-    # subtasks, are one cache entry)
-    assert cold_stats.downloaded_bytes > cold_stats.cache_hit_bytes
+    # (a cold restore may still hit: files of equal content, e.g. RocksDB's OPTIONS of every
+    # key-group shard of every subtask, are one cache entry; with 16 instances of ~25 KB
+    # OPTIONS each, those hits can outweigh this small state's downloaded SSTs)
+    assert cold_stats.downloaded_bytes > 0
     assert warm_stats.downloaded_bytes == 0
-    # (the files the cold restore downloaded, and those its checkpoint wrote: a heap diff)
-    assert warm_stats.cache_hit_bytes >= cold_stats.downloaded_bytes + cold_stats.cache_hit_bytes
+    # (the files the cold restore downloaded, and those its checkpoint wrote: a heap diff, or
+    # a RocksDB shard the rolling compaction rewrote into fewer bytes than the files it
+    # replaced, so only what the cold restore downloaded is a lower bound)
+    assert warm_stats.cache_hit_bytes >= cold_stats.downloaded_bytes
     # Other tests of this process may own caches too: the figures are summed over all of them.
     stats = [c.stats() for c in all_process_caches()]
     assert sum(s["hits"] for s in stats) > 0 and sum(s["misses"] for s in stats) > 0

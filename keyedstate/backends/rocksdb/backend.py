@@ -2,11 +2,14 @@
 rocksdict), incremental snapshots of their SST files, restore by reopening and clipping the old
 instances on rescale.
 
-A keyed backend holds one RocksDB instance, or several after a rescaling restore: each
-instance (a key-group shard, :class:`RocksDBInstance`) owns a disjoint contiguous sub-range of
-the subtask's key groups, and keys go to the instance of their key group. rocksdict has no
-column-family import/export and can't ingest a DB's own SST files, so instances are how the
-data of several old subtasks enters one new subtask without passing through Python key by key.
+A keyed backend holds several RocksDB instances (``RocksDBOptions.key_group_shards`` when
+fresh, what the restored handles had otherwise): each instance (a key-group shard,
+:class:`RocksDBInstance`) owns a disjoint contiguous sub-range of the subtask's key groups, and
+keys go to the instance of their key group. rocksdict has no column-family import/export and
+can't ingest a DB's own SST files, so instances are how the data of several old subtasks
+enters one new subtask without passing through Python key by key; and since each instance
+compacts on its own, the rolling compaction (:meth:`RocksDBKeyedStateBackend.snapshot`) keeps
+any one checkpoint from uploading more than about one instance plus the change.
 
 One column family per state, named as the state; ``_timers_event`` and ``_timers_proc`` hold
 the timers. Layouts are in :mod:`.states` and :mod:`.timers`, the snapshot flow in
@@ -57,6 +60,7 @@ from keyedstate.backends.rocksdb.restore import (
 from keyedstate.backends.rocksdb.snapshot import (
     META_FILE,
     PROP_BASE_CHECKPOINT,
+    PROP_COMPACTED_INSTANCE,
     PROP_INSTANCES,
     PROP_KEY_GROUP_PREFIX_BYTES,
     PROP_LIST_SEQUENCE,
@@ -114,8 +118,11 @@ class RocksDBStateBackend(StateBackend):
     (seed 003); False uploads every file each time. ``rescale_strategy``: ``"ingest"`` (each
     overlapping old instance reopened and clipped, seed 001) or ``"copy"`` (one instance,
     key by key, only the benchmark baseline). ``max_instances``: the most RocksDB instances
-    (key-group shards) one keyed backend opens on a rescaling restore; sub-handles over the
-    cap are rewritten into a neighbouring instance (SST ingestion). ``state_migration``: how a
+    (key-group shards) one keyed backend opens on a restore; sub-handles over the cap are
+    rewritten into a neighbouring instance (SST ingestion). None (the default):
+    :attr:`instance_cap`, twice ``options.key_group_shards`` (at least
+    :data:`DEFAULT_MAX_INSTANCES`), so a restore at the same parallelism keeps every shard and
+    scaling in by 2x rewrites none. ``state_migration``: how a
     restored state whose descriptor's type evolved is migrated (:mod:`..base.migration`):
     ``"lazy"`` (the default: values convert when read and are rewritten when written) or
     ``"eager"`` (every value rewritten when the state is first asked for).
@@ -125,7 +132,7 @@ class RocksDBStateBackend(StateBackend):
 
     def __init__(self, options: RocksDBOptions | None = None, incremental: bool = True,
                  rescale_strategy: str = "ingest",
-                 max_instances: int = DEFAULT_MAX_INSTANCES,
+                 max_instances: int | None = None,
                  state_migration: str = "lazy") -> None:
         if rescale_strategy not in RESCALE_STRATEGIES:
             raise ConfigurationError(f"rescale_strategy {rescale_strategy!r} is unknown; choose "
@@ -133,10 +140,11 @@ class RocksDBStateBackend(StateBackend):
         if state_migration not in STATE_MIGRATIONS:
             raise ConfigurationError(f"state_migration {state_migration!r} is unknown; choose "
                                      f"one of {list(STATE_MIGRATIONS)}")
-        if not isinstance(max_instances, int) or isinstance(max_instances, bool) \
-                or max_instances < 1:
-            raise ConfigurationError(f"max_instances must be an int of at least 1, got "
-                                     f"{max_instances!r}")
+        if max_instances is not None and (not isinstance(max_instances, int)
+                                          or isinstance(max_instances, bool)
+                                          or max_instances < 1):
+            raise ConfigurationError(f"max_instances must be an int of at least 1 or None, "
+                                     f"got {max_instances!r}")
         if isinstance(options, dict):  # from a configuration file: field -> value
             try:
                 options = RocksDBOptions(**options)
@@ -165,9 +173,16 @@ class RocksDBStateBackend(StateBackend):
     def __hash__(self) -> int:
         return hash(self._key())
 
+    @property
+    def instance_cap(self) -> int:
+        """The effective ``max_instances``."""
+        if self.max_instances is not None:
+            return self.max_instances
+        return max(DEFAULT_MAX_INSTANCES, 2 * self.options.key_group_shards)
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A configuration pickled before max_instances existed gets the default.
-        state.setdefault("max_instances", DEFAULT_MAX_INSTANCES)
+        state.setdefault("max_instances", None)
         state.setdefault("state_migration", "lazy")
         self.__dict__.update(state)
 
@@ -196,7 +211,7 @@ class RocksDBStateBackend(StateBackend):
                 key_group_prefix_bytes=key_group_prefix_bytes(p.max_parallelism),
                 instance_dir=instance_dir, options=self.options,
                 rescale_strategy=self.rescale_strategy,
-                share_restored_files=p.share_restored_files, max_instances=self.max_instances)
+                share_restored_files=p.share_restored_files, max_instances=self.instance_cap)
             result = restore.restore()
             backend = RocksDBKeyedStateBackend(
                 subtask_index=p.subtask_index, key_group_range=p.key_group_range,
@@ -233,6 +248,32 @@ class RocksDBInstance:
         self.cfs: dict[str, rocksdict.Rdict] = {}
         self.handles: dict[str, rocksdict.ColumnFamily] = {}
         self.snapshot_strategy = RocksDBIncrementalSnapshotStrategy(incremental=incremental)
+
+    def amplification(self) -> float:
+        """Universal compaction's size amplification of this DB, in percent: the bytes of
+        every sorted run but the oldest against the oldest's (summed over column families).
+
+        Universal compaction keeps each sorted run of level 1 and below on a level of its
+        own, older runs deeper, and a full compaction writes the deepest one; so the files
+        on the deepest non-empty level are every column family's oldest run. With every run
+        on level 0 (never compacted), the largest file stands for the oldest run. 0 for an
+        empty DB."""
+        with native(f"listing the SST files of the RocksDB in {self.path}"):
+            files = [(int(f["level"]), int(f["size"])) for f in self.db.live_files()]
+        if not files:
+            return 0.0
+        total = sum(size for _, size in files)
+        deepest = max(level for level, _ in files)
+        oldest = (sum(size for level, size in files if level == deepest) if deepest
+                  else max(size for _, size in files))
+        return 100.0 * (total - oldest) / max(oldest, 1)
+
+    def compact(self) -> None:
+        """Compact every column family into one sorted run on the deepest level (memtables
+        flushed first), as universal compaction's size-amplification rewrite would."""
+        with native(f"compacting the RocksDB in {self.path}"):
+            for cf in self.cfs.values():
+                cf.compact_range(None, None)
 
     def column_family(self, name: str) -> tuple[rocksdict.Rdict, rocksdict.ColumnFamily]:
         """The column family of a state, created when missing (raw rocksdict errors)."""
@@ -275,7 +316,8 @@ class RocksDBInstance:
 class RocksDBKeyedStateBackend(KeyedStateBackend):
     """Keyed state of one subtask in one or more RocksDB instances (key-group shards, see
     :class:`RocksDBInstance`), in key-group order and together covering ``key_group_range``
-    exactly. One instance unless restored with rescaling. Created by
+    exactly. ``RocksDBOptions.key_group_shards`` instances when fresh; a restore keeps the
+    restored handles' instances (:mod:`.restore`). Created by
     :meth:`RocksDBStateBackend.create_keyed_backend`; removes its directory on :meth:`close`.
     """
 
@@ -594,7 +636,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """Flush and checkpoint every instance into one local directory; the result stores
         them as one handle. One instance: the layout of every handle before instances
         existed (unprefixed names, no :data:`PROP_INSTANCES`). Several: each instance's files
-        named ``i<k>/<file>``, their ranges in :data:`PROP_INSTANCES`, one meta file."""
+        named ``i<k>/<file>``, their ranges in :data:`PROP_INSTANCES`, one meta file.
+
+        With rolling compaction (:attr:`RocksDBOptions.rolling_compaction`) an incremental
+        snapshot first fully compacts at most one instance (:meth:`_rolling_compaction`)."""
         self._check_open()
         start = time.perf_counter()
         for state in self._states.values():
@@ -602,6 +647,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         states = self._state_snapshots()
         if full:
             self._purge_expired(states)
+        compacted = None
+        if self.options.rolling_compaction and self.incremental and not full:
+            compacted = self._rolling_compaction()
         meta = MetaFile(self.max_parallelism, self.key_group_prefix_bytes,
                         self._list_sequence, states)
         root = os.path.join(self.instance_dir, "snapshots")
@@ -633,6 +681,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if self._sharded:
             properties[PROP_INSTANCES] = format_instance_ranges(
                 [inst.key_group_range for inst in self._instances])
+        if compacted is not None:
+            properties[PROP_COMPACTED_INSTANCE] = str(compacted)
         restore_stats, self.restore_stats = self.restore_stats, None
         if restore_stats is not None:
             properties.update(restore_stats.to_properties(RESTORE_PREFIX))
@@ -642,6 +692,38 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             local_dir=local_dir, parts=parts, location=location,
             states=[s.meta for s in states.values()], properties=properties,
             sync_duration_s=time.perf_counter() - start)
+
+    def _rolling_compaction(self) -> int | None:
+        """Fully compact at most one instance, the most amplified, when it is due; returns
+        its index (None: none was).
+
+        With ``n`` instances and the trigger ``T``
+        (``rolling_compaction_amplification_percent``), the most amplified instance is due
+        when the ``k``-th most amplified one (k = 1 .. n) reached ``T * (n - k + 1) / n``:
+        the first at ``T``, and earlier when more instances are close to ``T`` than an even
+        spread would have. Instances that grew alike (random keys) are then compacted about
+        ``1/n`` of the way to ``T`` apart instead of at ``T`` in consecutive snapshots, so
+        every snapshot uploads about the same (``T`` alone keeps an initial lockstep: each
+        shard compacted one snapshot after the other, then nothing for a long while).
+
+        Why (docs/rocksdb-backend.md, "Rolling compaction"): universal compaction rewrites a
+        whole DB once its newer sorted runs outgrow the oldest, and the next incremental
+        checkpoint uploads all of it. With random keys every shard of a subtask grows alike
+        and would cross the trigger at the same batch; one shard per snapshot, chosen here
+        (RocksDB's own trigger is raised far above, see
+        :attr:`RocksDBOptions.automatic_size_amplification_percent`), bounds what one
+        checkpoint uploads to about one shard plus the change. It runs in the synchronous
+        part, before the flush, so the compacted run is what this snapshot links."""
+        threshold = self.options.rolling_compaction_amplification_percent
+        n = len(self._instances)
+        ranked = sorted(((inst.amplification(), inst.index) for inst in self._instances),
+                        key=lambda x: (-x[0], x[1]))
+        if not any(amplification > 0 and amplification >= threshold * (n - k) / n
+                   for k, (amplification, _) in enumerate(ranked)):
+            return None
+        best = self._instances[ranked[0][1]]
+        best.compact()
+        return best.index
 
     def _purge_expired(self, states: dict[str, StateMetaInfoSnapshot]) -> None:
         """Expired entries are never written by a full snapshot (``cleanup_in_full_snapshot``;

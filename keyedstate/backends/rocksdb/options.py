@@ -28,6 +28,10 @@ KiB = 1 << 10
 _COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 _COMPACTION_STYLES = ("level", "universal")
 
+#: RocksDB's own size-amplification trigger over the rolling compaction's, with several
+#: key-group shards (:attr:`RocksDBOptions.automatic_size_amplification_percent`).
+AUTOMATIC_AMPLIFICATION_FACTOR = 4
+
 #: RocksDB's own column family; it always exists and keyedstate never writes to it.
 DEFAULT_COLUMN_FAMILY = "default"
 
@@ -87,8 +91,22 @@ class RocksDBOptions:
     #: universal compaction: merge runs whose sizes differ by at most this percent.
     universal_size_ratio: int = 1
     #: universal compaction: rewrite everything once the newer runs hold this percent of the
-    #: oldest run's size.
+    #: oldest run's size. With rolling compaction (several key-group shards) RocksDB's own
+    #: trigger is raised to :attr:`automatic_size_amplification_percent`.
     universal_max_size_amplification_percent: int = 200
+    #: RocksDB instances (key-group shards) a fresh keyed backend splits its key groups into,
+    #: at most one per key group; 1: one instance per subtask (keyedstate's layout before).
+    #: With several and universal compaction, each incremental snapshot fully compacts at
+    #: most one shard ("rolling compaction"), so no checkpoint uploads more than about one
+    #: shard plus its change (docs/rocksdb-backend.md, "Rolling compaction": 8 bounds a
+    #: checkpoint to about 1/8 of the state, for 8 small SST files per flush instead of 1).
+    key_group_shards: int = 8
+    #: rolling compaction: a shard is fully compacted at a snapshot once its SST files
+    #: outgrew their size after its last full compaction by this percent (the most amplified
+    #: shard first, one per snapshot). Below 100 because universal compaction's size-ratio
+    #: rule (``universal_size_ratio``) merges the oldest run too, so rewrites a whole DB by
+    #: itself, once the newer runs add up to about its size.
+    rolling_compaction_amplification_percent: int = 75
 
     def __post_init__(self) -> None:
         for name in ("block_cache_size", "write_buffer_size", "block_size",
@@ -112,12 +130,18 @@ class RocksDBOptions:
             )
         trigger = self.level0_file_num_compaction_trigger
         if (trigger is not None and trigger < 1) or self.universal_size_ratio < 0 \
-                or self.universal_max_size_amplification_percent < 1:
+                or self.universal_max_size_amplification_percent < 1 \
+                or self.rolling_compaction_amplification_percent < 1:
             raise ConfigurationError(
-                "RocksDBOptions.level0_file_num_compaction_trigger and "
-                "universal_max_size_amplification_percent must be >= 1, universal_size_ratio "
+                "RocksDBOptions.level0_file_num_compaction_trigger, "
+                "universal_max_size_amplification_percent and "
+                "rolling_compaction_amplification_percent must be >= 1, universal_size_ratio "
                 ">= 0"
             )
+        if not isinstance(self.key_group_shards, int) or isinstance(self.key_group_shards, bool) \
+                or self.key_group_shards < 1:
+            raise ConfigurationError(f"RocksDBOptions.key_group_shards must be an int of at "
+                                     f"least 1, got {self.key_group_shards!r}")
         if self.compression not in _COMPRESSIONS:
             raise ConfigurationError(
                 f"RocksDBOptions.compression {self.compression!r} is unknown; choose one of "
@@ -130,6 +154,21 @@ class RocksDBOptions:
         if self.level0_file_num_compaction_trigger is not None:
             return self.level0_file_num_compaction_trigger
         return 8 if self.compaction_style == "universal" else 4
+
+    @property
+    def rolling_compaction(self) -> bool:
+        """Whether snapshots compact one shard at a time (several shards, universal style)."""
+        return self.key_group_shards > 1 and self.compaction_style == "universal"
+
+    @property
+    def automatic_size_amplification_percent(self) -> int:
+        """RocksDB's own size-amplification trigger: the configured one, or with rolling
+        compaction :data:`AUTOMATIC_AMPLIFICATION_FACTOR` times it, a safety net that fires
+        only if the rolling compaction falls behind (with random keys every shard crosses
+        the configured trigger at about the same batch; RocksDB would rewrite them all in
+        that batch's checkpoint)."""
+        percent = self.universal_max_size_amplification_percent
+        return percent * AUTOMATIC_AMPLIFICATION_FACTOR if self.rolling_compaction else percent
 
     def to_options(self) -> rocksdict.Options:
         """``rocksdict.Options`` in raw mode (bytes keys and values, no pickling) for the DB and
@@ -168,7 +207,7 @@ class RocksDBOptions:
             universal = rocksdict.UniversalCompactOptions()
             universal.size_ratio = self.universal_size_ratio
             universal.max_size_amplification_percent = \
-                self.universal_max_size_amplification_percent
+                self.automatic_size_amplification_percent
             opts.set_universal_compaction_options(universal)
         if self.compaction_style == "universal" or trigger != 4:
             # RocksDB's stall thresholds (20, 36) must stay above the trigger.

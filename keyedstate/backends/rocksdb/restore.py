@@ -10,10 +10,12 @@ instances existed is one sub-handle covering the handle's range).
   intersection of its range with the target's by one range delete per column family and side
   (``clipDBWithKeyGroupRange``); no key is rewritten. Without rescaling (the same ranges) this
   is a download and an open per instance. When more sub-handles overlap than
-  ``max_instances``, the largest overlaps stay instances and every other sub-handle's in-range
-  keys are written with ``SstFileWriter`` into sorted SST files and ingested
-  (``ingest_external_file``, files moved) into the neighbouring instance, so instance ranges
-  stay contiguous.
+  ``max_instances``, they are cut into that many contiguous, even groups
+  (:func:`plan_instances`): each group's largest sub-handle is opened, and every other one's
+  in-range keys are written with ``SstFileWriter`` into sorted SST files and ingested
+  (``ingest_external_file``, files moved) into it, so instance ranges stay contiguous.
+- A fresh backend (nothing to restore) opens ``RocksDBOptions.key_group_shards`` empty
+  instances over even parts of its key groups.
 - **``"copy"``**: one instance, an empty DB and a key-by-key copy of every sub-handle's in-range
   keys through write batches. Kept only as the benchmark baseline.
 
@@ -130,11 +132,14 @@ def plan_instances(subs: Sequence[InstanceHandle], target: KeyGroupRange,
     keys where possible.
 
     Every sub-handle becomes an instance owning its overlap with ``target``. When there are
-    more than ``max_instances``, the largest overlaps (in key groups; ties: key-group order)
-    stay instances and each other one is ingested into the nearest kept instance on its left
-    (the first kept one for a leading run), so every instance's range stays contiguous.
-    Instance ranges are then widened over key groups no sub-handle covers, so that together
-    they cover ``target`` exactly (an instance may own key groups it has no data for).
+    more than ``max_instances``, the sub-handles (in key-group order) are cut into
+    ``max_instances`` contiguous groups, as even as possible in key groups (the largest group
+    as small as it can be, then the fewest key groups rewritten): each group is one instance,
+    opened from its largest sub-handle, the others ingested into it. Even groups keep every
+    instance a bounded slice of the state (the rolling compaction rewrites one instance at a
+    time, docs/rocksdb-backend.md). Instance ranges are then widened over key groups no
+    sub-handle covers, so that together they cover ``target`` exactly (an instance may own key
+    groups it has no data for).
     """
     if max_instances < 1:
         raise ConfigurationError(f"max_instances must be at least 1, got {max_instances}")
@@ -143,25 +148,53 @@ def plan_instances(subs: Sequence[InstanceHandle], target: KeyGroupRange,
     if not pieces:
         return [InstancePlan(target, None)]
     sizes = [len(s.key_group_range.intersection(target)) for s in pieces]
-    ranked = sorted(range(len(pieces)), key=lambda i: (-sizes[i], i))
-    kept = sorted(ranked[:max_instances])
-    groups: list[list[int]] = [[k] for k in kept]
-    for i in range(len(pieces)):
-        if i in kept:
-            continue
-        left = [g for g in groups if g[0] < i]
-        (left[-1] if left else groups[0]).append(i)
-    plans = []
-    for n, group in enumerate(groups):
-        ranges = [pieces[i].key_group_range.intersection(target) for i in group]
-        start = target.start if n == 0 else min(r.start for r in ranges)
-        plans.append((start, group))
+    groups = even_groups(sizes, min(max_instances, len(pieces)))
     out = []
-    for n, (start, group) in enumerate(plans):
-        end = target.end if n == len(plans) - 1 else plans[n + 1][0] - 1
-        out.append(InstancePlan(KeyGroupRange(start, end), pieces[group[0]],
-                                tuple(pieces[i] for i in sorted(group[1:]))))
+    for n, (first, last) in enumerate(groups):
+        start = target.start if n == 0 else \
+            pieces[first].key_group_range.intersection(target).start
+        end = target.end if n == len(groups) - 1 else \
+            pieces[groups[n + 1][0]].key_group_range.intersection(target).start - 1
+        members = range(first, last + 1)
+        initial = max(members, key=lambda i: (sizes[i], -i))  # the largest, ties: the first
+        out.append(InstancePlan(KeyGroupRange(start, end), pieces[initial],
+                                tuple(pieces[i] for i in members if i != initial)))
     return out
+
+
+def even_groups(sizes: Sequence[int], count: int) -> list[tuple[int, int]]:
+    """``sizes`` cut into ``count`` contiguous non-empty groups ``(first, last)`` (inclusive
+    indexes): the largest group's total as small as possible, then the least rewritten (the
+    sum of every group's total minus its largest member). ``count <= len(sizes)``."""
+    n = len(sizes)
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    inf = (float("inf"), float("inf"))
+    # best[g][i]: the cost (largest group, rewritten) of the first i sizes in g groups, and
+    # where its last group starts.
+    best: list[list[tuple[tuple[float, float], int]]] = [
+        [(inf, -1)] * (n + 1) for _ in range(count + 1)]
+    best[0][0] = ((0, 0), -1)
+    for g in range(1, count + 1):
+        for i in range(g, n - (count - g) + 1):
+            largest = 0
+            for j in range(i - 1, g - 2, -1):  # last group: sizes[j:i]
+                largest = max(largest, sizes[j])
+                (prev_max, prev_rewritten), _ = best[g - 1][j]
+                if prev_max == float("inf"):
+                    continue
+                total = prefix[i] - prefix[j]
+                cost = (max(prev_max, total), prev_rewritten + total - largest)
+                if cost < best[g][i][0]:
+                    best[g][i] = (cost, j)
+    groups = []
+    i = n
+    for g in range(count, 0, -1):
+        j = best[g][i][1]
+        groups.append((j, i - 1))
+        i = j
+    return groups[::-1]
 
 
 def key_group_bounds(key_groups: KeyGroupRange, prefix_bytes: int) -> tuple[bytes, bytes]:
@@ -257,12 +290,14 @@ class RocksDBIncrementalRestoreOperation:
         self.ingested: list[InstanceHandle] = []
 
     def restore(self) -> RestoreResult:
-        if not self.handles:
-            path = instance_db_dir(self.instance_dir, 0)
-            return RestoreResult([RestoredInstance(self.key_group_range,
-                                                   open_db(path, self.options), path)])
         subs = [s for h in self.handles for s in split_instances(h)
                 if s.key_group_range.intersection(self.key_group_range)]
+        if not subs:
+            # A fresh backend (or handles with nothing in range): empty DBs, one per key-group
+            # shard (``RocksDBOptions.key_group_shards``).
+            return self._restore_instances(
+                [InstancePlan(r, None)
+                 for r in self.key_group_range.split(self.options.key_group_shards)])
         if self.rescale_strategy == "copy" and not (
                 len(subs) == 1 and subs[0].key_group_range == self.key_group_range):
             result = self._restore_by_copy(subs)
@@ -340,7 +375,9 @@ class RocksDBIncrementalRestoreOperation:
         """Open every planned instance from its initial sub-handle (downloaded together),
         clip it to its range, then ingest the merged sub-handles (only when the cap was hit)."""
         dirs = [instance_db_dir(self.instance_dir, k) for k in range(len(plans))]
-        self._download([(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None])
+        downloads = [(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None]
+        if downloads:
+            self._download(downloads)
         result = RestoreResult([])
         try:
             for plan, path in zip(plans, dirs):

@@ -70,6 +70,8 @@ PROP_BASE_CHECKPOINT = "rocksdb.base-checkpoint-id"
 #: The key-group ranges of the instances of a multi-instance handle (absent: one instance,
 #: file names unprefixed, as every handle written before instances existed).
 PROP_INSTANCES = "rocksdb.instances"
+#: The instance the rolling compaction fully compacted before this snapshot (absent: none).
+PROP_COMPACTED_INSTANCE = "rocksdb.compacted-instance"
 
 
 @dataclass(frozen=True, slots=True)
