@@ -54,6 +54,7 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
+from keyedstate.runtime.gc_freeze import freeze_survivors, thaw
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
@@ -161,6 +162,7 @@ def _close_live(live: _Live) -> None:
         live.backend.close()
     except Exception:  # noqa: BLE001 - closing a cached copy must never fail a task
         pass
+    thaw()  # its frozen objects (runtime.gc_freeze) are the collector's again
 
 
 def _keep_live(key: tuple[str, int], live: _Live, group: int = 1) -> None:
@@ -234,9 +236,9 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
                     and live.backend.catch_up(src.handles, src.storage):
                 return live.backend, CAUGHT_UP, time.perf_counter() - start
         except BaseException:
-            live.backend.close()  # possibly half caught up: never used again
+            _close_live(live)  # possibly half caught up: never used again
             raise
-        live.backend.close()  # uncommitted, or on another chain: never used
+        _close_live(live)  # uncommitted, or on another chain: never used
     key_group_range = KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index)
     if src is not None and src.canonical is not None:
         # A canonical savepoint: an empty backend of the job's kind, bulk-loaded with the rows
@@ -638,12 +640,18 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
                                   plan.storage.location(plan.checkpoint_id, index))
         handle = result.materialize()
     except BaseException as exc:
-        backend.close()
+        try:
+            backend.close()
+        finally:
+            thaw()  # a reused live copy's objects were frozen
         if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
             raise subtask_failed(plan.batch_id, index, step, exc) from exc
         raise
     _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
                group=plan.largest_group)
+    # The live copy outlives the batch: keep the cyclic collector from walking it again and
+    # again (a heap backend's state is millions of tracked objects).
+    freeze_survivors()
     # Step 7. Report.
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,

@@ -1,0 +1,92 @@
+"""The runtime keeps Python's cyclic collector off the live state between batches
+(``keyedstate.runtime.gc_freeze``): a batch's cyclic garbage is collected, what survives is
+frozen, and closing the live copies gives the frozen objects back to the collector."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any, Iterator
+
+import pytest
+
+from keyedstate.runtime.function import Context
+from tests.spark.jobs import IdleCounts
+from tests.test_local_job import batches, config, new_job
+
+
+class _Cycle:
+    """An object in a reference cycle with itself: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+class CountsMakingCycles(IdleCounts):
+    """IdleCounts that leaves a cycle of garbage behind in every ``open`` (and remembers it
+    weakly), and may keep one alive from outside (``kept``)."""
+
+    made: list[weakref.ref[_Cycle]] = []
+    kept: list[_Cycle] = []
+
+    def open(self, ctx: Context) -> None:
+        super().open(ctx)
+        garbage = _Cycle()
+        type(self).made.append(weakref.ref(garbage))
+        if not type(self).kept:
+            type(self).kept.append(_Cycle())
+
+
+@pytest.fixture
+def no_automatic_collection() -> Iterator[None]:
+    """Only the runtime's own collection may free cycles during the test (an automatic one
+    could free them too, and the test would not tell)."""
+    CountsMakingCycles.made.clear()
+    CountsMakingCycles.kept.clear()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def _alive(ref: weakref.ref[Any]) -> bool:
+    return ref() is not None
+
+
+@pytest.mark.usefixtures("no_automatic_collection")
+def test_a_batch_frees_its_cyclic_garbage_and_freezes_the_live_state(tmp_path):
+    with new_job(config(tmp_path, backend="heap"), CountsMakingCycles()) as job:
+        for table in batches(3, users=200):
+            job.process_batch(table)
+        # Every batch's garbage was collected before the survivors were frozen.
+        assert CountsMakingCycles.made and not any(map(_alive, CountsMakingCycles.made))
+        assert gc.get_freeze_count() > 0
+        # The live copies' state tables are frozen: no collection walks them.
+        tracked = {id(o) for o in gc.get_objects()}
+        live = [v.backend for (job_id, _), v in _live_copies(job)]
+        assert live
+        for backend in live:
+            for table in backend.tables.values():
+                assert id(table.maps) not in tracked
+
+
+@pytest.mark.usefixtures("no_automatic_collection")
+def test_closing_the_live_copies_gives_frozen_cycles_back_to_the_collector(tmp_path):
+    with new_job(config(tmp_path, backend="heap"), CountsMakingCycles()) as job:
+        job.process_batch(batches(1)[0])
+        kept = weakref.ref(CountsMakingCycles.kept.pop())  # frozen, now garbage
+        gc.collect()
+        assert _alive(kept)  # the collector doesn't see frozen objects
+    # The job closed its live copies: the frozen objects are the collector's again.
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert not _alive(kept)
+
+
+def _live_copies(job: Any) -> list[Any]:
+    import keyedstate.runtime.subtask as runtime
+
+    return [(k, v) for k, v in runtime._LIVE.items() if k[0] == job.storage.url]
