@@ -561,9 +561,14 @@ def process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.RecordB
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                     ) -> Iterator[pa.RecordBatch]:
     """One subtask of one batch, given its index (Spark-independent: tests and profiling call
-    it directly with the routed Arrow batches). Whatever fails raises
-    :class:`~keyedstate.errors.BatchFailedError` carrying the failure to the driver
-    (:mod:`keyedstate.runtime.failures`)."""
+    it directly with the routed Arrow batches): its one report row (:data:`RESULT_SCHEMA`).
+    Whatever fails raises :class:`~keyedstate.errors.BatchFailedError` carrying the failure
+    to the driver (:mod:`keyedstate.runtime.failures`)."""
+    yield _run_subtask(plan, index, batches)
+
+
+def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
+                 ) -> pa.RecordBatch:
     # Step 1. State at the last committed checkpoint.
     try:
         backend, how, restore_s = _acquire(plan, index)
@@ -664,7 +669,7 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
         "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
         "worker_pid": os.getpid(),
     }
-    yield pa.RecordBatch.from_pylist([{
+    return pa.RecordBatch.from_pylist([{
         "subtask": index, "token": token, "handle": msgspec.json.encode(handle),
         "staged": json.dumps(staged), "max_event_time": max_event_time, "late": late,
         "stats": json.dumps(stats),
