@@ -57,20 +57,40 @@ def _alive(ref: weakref.ref[Any]) -> bool:
 
 
 @pytest.mark.usefixtures("no_automatic_collection")
-def test_a_batch_frees_its_cyclic_garbage_and_freezes_the_live_state(tmp_path):
+def test_each_batch_collects_the_last_ones_garbage_and_freezes_the_state_for_good(tmp_path):
     with new_job(config(tmp_path, backend="heap"), CountsMakingCycles()) as job:
-        for table in batches(3, users=200):
-            job.process_batch(table)
-        # Every batch's garbage was collected before the survivors were frozen.
-        assert CountsMakingCycles.made and not any(map(_alive, CountsMakingCycles.made))
+        data = batches(3, users=200)
+        job.process_batch(data[0])
+        job.process_batch(data[1])
+        live = [v.backend for _, v in _live_copies(job)]
+        groups = [g for b in live for t in b.tables.values() for g in t.maps.values()]
+        assert groups
+        job.process_batch(data[2])  # writes into most of those key-group dicts
+        # Each subtask's run collected the cyclic garbage made before it in this process
+        # (start-up's open() included); only the last run's garbage waits for the next one.
+        made = [_alive(r) for r in CountsMakingCycles.made]
+        assert len(made) >= 6 and made == [False] * (len(made) - 1) + [True]
         assert gc.get_freeze_count() > 0
-        # The live copies' state tables are frozen: no collection walks them.
-        tracked = {id(o) for o in gc.get_objects()}
-        live = [v.backend for (job_id, _), v in _live_copies(job)]
-        assert live
-        for backend in live:
-            for table in backend.tables.values():
-                assert id(table.maps) not in tracked
+        # The key-group dicts were frozen while tracked, and writing into them did not bring
+        # them back to a generation that collections walk.
+        walked = {id(o) for o in gc.get_objects()}
+        assert not [g for g in groups if id(g) in walked]
+
+
+def test_no_automatic_collection_runs_while_a_subtask_runs(tmp_path):
+    seen: list[bool] = []
+
+    class Recording(IdleCounts):
+        def open(self, ctx: Context) -> None:
+            super().open(ctx)
+            seen.append(gc.isenabled())
+
+    assert gc.isenabled()
+    with new_job(config(tmp_path, backend="heap"), Recording()) as job:
+        job.process_batch(batches(1)[0])
+    # start-up's open() (runtime.declared, outside any subtask), then the two subtasks'
+    assert seen == [True, False, False]
+    assert gc.isenabled()  # restored afterwards
 
 
 @pytest.mark.usefixtures("no_automatic_collection")

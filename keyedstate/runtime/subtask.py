@@ -54,7 +54,7 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
-from keyedstate.runtime.gc_freeze import freeze_survivors, thaw
+from keyedstate.runtime.gc_freeze import collection_paused, freeze_survivors, thaw
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
@@ -564,7 +564,9 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     it directly with the routed Arrow batches): its one report row (:data:`RESULT_SCHEMA`).
     Whatever fails raises :class:`~keyedstate.errors.BatchFailedError` carrying the failure
     to the driver (:mod:`keyedstate.runtime.failures`)."""
-    yield _run_subtask(plan, index, batches)
+    with collection_paused():  # runtime.gc_freeze: no collection walks the state meanwhile
+        report = _run_subtask(plan, index, batches)
+    yield report
 
 
 def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
@@ -575,6 +577,9 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
     except Exception as exc:
         raise subtask_failed(plan.batch_id, index, "restoring the state failed with", exc) \
             from exc
+    # The state outlives the batch: keep the cyclic collector off it (runtime.gc_freeze; here,
+    # where the previous batch's temporaries are gone).
+    freeze_survivors()
     token = uuid.uuid4().hex
     step = "processing the rows failed with"
     try:
@@ -654,9 +659,6 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         raise
     _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
                group=plan.largest_group)
-    # The live copy outlives the batch: keep the cyclic collector from walking it again and
-    # again (a heap backend's state is millions of tracked objects).
-    freeze_survivors()
     # Step 7. Report.
     stats = {
         "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,
