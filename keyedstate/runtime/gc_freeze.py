@@ -8,7 +8,8 @@ collection *untracks* a dict whose entries are all untracked (tuples of bytes ar
 collection has seen them), and the next insert of a freshly made key tuple tracks it again,
 into the youngest generation, where every collection walks it. Measured at 2.5 M keys in one
 subtask (local runtime, 100,000 events over 25,000 keys per batch): 1.5-2.5 s per batch with
-the collector walking the state, 0.6-0.9 s without (docs/benchmarks.md section 5).
+the collector walking the state, 0.5-0.75 s without, as at 100,000 keys (docs/benchmarks.md
+section 5).
 
 What the runtime does (:func:`keyedstate.runtime.subtask.process_subtask`):
 
