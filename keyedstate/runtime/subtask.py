@@ -52,6 +52,7 @@ from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, OutputSchemaError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
+from keyedstate.runtime.event_time import event_time_ms
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
 from keyedstate.runtime.gc_freeze import collection_paused, freeze_survivors, thaw
@@ -263,14 +264,6 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
         local_dir=plan.local_dir,
     ))
     return backend, RESTORED, time.perf_counter() - start
-
-
-def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_timestamp(column.type):
-        return pc.divide(column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()), 1000)
-    if pa.types.is_integer(column.type):
-        return column.cast(pa.int64())
-    raise OutputSchemaError(f"watermark column must be a timestamp or integer (ms), got {column.type}")
 
 
 def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
@@ -599,7 +592,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         late = 0
         max_event_time = None
         if table is not None and plan.watermark_column:
-            event_ms = _to_ms(table.column(plan.watermark_column))
+            event_ms = event_time_ms(table.column(plan.watermark_column))
             max_event_time = pc.max(event_ms).as_py()
             is_late = pc.less(event_ms, pa.scalar(plan.watermark, pa.int64()))
             late = pc.sum(is_late.cast(pa.int64())).as_py() or 0
