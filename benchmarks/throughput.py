@@ -244,7 +244,7 @@ class BatchCheck:
 
 class Handoff:
     """``spark-arrow-handoff``'s ``foreachBatch``: the batch routed with keyedstate's own
-    :func:`~keyedstate.spark.driver.route` and handed to Python (``mapInArrow``), which counts
+    :func:`~keyedstate.spark.routing.route` and handed to Python (``mapInArrow``), which counts
     the rows; records the rows Python saw per batch."""
 
     def __init__(self, parallelism: int) -> None:
@@ -253,7 +253,7 @@ class Handoff:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from keyedstate.keygroups import compute_default_max_parallelism
-        from keyedstate.spark.driver import route
+        from keyedstate.spark.routing import route
 
         p = self.parallelism
         routed = route(df, ["user_id"], p, compute_default_max_parallelism(p), p)

@@ -67,10 +67,8 @@ from keyedstate.runtime.failures import batch_failure, find_task_failure, for_sp
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.startup import start_configured_job
 from keyedstate.runtime.subtask import (
-    KG_COLUMN,
     MIN_WATERMARK,
     RESULT_DDL,
-    SUBTASK_COLUMN,
     BatchPlan,
     RestoreSource,
 )
@@ -85,6 +83,7 @@ from keyedstate.spark.offsets import (
     seed,
 )
 from keyedstate.spark.query import StopGate
+from keyedstate.spark.routing import route
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -165,20 +164,6 @@ class BatchStats:
             duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
             restore_downloaded_bytes=row.downloaded_bytes or 0,
             restore_cache_hit_bytes=row.cache_hit_bytes or 0)
-
-
-def route(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int,
-          spark_tasks: int) -> Any:
-    """``df``'s rows with their key group and subtask (JVM expressions), partitioned so that
-    Spark task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
-    from pyspark.sql import functions as F
-
-    p, max_p = parallelism, max_parallelism
-    cols = ", ".join(f"`{c}`" for c in key_columns)
-    return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
-              .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
-              .repartitionById(spark_tasks, F.expr(
-                  f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
 
 
 class KeyedJobDriver:

@@ -4,7 +4,7 @@ operations before they are routed, so that one row per key, not every row, cross
 
 Spark plans ``groupBy(keys).agg(...)`` as its own streaming aggregation is planned: a partial
 aggregate per key in each map task, a shuffle of the partial aggregates, the final aggregate;
-routing the result (:func:`~keyedstate.spark.driver.route`) shuffles the aggregated rows once
+routing the result (:func:`~keyedstate.spark.routing.route`) shuffles the aggregated rows once
 more, one per key. Why this order and not the routing columns first: docs/spark.md, "Local
 aggregation".
 """
