@@ -74,7 +74,7 @@ from keyedstate.runtime.subtask import (
 )
 from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.connect import task_slots
-from keyedstate.spark.local_aggregation import aggregate, check_event_time
+from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
     OFFSETS,
     PROP_QUERY_ID,
@@ -568,11 +568,12 @@ class KeyedJobDriver:
 
     def _route(self, df: Any, spark_tasks: int) -> Any:
         """The batch's rows routed to their subtasks' Spark tasks; with a local aggregation,
-        aggregated per key first (at the watermark the batch starts with)."""
+        aggregated per key in the same shuffle (at the watermark the batch starts with)."""
         if self.local_aggregation is not None:
-            df = aggregate(df, self.job.stream.key_columns, self.local_aggregation,
-                           watermark=self.watermark,
-                           watermark_column=self.config.watermark_column)
+            return aggregate_and_route(
+                df, self.job.stream.key_columns, self.local_aggregation, self.config.parallelism,
+                self.max_parallelism, spark_tasks, watermark=self.watermark,
+                watermark_column=self.config.watermark_column)
         return route(df, self.job.stream.key_columns, self.config.parallelism,
                      self.max_parallelism, spark_tasks)
 

@@ -1,16 +1,14 @@
 """The local phase of a two-phase aggregation in Spark's JVM (the driver's side of
 :mod:`keyedstate.runtime.local_aggregation`): a batch's rows aggregated per key with DataFrame
-operations before they are routed, so that one row per key, not every row, crosses into Python.
-
-Spark plans ``groupBy(keys).agg(...)`` as its own streaming aggregation is planned: a partial
-aggregate per key in each map task, a shuffle of the partial aggregates, the final aggregate;
-routing the result (:func:`~keyedstate.spark.routing.route`) shuffles the aggregated rows once
-more, one per key. Why this order and not the routing columns first: docs/spark.md, "Local
-aggregation".
+operations as they are routed (:func:`aggregate_and_route`), so that one row per key, not
+every row, crosses into Python. Why one shuffle and an aggregation after it, not Spark's
+partial aggregate, a shuffle, the final aggregate and keyedstate's own shuffle:
+docs/spark.md, "Two-phase aggregation".
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Sequence
 
 from keyedstate.errors import ConfigurationError
@@ -24,6 +22,8 @@ from keyedstate.runtime.local_aggregation import (
     Min,
     Sum,
 )
+from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN
+from keyedstate.spark.routing import task_of_subtask, with_routing_columns
 
 
 def check_event_time(schema: Any, watermark_column: str | None,
@@ -44,11 +44,11 @@ def check_event_time(schema: Any, watermark_column: str | None,
             f"integer of epoch milliseconds")
 
 
-def aggregate(df: Any, key_columns: Sequence[str], aggregation: LocalAggregation, *,
-              watermark: int, watermark_column: str | None) -> Any:
-    """``df``'s rows aggregated per key: the key columns, the aggregates over the on-time rows,
-    then the hidden columns (on-time rows, and with a watermark column late rows and the
-    largest event time), exactly as
+def _aggregate_columns(df: Any, aggregation: LocalAggregation, *, watermark: int,
+                       watermark_column: str | None) -> list[Any]:
+    """The aggregate columns over ``df``'s rows of one key: the declared aggregates over the
+    on-time rows, then the hidden columns (on-time rows, and with a watermark column late rows
+    and the largest event time), exactly as
     :func:`~keyedstate.runtime.local_aggregation.aggregate_table` computes them with pyarrow."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegralType, TimestampType
@@ -92,5 +92,68 @@ def aggregate(df: Any, key_columns: Sequence[str], aggregation: LocalAggregation
     if watermark_column:
         columns.append(F.count(F.when(late, F.lit(1))).alias(LATE_COLUMN))
         columns.append(F.max(event_ms).alias(MAX_EVENT_TIME_COLUMN))
-    return df.groupBy(*[F.col(f"`{c}`") for c in key_columns]).agg(*columns)
+    return columns
 
+
+#: the hidden column that hash-partitions a row into its Spark task (:func:`partition_tags`)
+TASK_TAG_COLUMN = "_ks_task_tag"
+
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an int (``Murmur3Hash``, seed 42: Murmur3 x86_32 of 4 bytes), the
+    hash a ``HashPartitioning`` puts a row in partition ``pmod(hash, partitions)`` with."""
+    k1 = _rotl32((value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = (_rotl32(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+@lru_cache(maxsize=64)
+def partition_tags(partitions: int) -> tuple[int, ...]:
+    """For each partition ``t`` of ``partitions``, the least int whose Spark hash lands in
+    ``t``: rows tagged with ``tags[t]`` and hash-partitioned by the tag go to partition ``t``."""
+    tags: dict[int, int] = {}
+    value = 0
+    while len(tags) < partitions:
+        tags.setdefault(spark_hash_int(value) % partitions, value)
+        value += 1
+    return tuple(tags[t] for t in range(partitions))
+
+
+def aggregate_and_route(df: Any, key_columns: Sequence[str], aggregation: LocalAggregation,
+                        parallelism: int, max_parallelism: int, spark_tasks: int, *,
+                        watermark: int, watermark_column: str | None) -> Any:
+    """``df``'s rows aggregated per key and routed: the key columns, key group and subtask
+    columns, then :func:`_aggregate_columns`, partitioned as
+    :func:`~keyedstate.spark.routing.route` partitions rows, with one shuffle.
+
+    Each row is tagged with the int whose Spark hash puts it in its Spark task's partition
+    (:func:`partition_tags`) and hash-partitioned by the tag (``repartition(n, tag)``); a
+    ``groupBy`` that includes the tag is then satisfied by that partitioning, so Spark
+    aggregates within each partition after the one shuffle instead of shuffling again
+    (``explain()``: one ``Exchange hashpartitioning(tag)``, then the ``HashAggregate``). The
+    tasks check that every row they get is of their subtasks (:mod:`keyedstate.spark.tasks`).
+    """
+    from pyspark.sql import functions as F
+
+    keys = list(key_columns)
+    tags = ", ".join(str(t) for t in partition_tags(spark_tasks))
+    task = task_of_subtask(parallelism, spark_tasks)
+    tagged = (with_routing_columns(df, keys, parallelism, max_parallelism)
+              .withColumn(TASK_TAG_COLUMN, F.expr(f"element_at(array({tags}), {task} + 1)"))
+              .repartition(spark_tasks, TASK_TAG_COLUMN))
+    grouping = [F.col(TASK_TAG_COLUMN), *(F.col(f"`{c}`") for c in keys), F.col(KG_COLUMN),
+                F.col(SUBTASK_COLUMN)]
+    return (tagged.groupBy(*grouping)
+            .agg(*_aggregate_columns(df, aggregation, watermark=watermark,
+                                     watermark_column=watermark_column))
+            .drop(TASK_TAG_COLUMN))

@@ -115,3 +115,51 @@ def test_the_start_refuses_late_rows_to_a_side_output_and_writes_nothing(spark, 
     assert not os.path.exists(os.path.join(root, "ckpt")) \
         or not os.listdir(os.path.join(root, "ckpt"))
     assert not os.path.exists(os.path.join(root, "out"))
+
+
+def test_partition_tags_land_in_their_partitions_as_spark_hashes_them(spark):
+    """spark_hash_int is Spark's hash() of an int, so a row tagged partition_tags(n)[t] and
+    hash-partitioned by the tag lands in partition t."""
+    from keyedstate.spark.local_aggregation import partition_tags, spark_hash_int
+
+    values = [-(1 << 31), -7, -1, 0, 1, 2, 3, 42, 1000, (1 << 31) - 1]
+    got = spark.createDataFrame([(v,) for v in values], "v int").selectExpr("v", "hash(v) h")
+    assert {r["v"]: r["h"] for r in got.collect()} == {v: spark_hash_int(v) for v in values}
+    for n in (1, 2, 3, 8, 17):
+        tags = partition_tags(n)
+        placed = (spark.createDataFrame([(t, i) for i, t in enumerate(tags)], "tag int, task int")
+                  .repartition(n, "tag").selectExpr("task", "spark_partition_id() p").collect())
+        assert sorted((r["task"], r["p"]) for r in placed) == [(t, t) for t in range(n)]
+
+
+def test_the_aggregation_runs_after_the_one_shuffle_that_routes_the_rows(spark, tmp_path):
+    """explain(): a single Exchange (hash-partitioned by the task tag) and the aggregation
+    after it; every aggregated row is in its subtask's Spark task."""
+    from pyspark.sql import functions as F
+
+    from keyedstate.runtime.subtask import SUBTASK_COLUMN, subtasks_of_task
+    from keyedstate.spark.local_aggregation import aggregate_and_route
+
+    data = two_phase_batches(1, events=2000, users=200)[0]
+    df = spark.createDataFrame(data.to_pandas(), TWO_PHASE_INPUT)
+    routed = aggregate_and_route(df, ["user_id"], TwoPhaseTotals.local_aggregation, 5, 128, 3,
+                                 watermark=0, watermark_column="ts")
+    plan = routed._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange") == 1 and "HashAggregate" in plan
+    placed = routed.select("user_id", SUBTASK_COLUMN,
+                           F.spark_partition_id().alias("task")).collect()
+    assert len(placed) == 200
+    assert all(r[SUBTASK_COLUMN] in subtasks_of_task(r["task"], 3, 5) for r in placed)
+
+
+def test_a_task_refuses_rows_of_a_subtask_it_does_not_run():
+    import pyarrow as pa
+
+    from keyedstate.errors import BatchFailedError
+    from keyedstate.runtime.subtask import SUBTASK_COLUMN
+    from keyedstate.spark.tasks import routed_to
+
+    batch = pa.RecordBatch.from_pydict({SUBTASK_COLUMN: pa.array([2, 3, 4], pa.int32())})
+    assert list(routed_to(7, range(2, 5), iter([batch]))) == [batch]
+    with pytest.raises(BatchFailedError, match="got rows of subtasks 2-4"):
+        list(routed_to(7, range(2, 4), iter([batch])))
