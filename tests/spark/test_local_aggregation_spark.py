@@ -163,3 +163,26 @@ def test_a_task_refuses_rows_of_a_subtask_it_does_not_run():
     assert list(routed_to(7, range(2, 5), iter([batch]))) == [batch]
     with pytest.raises(BatchFailedError, match="got rows of subtasks 2-4"):
         list(routed_to(7, range(2, 4), iter([batch])))
+
+
+def test_a_timestamp_ntz_watermark_column_is_refused_with_a_local_aggregation():
+    """Its epoch milliseconds would depend on the session's time zone in the JVM."""
+    from pyspark.sql.types import (
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    from keyedstate.spark.local_aggregation import check_event_time
+
+    schema = StructType([StructField("user_id", StringType()), StructField("ntz", TimestampNTZType()),
+                         StructField("ts", TimestampType()), StructField("ms", LongType())])
+    aggregation = TwoPhaseTotals.local_aggregation
+    with pytest.raises(ConfigurationError, match="timestamp_ntz"):
+        check_event_time(schema, "ntz", aggregation)
+    for fine in ("ts", "ms"):
+        check_event_time(schema, fine, aggregation)
+    check_event_time(schema, "ntz", None)  # no aggregation: the subtask converts it
