@@ -20,6 +20,7 @@ from keyedstate.keys import KeySerializer
 from keyedstate.processor.canonical import restore_canonical, write_canonical_savepoint
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob, LocalKeyedOperator
+from keyedstate.runtime.local_aggregation import Aggregate, Count, LocalAggregation, Max, Min, Sum
 from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import (
@@ -37,14 +38,14 @@ from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.transfer import TransferOptions
 
 __all__ = [
-    "AggregatingState", "AggregatingStateDescriptor", "BatchKeys", "CheckpointCoordinator",
-    "CheckpointMetadata", "CheckpointStorage", "CompletedCheckpoint", "Context",
+    "Aggregate", "AggregatingState", "AggregatingStateDescriptor", "BatchKeys", "CheckpointCoordinator",
+    "CheckpointMetadata", "CheckpointStorage", "CompletedCheckpoint", "Context", "Count",
     "HeapStateBackend", "JobConfig", "KeyGroupRange", "KeySerializer", "KeyedBatch",
     "KeyedProcessFunction",
     "KeyedStateError", "KeyedStateHandle", "LateEvents", "ListState", "ListStateDescriptor",
-    "LocalJob", "LocalKeyedOperator", "MapState",
+    "LocalAggregation", "LocalJob", "LocalKeyedOperator", "MapState", "Max", "Min",
     "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "RestoreMode",
-    "RocksDBOptions", "RocksDBStateBackend", "SchemaEvolution", "StateTtlConfig", "TransferOptions",
+    "RocksDBOptions", "RocksDBStateBackend", "SchemaEvolution", "StateTtlConfig", "Sum", "TransferOptions",
     "TtlUpdateType", "ValueState",
     "ValueStateDescriptor", "compute_default_max_parallelism", "create_native_savepoint",
     "load_backend", "operator_index_for_key_group", "restore_canonical",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from keyedstate.runtime.local_aggregation import LocalAggregation
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import S, StateDescriptor
 from keyedstate.state.timers import TimeDomain
@@ -40,7 +41,9 @@ class KeyedBatch:
     - ``key_columns``: the distinct keys as Arrow columns (the job's key columns), one row per
       key, sorted ascending by the key columns.
     - ``rows``: every row of the batch (late rows already split off), the input columns
-      only, sorted by key; a key's rows keep their arrival order.
+      only, sorted by key; a key's rows keep their arrival order. With a local aggregation
+      (:attr:`KeyedProcessFunction.local_aggregation`): one row per key, the key columns and
+      the aggregate columns (``counts`` are then all 1; count with ``Count()``).
     - ``offsets``: ``len(keys) + 1`` row offsets: key ``i``'s rows are
       ``rows[offsets[i]:offsets[i + 1]]`` (:meth:`rows_of`).
     """
@@ -156,6 +159,14 @@ class KeyedProcessFunction:
     committed checkpoint stays intact. Output rows have exactly the declared fields (``None``
     for a null), see docs/spark.md.
     """
+
+    #: The local phase of a two-phase aggregation (:mod:`keyedstate.runtime.local_aggregation`):
+    #: when set, e.g. ``LocalAggregation(events=Count(), amount=Sum("amount"))``, the runtime
+    #: aggregates each batch's rows per key before they reach the function (in Spark's JVM, or
+    #: with pyarrow in the local runtime), late rows split off first, and every method below
+    #: receives one row per key and batch (the key columns, then the aggregate columns)
+    #: instead of the raw rows. Checked at job start (``ConfigurationError``).
+    local_aggregation: LocalAggregation | None = None
 
     def open(self, ctx: Context) -> None:
         """Register states here (``ctx.get_state``)."""

@@ -37,6 +37,7 @@ from keyedstate.runtime.batch import (
 )
 from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
 from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
 from keyedstate.runtime.subtask import (
     KG_COLUMN,
@@ -242,7 +243,9 @@ class LocalJob:
     ``input_schema``, with ``config`` (a :class:`JobConfig` or its dotted keys). Each
     :meth:`process_batch` is one micro-batch and one checkpoint, as on Spark:
 
-    1. Trigger checkpoint N; give every row its key group (:class:`KeySerializer`, the same
+    1. Trigger checkpoint N; for a function with a local aggregation, aggregate the rows per
+       key with pyarrow (:func:`~keyedstate.runtime.local_aggregation.aggregate_table`, as
+       Spark's JVM does); give every row its key group (:class:`KeySerializer`, the same
        ``pmod(xxhash64(key columns), maxP)`` as Spark) and its subtask ``kg * p // maxP``.
     2. Run every subtask with :func:`~keyedstate.runtime.subtask.process_subtask`, the code a
        Spark task runs (timers due at the watermark, late rows, the function key by key,
@@ -284,6 +287,10 @@ class LocalJob:
         self.output_schema = to_arrow_schema(output_schema)
         self.side_outputs = {k: to_arrow_schema(v) for k, v in (side_outputs or {}).items()}
         cfg = self.config
+        #: the function's local aggregation (its rows aggregated per key with pyarrow first)
+        self.local_aggregation = check_local_aggregation(
+            function, self.input_schema, self.key_columns,
+            watermark_column=cfg.watermark_column, late_events=cfg.late_events)
         self.key_types = [type_ddl(self.input_schema.field(c).type) for c in self.key_columns]
         self.backend = load_backend(cfg.backend, **cfg.backend_options)
         self.storage = CheckpointStorage(cfg.checkpoint_dir, cfg.storage_options,
@@ -376,7 +383,12 @@ class LocalJob:
             restore=self.base, share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir, drop_states=cfg.drop_states)
         try:
-            # Step 2. Every subtask, as one Spark task running them all would.
+            # Step 2. Every subtask, as one Spark task running them all would; with a local
+            # aggregation, over the rows aggregated per key first (as Spark's JVM does).
+            if self.local_aggregation is not None:
+                table = aggregate_table(table, self.key_columns, self.local_aggregation,
+                                        watermark=self.watermark,
+                                        watermark_column=cfg.watermark_column)
             routed = self._route(table)
             rows = [row for result in process_group(plan, range(cfg.parallelism),
                                                      iter(routed.to_batches()))

@@ -52,9 +52,11 @@ from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, OutputSchemaError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
+from keyedstate.runtime.event_time import event_time_ms
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
 from keyedstate.runtime.gc_freeze import collection_paused, freeze_survivors, thaw
+from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
@@ -263,14 +265,6 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
         local_dir=plan.local_dir,
     ))
     return backend, RESTORED, time.perf_counter() - start
-
-
-def _to_ms(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_timestamp(column.type):
-        return pc.divide(column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()), 1000)
-    if pa.types.is_integer(column.type):
-        return column.cast(pa.int64())
-    raise OutputSchemaError(f"watermark column must be a timestamp or integer (ms), got {column.type}")
 
 
 def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
@@ -598,8 +592,15 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         # Step 3. Late rows.
         late = 0
         max_event_time = None
-        if table is not None and plan.watermark_column:
-            event_ms = _to_ms(table.column(plan.watermark_column))
+        rows_in: int | None = None
+        if table is not None and local_aggregation_of(fn) is not None:
+            # Aggregated before the hand-off (in Spark's JVM, or by the local runtime), late
+            # rows split off there: the hidden columns say how many and the largest event time.
+            aggregated = split_aggregated(table)
+            table, rows_in = aggregated.table, aggregated.rows_in
+            late, max_event_time = aggregated.late, aggregated.max_event_time
+        elif table is not None and plan.watermark_column:
+            event_ms = event_time_ms(table.column(plan.watermark_column))
             max_event_time = pc.max(event_ms).as_py()
             is_late = pc.less(event_ms, pa.scalar(plan.watermark, pa.int64()))
             late = pc.sum(is_late.cast(pa.int64())).as_py() or 0
@@ -610,7 +611,9 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                 table = table.filter(pc.invert(is_late))
         # Step 4. The function, over the rows grouped by key (a stable sort keeps arrival
         # order within a key): once per key, or once over all keys (vectorized).
-        rows_in = 0 if table is None else table.num_rows
+        function_rows = 0 if table is None else table.num_rows
+        if rows_in is None:
+            rows_in = function_rows
         if table is not None and table.num_rows:
             batch = keyed_batch(sort_by_key(table, plan.key_columns), plan.key_columns,
                                 backend.key_serializer)
@@ -661,7 +664,10 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                group=plan.largest_group)
     # Step 7. Report.
     stats = {
-        "rows_in": rows_in, "rows_out": main.num_rows, "timers_fired": fired,
+        # rows_in: events into the function (on time); function_rows: the rows it received
+        # (one per key with a local aggregation, else rows_in)
+        "rows_in": rows_in, "function_rows": function_rows, "rows_out": main.num_rows,
+        "timers_fired": fired,
         "process_s": process_s, "restore_s": restore_s, "reused_local_state": how == REUSED,
         # restored from a snapshot (neither this nor reused: a new job's empty state)
         "restored": how != REUSED and plan.restore is not None,

@@ -10,9 +10,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
-from keyedstate.config import LATE_EVENTS_TAG, JobConfig
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
 from keyedstate.errors import ConfigurationError
 from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.spark.connect import is_connect, shipped, started
 from keyedstate.spark.driver import MAIN_OUTPUT, KeyedJobDriver
 from keyedstate.spark.query import KeyedQuery
@@ -42,6 +43,10 @@ class KeyedStream:
         schema or StructType) and of the named ``side_outputs`` (``ctx.output(tag, row)``)."""
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError("process() needs a KeyedProcessFunction instance")
+        # Its local aggregation against the input here, in the user's call (the start checks
+        # it again with the watermark settings).
+        check_local_aggregation(function, to_arrow_schema(self.df.schema), self.key_columns,
+                                watermark_column=None, late_events=LateEvents.DROP)
         return KeyedProcessJob(self, function, to_arrow_schema(output_schema),
                                {k: to_arrow_schema(v) for k, v in (side_outputs or {}).items()})
 

@@ -6,7 +6,8 @@ its state. Per batch (``foreachBatch``), the driver is the checkpoint coordinato
 
 1. If the batch is already covered by a completed checkpoint (a replay after a driver crash),
    re-commit its sinks from the staged output and return.
-2. Trigger checkpoint N; route every row to subtask ``key_group * p // maxP`` with a JVM
+2. Trigger checkpoint N; for a function with a local aggregation, aggregate the rows per key
+   in the JVM first (:mod:`keyedstate.spark.local_aggregation`); route every row to subtask ``key_group * p // maxP`` with a JVM
    expression (the key group is Spark's ``pmod(xxhash64(keys), maxP)``, see
    :mod:`keyedstate.keys`) and ``repartitionById``; run every subtask with ``mapInArrow``
    (:mod:`keyedstate.runtime.subtask`), which stages output and snapshots state.
@@ -63,17 +64,17 @@ from keyedstate.runtime.batch import (
     staged_outputs,
 )
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.startup import start_configured_job
 from keyedstate.runtime.subtask import (
-    KG_COLUMN,
     MIN_WATERMARK,
     RESULT_DDL,
-    SUBTASK_COLUMN,
     BatchPlan,
     RestoreSource,
 )
 from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.connect import task_slots
+from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
     OFFSETS,
     PROP_QUERY_ID,
@@ -82,6 +83,7 @@ from keyedstate.spark.offsets import (
     seed,
 )
 from keyedstate.spark.query import StopGate
+from keyedstate.spark.routing import route
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -103,7 +105,10 @@ class BatchStats:
 
     batch_id: int
     checkpoint_id: int
+    #: events into the function (on time: late rows are not counted here)
     rows_in: int = 0
+    #: rows the function received: ``rows_in``, or with a local aggregation one per key
+    function_rows: int = 0
     rows_out: int = 0
     late_events: int = 0
     timers_fired: int = 0
@@ -141,7 +146,7 @@ class BatchStats:
     def from_checkpoint(cls, row: CompletedCheckpointStats) -> BatchStats:
         """A batch's statistics as its checkpoint recorded them (Spark Connect: the client
         reads them from the checkpoints, :meth:`KeyedJobDriver.recorded_stats`). Not recorded
-        there, so left at their defaults: ``late_events``, ``timers_fired``, ``watermark``,
+        there, so left at their defaults: ``function_rows``, ``late_events``, ``timers_fired``, ``watermark``,
         ``state_bytes_per_subtask``, ``objects_written``, ``attempts``, ``spark_tasks``."""
         def seconds(ms: float | None) -> float:
             return 0.0 if ms is None else ms / 1000
@@ -159,20 +164,6 @@ class BatchStats:
             duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
             restore_downloaded_bytes=row.downloaded_bytes or 0,
             restore_cache_hit_bytes=row.cache_hit_bytes or 0)
-
-
-def route(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int,
-          spark_tasks: int) -> Any:
-    """``df``'s rows with their key group and subtask (JVM expressions), partitioned so that
-    Spark task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
-    from pyspark.sql import functions as F
-
-    p, max_p = parallelism, max_parallelism
-    cols = ", ".join(f"`{c}`" for c in key_columns)
-    return (df.withColumn(KG_COLUMN, F.expr(f"cast(pmod(xxhash64({cols}), {max_p}) as int)"))
-              .withColumn(SUBTASK_COLUMN, F.expr(f"cast({KG_COLUMN} * {p} div {max_p} as int)"))
-              .repartitionById(spark_tasks, F.expr(
-                  f"cast({SUBTASK_COLUMN} * {spark_tasks} div {p} as int)")))
 
 
 class KeyedJobDriver:
@@ -199,6 +190,13 @@ class KeyedJobDriver:
                 f"watermark column {config.watermark_column!r} is not in the DataFrame; its "
                 f"columns are {df.columns}"
             )
+        #: the function's local aggregation: the rows are aggregated per key in the JVM before
+        #: they are routed (keyedstate.spark.local_aggregation); checked before anything is
+        #: restored or written
+        self.local_aggregation = check_local_aggregation(
+            job.function, to_arrow_schema(df.schema), job.stream.key_columns,
+            watermark_column=config.watermark_column, late_events=config.late_events)
+        check_event_time(df.schema, config.watermark_column, self.local_aggregation)
         self.stats: list[BatchStats] = []
         self.listeners: list[Callable[[BatchStats], None]] = []
         self.drained = False
@@ -569,6 +567,13 @@ class KeyedJobDriver:
         return self.config.parallelism if slots is None else min(self.config.parallelism, slots)
 
     def _route(self, df: Any, spark_tasks: int) -> Any:
+        """The batch's rows routed to their subtasks' Spark tasks; with a local aggregation,
+        aggregated per key in the same shuffle (at the watermark the batch starts with)."""
+        if self.local_aggregation is not None:
+            return aggregate_and_route(
+                df, self.job.stream.key_columns, self.local_aggregation, self.config.parallelism,
+                self.max_parallelism, spark_tasks, watermark=self.watermark,
+                watermark_column=self.config.watermark_column)
         return route(df, self.job.stream.key_columns, self.config.parallelism,
                      self.max_parallelism, spark_tasks)
 
@@ -650,6 +655,7 @@ class KeyedJobDriver:
         return BatchStats(
             batch_id=batch_id, checkpoint_id=completed.checkpoint_id,
             rows_in=sum(s["rows_in"] for s in per), rows_out=sum(s["rows_out"] for s in per),
+            function_rows=sum(s.get("function_rows", s["rows_in"]) for s in per),
             late_events=sum(r["late"] for r in results),
             timers_fired=sum(s["timers_fired"] for s in per), watermark=self.watermark,
             duration_s=time.perf_counter() - started,

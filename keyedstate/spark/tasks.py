@@ -6,8 +6,16 @@ from __future__ import annotations
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from keyedstate.runtime.subtask import BatchPlan, process_group, process_subtask, subtasks_of_task
+from keyedstate.runtime.failures import subtask_failed
+from keyedstate.runtime.subtask import (
+    SUBTASK_COLUMN,
+    BatchPlan,
+    process_group,
+    process_subtask,
+    subtasks_of_task,
+)
 
 
 def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -18,7 +26,24 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     context = TaskContext.get()
     if context is None:  # only a Spark task has one
         raise RuntimeError("run_subtask runs inside a Spark task (mapInArrow), not on the driver")
+    subtasks = subtasks_of_task(context.partitionId(), plan.tasks, plan.parallelism)
+    checked = routed_to(plan.batch_id, subtasks, batches)
     if plan.tasks == plan.parallelism:
-        return process_subtask(plan, context.partitionId(), batches)
-    return process_group(
-        plan, subtasks_of_task(context.partitionId(), plan.tasks, plan.parallelism), batches)
+        return process_subtask(plan, subtasks[0], checked)
+    return process_group(plan, subtasks, checked)
+
+
+def routed_to(batch_id: int, subtasks: range, batches: Iterator[pa.RecordBatch]
+              ) -> Iterator[pa.RecordBatch]:
+    """``batches``, refused (``BatchFailedError``) if a row belongs to a subtask this task does
+    not run: a routing that put it here would otherwise lose it (a group keeps its subtasks'
+    rows only) or run it against the wrong state."""
+    for batch in batches:
+        if batch.num_rows:
+            low, high = pc.min_max(batch.column(SUBTASK_COLUMN)).values()
+            if low.as_py() < subtasks.start or high.as_py() >= subtasks.stop:
+                raise subtask_failed(batch_id, subtasks.start, "routing failed with",
+                                     RuntimeError(
+                    f"Spark task for subtasks {subtasks.start}-{subtasks.stop - 1} got rows of "
+                    f"subtasks {low.as_py()}-{high.as_py()}"))
+        yield batch

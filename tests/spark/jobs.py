@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
+from keyedstate.runtime.local_aggregation import Count, LocalAggregation, Max, Sum
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.state.descriptors import ValueStateDescriptor
 
@@ -247,3 +248,106 @@ def file_stream(spark: Any, input_dir: str, tables: list[pa.Table], schema: str)
     for n, table in enumerate(tables):
         write_batch_file(input_dir, n, table)
     return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(input_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# two-phase (local-global) aggregation
+# --------------------------------------------------------------------------------------------
+
+TWO_PHASE_INPUT = "user_id string, ts timestamp, cents bigint"
+TWO_PHASE_SCHEMA = "user_id string, count bigint, cents bigint, last_ms bigint, batch_id bigint"
+
+
+class TwoPhaseTotals(KeyedProcessFunction):
+    """The global phase of a keyed count, sum and latest event time: the runtime hands it one
+    row per key and batch (``local_aggregation``), which it merges into its state in bulk."""
+
+    local_aggregation = LocalAggregation(events=Count(), cents=Sum("cents"), last=Max("ts"),
+                                         valued=Count("cents"))
+    totals = ValueStateDescriptor("totals", "count bigint, cents bigint, last_ms bigint")
+
+    def open(self, ctx: Context) -> None:
+        self.state = ctx.get_state(self.totals)
+
+    @staticmethod
+    def rows(table: pa.Table) -> list[dict[str, Any]]:
+        """The aggregated rows, the latest event time in epoch ms."""
+        assert table.column_names == ["user_id", "events", "cents", "last", "valued"]
+        last = pc.divide(table.column("last").cast(pa.int64()), 1000)
+        return table.set_column(3, "last", last).to_pylist()
+
+    def merge(self, now: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, Any]:
+        assert row["valued"] <= row["events"]
+        now = now or {"count": 0, "cents": 0, "last_ms": row["last"]}
+        return {"count": now["count"] + row["events"],
+                "cents": now["cents"] + (row["cents"] or 0),
+                "last_ms": max(now["last_ms"], row["last"])}
+
+    def process_batch(self, batch: KeyedBatch, ctx: Context) -> list[dict[str, Any]]:
+        assert len(batch.rows) == len(batch.keys)  # one row per key
+        rows = self.rows(batch.rows)
+        merged = [self.merge(now, row) for now, row in zip(self.state.get_many(batch.keys), rows)]
+        self.state.update_many(batch.keys, merged)
+        return [{"user_id": r["user_id"], "count": m["count"], "cents": m["cents"],
+                 "last_ms": m["last_ms"], "batch_id": ctx.batch_id}
+                for r, m in zip(rows, merged)]
+
+
+class TwoPhasePerKeyTotals(TwoPhaseTotals):
+    """The same through ``process_key``: the key's one aggregated row."""
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[dict[str, Any]]:
+        (row,) = self.rows(rows)
+        merged = self.merge(self.state.value(), row)
+        self.state.update(merged)
+        return [{"user_id": key, "count": merged["count"], "cents": merged["cents"],
+                 "last_ms": merged["last_ms"], "batch_id": ctx.batch_id}]
+
+    process_batch = KeyedProcessFunction.process_batch  # type: ignore[assignment]
+
+
+def two_phase_batches(n: int, events: int = 400, users: int = 30, seed: int = 11
+                      ) -> list[pa.Table]:
+    """``n`` batches 5 s of event time apart, rows up to 3 s out of order (some late with a
+    1 s watermark delay); some amounts are null."""
+    import random
+
+    rng = random.Random(seed)
+    t0 = 1_700_000_000_000
+    out = []
+    for b in range(n):
+        ts = [t0 + b * 5000 + rng.randint(0, 4000) - rng.randint(0, 3000) for _ in range(events)]
+        out.append(pa.table({
+            "user_id": [f"u{rng.randrange(users):03d}" for _ in range(events)],
+            "ts": pa.array([t * 1000 for t in ts], pa.timestamp("us", tz="UTC")),
+            "cents": pa.array([None if rng.random() < 0.05 else rng.randint(1, 10_000)
+                               for _ in range(events)], pa.int64()),
+        }))
+    return out
+
+
+def two_phase_oracle(tables: list[pa.Table], delay_ms: int | None, first_batch_id: int = 0
+                     ) -> tuple[list[list[tuple]], list[int]]:
+    """With pandas: per batch, the sorted ``(user_id, count, cents, last_ms, batch_id)`` rows
+    of the keys with on-time rows, and the late rows per batch (``delay_ms`` None: no
+    watermark). The watermark after a batch: max(previous, largest event time - delay)."""
+    import pandas as pd
+
+    watermark = -(1 << 63)
+    state: dict[str, tuple[int, int, int]] = {}
+    out, late_counts = [], []
+    for b, table in enumerate(tables):
+        df = table.to_pandas()
+        df["ms"] = table.column("ts").cast(pa.int64()).to_numpy() // 1000
+        late = df["ms"] < watermark if delay_ms is not None else pd.Series(False, df.index)
+        late_counts.append(int(late.sum()))
+        agg = df[~late].groupby("user_id").agg(count=("cents", "size"), cents=("cents", "sum"),
+                                               last_ms=("ms", "max"))
+        for key, r in agg.iterrows():
+            count, cents, last_ms = state.get(key, (0, 0, int(r["last_ms"])))
+            state[key] = (count + int(r["count"]), cents + int(r["cents"]),
+                          max(last_ms, int(r["last_ms"])))
+        out.append(sorted((k, *state[k], first_batch_id + b) for k in agg.index))
+        if delay_ms is not None:
+            watermark = max(watermark, int(df["ms"].max()) - delay_ms)
+    return out, late_counts

@@ -1,0 +1,188 @@
+"""Two-phase (local-global) aggregation on Spark: the rows aggregated per key in the JVM before
+they are routed, checked against pandas across batches and a restart at another parallelism;
+the late-row split before the aggregation; the start-time checks (nothing written)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from keyedstate import Count, LocalAggregation
+from keyedstate.config import JobConfig
+from keyedstate.errors import ConfigurationError
+from keyedstate.spark.api import key_by
+from keyedstate.spark.sinks import ParquetSink
+from tests.spark.jobs import (
+    TWO_PHASE_INPUT,
+    TWO_PHASE_SCHEMA,
+    TwoPhasePerKeyTotals,
+    TwoPhaseTotals,
+    file_stream,
+    two_phase_batches,
+    two_phase_oracle,
+    write_batch_file,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def run(spark: Any, root: str, fn: Any, parallelism: int, backend: str, events: Any = None,
+        **config: Any) -> Any:
+    events = events if events is not None else (
+        spark.readStream.schema(TWO_PHASE_INPUT).option("maxFilesPerTrigger", 1)
+        .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(fn, TWO_PHASE_SCHEMA)
+    job.sink(ParquetSink(os.path.join(root, "out")))
+    settings = dict(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=parallelism,
+                    backend=backend, watermark_column="ts", watermark_delay=1000,
+                    late_events="drop")
+    query = job.start(JobConfig(**{**settings, **config}), trigger={"availableNow": True},
+                      spark_checkpoint_location=os.path.join(root, "spark"))
+    query.await_termination()
+    query.stop()
+    return query
+
+
+@pytest.mark.parametrize("backend, function", [("rocksdb", TwoPhaseTotals),
+                                               ("heap", TwoPhasePerKeyTotals)])
+def test_two_phase_totals_match_pandas_across_a_restart(spark, tmp_path, backend, function):
+    root = str(tmp_path)
+    data = two_phase_batches(5)
+    expected, late = two_phase_oracle(data, delay_ms=1000)
+    assert sum(late[:3]) > 0 and sum(late[3:]) > 0
+    for n, table in enumerate(data[:3]):
+        write_batch_file(os.path.join(root, "input"), n, table)
+    first = run(spark, root, function(), parallelism=2, backend=backend)
+    # A restart in the same locations, at another parallelism: state and watermark restored.
+    for n, table in enumerate(data[3:], start=3):
+        write_batch_file(os.path.join(root, "input"), n, table)
+    second = run(spark, root, function(), parallelism=3, backend=backend)
+
+    out = pd.read_parquet(os.path.join(root, "out"))
+    got = [sorted(tuple(r) for r in out[out.batch_id == b][
+        ["user_id", "count", "cents", "last_ms", "batch_id"]].itertuples(index=False))
+        for b in range(5)]
+    assert got == expected
+    stats = [s for q in (first, second) for s in q.stats if s.checkpoint_id >= 0]
+    assert [s.late_events for s in stats] == late
+    # rows_in: the events into the function; function_rows: the aggregated rows (one per key).
+    assert [s.rows_in for s in stats] == [len(t) - n for t, n in zip(data, late)]
+    assert [s.function_rows for s in stats] == [len(rows) for rows in expected]
+
+
+def test_the_same_function_gives_the_same_output_on_both_runtimes(spark, tmp_path):
+    """The pyarrow aggregation (local runtime) and the JVM's give one result, without a
+    watermark too."""
+    from tests.test_local_aggregation import main_rows, new_job, two_phase_config
+
+    data = two_phase_batches(3, seed=5)
+    events = file_stream(spark, str(tmp_path / "input"), data, TWO_PHASE_INPUT)
+    run(spark, str(tmp_path), TwoPhaseTotals(), parallelism=2, backend="rocksdb",
+        events=events, watermark_column=None)
+    out = pd.read_parquet(str(tmp_path / "out"))
+    on_spark = [sorted(tuple(r) for r in out[out.batch_id == b][
+        ["user_id", "count", "cents", "last_ms", "batch_id"]].itertuples(index=False))
+        for b in range(3)]
+    with new_job(two_phase_config(tmp_path / "local", watermark_column=None)) as job:
+        assert [main_rows(job.process_batch(t)) for t in data] == on_spark
+
+
+def _declaring(aggregation: Any) -> Any:
+    class Declares(TwoPhaseTotals):
+        local_aggregation = aggregation
+
+    return Declares()
+
+
+def test_an_aggregate_of_a_column_the_input_lacks_is_refused_at_process(spark, tmp_path):
+    events = file_stream(spark, str(tmp_path / "input"), two_phase_batches(1), TWO_PHASE_INPUT)
+    with pytest.raises(ConfigurationError, match="'amount', which the input does not have"):
+        key_by(events, "user_id").process(_declaring(LocalAggregation(n=Count("amount"))),
+                                          TWO_PHASE_SCHEMA)
+
+
+def test_the_start_refuses_late_rows_to_a_side_output_and_writes_nothing(spark, tmp_path):
+    root = str(tmp_path)
+    events = file_stream(spark, os.path.join(root, "input"), two_phase_batches(1),
+                         TWO_PHASE_INPUT)
+    with pytest.raises(ConfigurationError, match="late-events is side-output") as error:
+        run(spark, root, TwoPhaseTotals(), parallelism=2, backend="rocksdb", events=events,
+            late_events="side-output")
+    assert "jobs.py" in str(error.value)  # where the aggregation was declared
+    assert not os.path.exists(os.path.join(root, "ckpt")) \
+        or not os.listdir(os.path.join(root, "ckpt"))
+    assert not os.path.exists(os.path.join(root, "out"))
+
+
+def test_partition_tags_land_in_their_partitions_as_spark_hashes_them(spark):
+    """spark_hash_int is Spark's hash() of an int, so a row tagged partition_tags(n)[t] and
+    hash-partitioned by the tag lands in partition t."""
+    from keyedstate.spark.local_aggregation import partition_tags, spark_hash_int
+
+    values = [-(1 << 31), -7, -1, 0, 1, 2, 3, 42, 1000, (1 << 31) - 1]
+    got = spark.createDataFrame([(v,) for v in values], "v int").selectExpr("v", "hash(v) h")
+    assert {r["v"]: r["h"] for r in got.collect()} == {v: spark_hash_int(v) for v in values}
+    for n in (1, 2, 3, 8, 17):
+        tags = partition_tags(n)
+        placed = (spark.createDataFrame([(t, i) for i, t in enumerate(tags)], "tag int, task int")
+                  .repartition(n, "tag").selectExpr("task", "spark_partition_id() p").collect())
+        assert sorted((r["task"], r["p"]) for r in placed) == [(t, t) for t in range(n)]
+
+
+def test_the_aggregation_runs_after_the_one_shuffle_that_routes_the_rows(spark, tmp_path):
+    """explain(): a single Exchange (hash-partitioned by the task tag) and the aggregation
+    after it; every aggregated row is in its subtask's Spark task."""
+    from pyspark.sql import functions as F
+
+    from keyedstate.runtime.subtask import SUBTASK_COLUMN, subtasks_of_task
+    from keyedstate.spark.local_aggregation import aggregate_and_route
+
+    data = two_phase_batches(1, events=2000, users=200)[0]
+    df = spark.createDataFrame(data.to_pandas(), TWO_PHASE_INPUT)
+    routed = aggregate_and_route(df, ["user_id"], TwoPhaseTotals.local_aggregation, 5, 128, 3,
+                                 watermark=0, watermark_column="ts")
+    plan = routed._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange") == 1 and "HashAggregate" in plan
+    placed = routed.select("user_id", SUBTASK_COLUMN,
+                           F.spark_partition_id().alias("task")).collect()
+    assert len(placed) == 200
+    assert all(r[SUBTASK_COLUMN] in subtasks_of_task(r["task"], 3, 5) for r in placed)
+
+
+def test_a_task_refuses_rows_of_a_subtask_it_does_not_run():
+    import pyarrow as pa
+
+    from keyedstate.errors import BatchFailedError
+    from keyedstate.runtime.subtask import SUBTASK_COLUMN
+    from keyedstate.spark.tasks import routed_to
+
+    batch = pa.RecordBatch.from_pydict({SUBTASK_COLUMN: pa.array([2, 3, 4], pa.int32())})
+    assert list(routed_to(7, range(2, 5), iter([batch]))) == [batch]
+    with pytest.raises(BatchFailedError, match="got rows of subtasks 2-4"):
+        list(routed_to(7, range(2, 4), iter([batch])))
+
+
+def test_a_timestamp_ntz_watermark_column_is_refused_with_a_local_aggregation():
+    """Its epoch milliseconds would depend on the session's time zone in the JVM."""
+    from pyspark.sql.types import (
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    from keyedstate.spark.local_aggregation import check_event_time
+
+    schema = StructType([StructField("user_id", StringType()), StructField("ntz", TimestampNTZType()),
+                         StructField("ts", TimestampType()), StructField("ms", LongType())])
+    aggregation = TwoPhaseTotals.local_aggregation
+    with pytest.raises(ConfigurationError, match="timestamp_ntz"):
+        check_event_time(schema, "ntz", aggregation)
+    for fine in ("ts", "ms"):
+        check_event_time(schema, fine, aggregation)
+    check_event_time(schema, "ntz", None)  # no aggregation: the subtask converts it
