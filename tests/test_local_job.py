@@ -166,3 +166,25 @@ def test_routing_hashes_each_distinct_key_as_each_row(tmp_path):
         assert routed.column("_ks_key_group").to_pylist() == expected
         assert routed.column("_ks_subtask").to_pylist() == [
             kg * 3 // job.max_parallelism for kg in expected]
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+def test_a_row_without_an_event_time_is_never_late_even_beside_late_rows(tmp_path, backend):
+    from keyedstate_benchmarks.throughput import OUTPUT_DDL, KeyedCount
+
+    cfg = config(tmp_path, backend=backend, parallelism=1, watermark_delay=0)
+    with LocalJob(KeyedCount(), key_columns=["user_id"], input_schema=INPUT,
+                  output_schema=OUTPUT_DDL, config=cfg) as job:
+        def batch(*events: tuple[str, int | None]) -> dict[str, list[tuple]]:
+            table = pa.table({"user_id": [e[0] for e in events],
+                              "ts": pa.array([None if e[1] is None else (T0 + e[1]) * 1000
+                                              for e in events], pa.timestamp("us", tz="UTC")),
+                              "amount": [1.0] * len(events)})
+            return rows([job.process_batch(table)])
+
+        assert batch(("a", 100), ("b", 105))["main"] == [("a", 1), ("b", 1)]
+        # Watermark T0 + 105: a's row is late (the side output); b's row has no event time
+        # and counts, in the same subtask as the late row.
+        second = batch(("a", 50), ("b", None))
+        assert second["main"] == [("b", 2)]
+        assert [r[0] for r in second["late-events"]] == ["a"]

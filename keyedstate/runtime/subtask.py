@@ -602,7 +602,10 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         elif table is not None and plan.watermark_column:
             event_ms = event_time_ms(table.column(plan.watermark_column))
             max_event_time = pc.max(event_ms).as_py()
-            is_late = pc.less(event_ms, pa.scalar(plan.watermark, pa.int64()))
+            # A row without an event time is never late (null -> False: a null mask entry would
+            # drop the row from both sides of the split below).
+            is_late = pc.fill_null(pc.less(event_ms, pa.scalar(plan.watermark, pa.int64())),
+                                   False)
             late = pc.sum(is_late.cast(pa.int64())).as_py() or 0
             if late:
                 if plan.late_events is LateEvents.SIDE_OUTPUT:
