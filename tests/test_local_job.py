@@ -154,6 +154,19 @@ def test_input_without_a_key_column_is_refused(tmp_path):
                  output_schema=COUNT_SCHEMA, config=config(tmp_path))
 
 
+@pytest.mark.parametrize("backend, options, unknown", [
+    ("rocksdb", {"key_group_shards": 4}, "'key_group_shards'"),  # a RocksDBOptions field
+    ("heap", {"max_chain_lenght": 3}, "'max_chain_lenght'"),
+])
+def test_an_unknown_backend_option_is_refused_at_start(tmp_path, backend, options, unknown):
+    """A misspelled or misplaced ``keyedstate.backend.options`` entry is a ConfigurationError
+    naming it and what the backend takes, before anything is written."""
+    with pytest.raises(ConfigurationError, match=f"no option {unknown}.*it takes") as refused:
+        new_job(config(tmp_path, backend=backend, backend_options=options))
+    assert not isinstance(refused.value.__cause__, TypeError)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
 def test_routing_hashes_each_distinct_key_as_each_row(tmp_path):
     """A single key column is hashed once per distinct key (nulls included), with the key
     group each row would get."""
