@@ -21,6 +21,10 @@ source with ``maxFilesPerTrigger=1`` and ``trigger(availableNow=True)``, in one 
   (key group and subtask columns, ``repartitionById``) and handed to Python with
   ``mapInArrow``, which counts the rows. The floor under any keyed Python operator on Spark:
   what a batch costs before a single state access.
+- ``spark-two-phase-handoff``: the same floor under the two-phase systems: each batch counted
+  per key and routed as keyedstate's local aggregation does it
+  (:func:`~keyedstate.spark.local_aggregation.aggregate_and_route`: one shuffle, Spark's
+  aggregate after it) and handed to Python, which sums the counts; no state and no output.
 
 Every system reads only the key column (``events.select("user_id")``): Spark's built-in
 aggregation prunes the unused columns by itself, a Python function is given what the query
@@ -70,8 +74,11 @@ APPLY_IN_PANDAS_WITH_STATE = "spark-applyInPandasWithState"
 TRANSFORM_WITH_STATE_IN_PANDAS = "spark-transformWithStateInPandas"
 BUILTIN_AGG = "spark-builtin-agg"
 ARROW_HANDOFF = "spark-arrow-handoff"
-SYSTEMS = (BUILTIN_AGG, ARROW_HANDOFF, KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP,
-           KEYEDSTATE_ROCKSDB_VECTORIZED, KEYEDSTATE_HEAP_VECTORIZED,
+TWO_PHASE_HANDOFF = "spark-two-phase-handoff"
+#: the floors: a batch's routing and hand-off to Python, no state
+HANDOFFS = (ARROW_HANDOFF, TWO_PHASE_HANDOFF)
+SYSTEMS = (BUILTIN_AGG, ARROW_HANDOFF, TWO_PHASE_HANDOFF, KEYEDSTATE_ROCKSDB,
+           KEYEDSTATE_HEAP, KEYEDSTATE_ROCKSDB_VECTORIZED, KEYEDSTATE_HEAP_VECTORIZED,
            KEYEDSTATE_ROCKSDB_TWO_PHASE, KEYEDSTATE_HEAP_TWO_PHASE, APPLY_IN_PANDAS_WITH_STATE,
            TRANSFORM_WITH_STATE_IN_PANDAS)
 #: the Spark systems that run Python per key: slow, so they get fewer batches
@@ -243,28 +250,36 @@ class BatchCheck:
 
 
 class Handoff:
-    """``spark-arrow-handoff``'s ``foreachBatch``: the batch routed with keyedstate's own
-    :func:`~keyedstate.spark.routing.route` and handed to Python (``mapInArrow``), which counts
-    the rows; records the rows Python saw per batch."""
+    """The floors' ``foreachBatch``: the batch routed with keyedstate's own
+    :func:`~keyedstate.spark.routing.route` (``spark-arrow-handoff``), or counted per key and
+    routed with :func:`~keyedstate.spark.local_aggregation.aggregate_and_route`
+    (``spark-two-phase-handoff``), and handed to Python (``mapInArrow``), which adds up the
+    events it was given; records them per batch."""
 
-    def __init__(self, parallelism: int) -> None:
+    def __init__(self, parallelism: int, *, two_phase: bool = False) -> None:
         self.parallelism = parallelism
+        self.two_phase = two_phase
         self.seen: dict[int, int] = {}
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from keyedstate.keygroups import compute_default_max_parallelism
+        from keyedstate.spark.local_aggregation import aggregate_and_route
         from keyedstate.spark.routing import route
 
-        p = self.parallelism
-        routed = route(df, ["user_id"], p, compute_default_max_parallelism(p), p)
-        self.seen[batch_id] = sum(r["rows"] for r in routed.mapInArrow(_drain, "rows long")
-                                  .collect())
+        p, max_p = self.parallelism, compute_default_max_parallelism(self.parallelism)
+        if self.two_phase:
+            routed = aggregate_and_route(df, ["user_id"], TwoPhaseKeyedCount.local_aggregation,
+                                         p, max_p, p, watermark=0, watermark_column=None)
+            drained = routed.mapInArrow(_sum_events, "rows long")
+        else:
+            drained = route(df, ["user_id"], p, max_p, p).mapInArrow(_drain, "rows long")
+        self.seen[batch_id] = sum(r["rows"] for r in drained.collect())
 
     def verify(self, system: str, events_per_batch: int, batches: int) -> None:
         got = [self.seen.get(b) for b in range(batches)]
         if got != [events_per_batch] * batches:
-            raise AssertionError(f"{system}: Python saw {got} rows per batch, expected "
-                                 f"{events_per_batch} in each of {batches} batches")
+            raise AssertionError(f"{system}: Python was given {got} events per batch, "
+                                 f"expected {events_per_batch} in each of {batches} batches")
 
 
 def _input(spark: Any, root: str, paths: Sequence[str]) -> Any:
@@ -377,13 +392,13 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
     # columns it reads, as a user who cares about speed writes it.
     events = _input(spark, root, paths).select(*COLUMNS_READ)
     sink = BatchCheck()
-    handoff = Handoff(parallelism)
+    handoff = Handoff(parallelism, two_phase=system == TWO_PHASE_HANDOFF)
     extra: dict[str, Any] = {}
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     if system in KEYEDSTATE_SYSTEMS:
         query, extra = _run_keyedstate(system, events, root, sink, parallelism)
-    elif system == ARROW_HANDOFF:
+    elif system in HANDOFFS:
         query = (events.writeStream.foreachBatch(handoff)
                  .option("checkpointLocation", os.path.join(root, "spark"))
                  .trigger(availableNow=True).start())
@@ -397,7 +412,7 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
         if query.exception() is not None:
             raise RuntimeError(f"{system}: the query failed: {query.exception()}")
     wall_s = time.perf_counter() - started
-    if system == ARROW_HANDOFF:
+    if system in HANDOFFS:
         handoff.verify(system, events_per_batch, len(paths))
     else:
         sink.verify(system, expected)
@@ -420,7 +435,7 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "verified": True,
     }
-    if system not in KEYEDSTATE_SYSTEMS and system != ARROW_HANDOFF:
+    if system not in KEYEDSTATE_SYSTEMS and system not in HANDOFFS:
         result["state_store"] = _state_store_of(progress[-1])
         if result["state_store"] != state_store:
             raise AssertionError(f"{system} ran with the {result['state_store']} state store, "
@@ -439,6 +454,11 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
 def _drain(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     rows = sum(b.num_rows for b in batches)
     yield pa.RecordBatch.from_pylist([{"rows": rows}])
+
+
+def _sum_events(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    events = sum(pc.sum(b.column("events")).as_py() or 0 for b in batches)
+    yield pa.RecordBatch.from_pylist([{"rows": events}])
 
 
 def _warm_up(spark: Any, paths: Sequence[str], root: str, parallelism: int,
@@ -572,7 +592,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     names = [r["system"] for r in rows]
     rates = [r["events_per_s"] for r in rows]
     colors = ["#1f77b4" if n.startswith("keyedstate") else "#7f7f7f" if n == BUILTIN_AGG
-              else "#bcbd22" if n == ARROW_HANDOFF else "#d62728" for n in names]
+              else "#bcbd22" if n in HANDOFFS else "#d62728" for n in names]
     fig, ax = plt.subplots(figsize=(8.5, 3.8), dpi=120)
     bars = ax.barh(names, rates, color=colors)
     ax.set_xscale("log")

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.spark
 def test_keyedstate_systems_run_small(spark: Any) -> None:
     systems = [throughput.KEYEDSTATE_ROCKSDB_VECTORIZED, throughput.KEYEDSTATE_HEAP_VECTORIZED,
                throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE, throughput.KEYEDSTATE_HEAP_TWO_PHASE,
-               throughput.KEYEDSTATE_ROCKSDB, throughput.ARROW_HANDOFF]
+               throughput.KEYEDSTATE_ROCKSDB, throughput.ARROW_HANDOFF,
+               throughput.TWO_PHASE_HANDOFF]
     figures = throughput.run(keys=50, events_per_batch=400, batches=2, parallelism=2,
                              systems=[throughput.BUILTIN_AGG, *systems], spark=spark)
     results = {r["system"]: r for r in figures["results"]}
