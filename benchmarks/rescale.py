@@ -330,7 +330,7 @@ def restore_keyedstate(spark: Any, source: Source, parallelism: int, root: str,
     its first batch completed (module docstring); check the probe output, and with
     ``verify`` the whole state the job checkpointed. Returns the run's figures and the
     snapshot the job left (a source for further restores)."""
-    from keyedstate.config import JobConfig
+    from keyedstate.config import JobConfig, SourcePositions
 
     expected = replace(source.expected, probed=source.expected.probed + 1)
     probe = os.path.join(root, "input", "probe.parquet")
@@ -350,7 +350,7 @@ def restore_keyedstate(spark: Any, source: Source, parallelism: int, root: str,
     # build's input) do not apply to it.
     config = JobConfig(checkpoint_dir=ckpt, parallelism=parallelism, backend="rocksdb",
                        restore_path=source.path, local_dir=os.path.join(root, "local"),
-                       source_positions="ignore")
+                       source_positions=SourcePositions.IGNORE)
     started = time.perf_counter()
     query = job.start(config, spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})

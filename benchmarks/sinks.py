@@ -90,16 +90,16 @@ def read_back(name: str, root: str) -> tuple[pa.Table, int]:
     if name == DELTA:
         import deltalake
 
-        table = deltalake.DeltaTable(os.path.join(root, "delta"))
-        return table.to_pyarrow_table(), table.version() + 1
+        delta = deltalake.DeltaTable(os.path.join(root, "delta"))
+        return delta.to_pyarrow_table(), delta.version() + 1
     if name == ICEBERG:
         from pyiceberg.catalog import load_catalog
 
         from keyedstate.spark.iceberg_sink import DEFAULT_CATALOG_NAME
 
-        table = load_catalog(DEFAULT_CATALOG_NAME, **_iceberg_properties(root)
-                             ).load_table(ICEBERG_TABLE)
-        return table.scan().to_arrow(), len(table.snapshots())
+        iceberg = load_catalog(DEFAULT_CATALOG_NAME, **_iceberg_properties(root)
+                               ).load_table(ICEBERG_TABLE)
+        return iceberg.scan().to_arrow(), len(iceberg.snapshots())
     raise ValueError(f"unknown sink {name!r}; known: {list(SINKS)}")
 
 

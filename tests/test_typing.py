@@ -58,6 +58,12 @@ def test_the_examples_type_check() -> None:
     assert status == 0, out
 
 
+def test_the_benchmarks_type_check() -> None:
+    """``keyedstate bench`` is shipped code too (``keyedstate_benchmarks``)."""
+    out, status = _mypy(os.path.join(ROOT, "benchmarks"))
+    assert status == 0, out
+
+
 def test_get_state_is_typed_by_its_descriptor(tmp_path) -> None:
     user = tmp_path / "user_job.py"
     user.write_text(textwrap.dedent(USER_CODE))
