@@ -1,8 +1,8 @@
 """A subtask whose task lands in another Python worker than last time: a stale live copy that
 can catch up (``KeyedStateBackend.catch_up``) applies only what later checkpoints wrote; one
 that can't is closed and the state restored. Driven through the local runtime, which keeps live
-copies as a Spark Python worker does (``runtime.subtask._LIVE``); moving a copy out of
-``_LIVE`` and back stands for Spark running the subtask's next tasks in another worker."""
+copies as a Spark Python worker does (``runtime.live_copies.LIVE``); moving a copy out of
+``LIVE`` and back stands for Spark running the subtask's next tasks in another worker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import keyedstate.runtime.subtask as runtime
+import keyedstate.runtime.live_copies as live_copies
 from keyedstate.backends.heap.restore import chain_of
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.stats import subtask_stats_of
@@ -27,18 +27,18 @@ def _latest_subtasks(root: Any) -> list[Any]:
     return stats
 
 
-def _take_live(job_id: str, index: int) -> runtime._Live:
+def _take_live(job_id: str, index: int) -> live_copies.LiveCopy:
     """The live copy of subtask ``index``, as another worker would keep it."""
-    return runtime._LIVE.pop((job_id, index))
+    return live_copies.LIVE.pop((job_id, index))
 
 
-def _hand_back(job_id: str, index: int, live: runtime._Live) -> None:
+def _hand_back(job_id: str, index: int, live: live_copies.LiveCopy) -> None:
     """Spark runs the subtask's next task in the worker holding ``live``: the copy the
     other worker made since is not there."""
-    other = runtime._LIVE.pop((job_id, index), None)
+    other = live_copies.LIVE.pop((job_id, index), None)
     if other is not None:
         other.backend.close()
-    runtime._LIVE[(job_id, index)] = live
+    live_copies.LIVE[(job_id, index)] = live
 
 
 def _every_key(users: int) -> pa.Table:

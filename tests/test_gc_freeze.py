@@ -107,6 +107,6 @@ def test_closing_the_live_copies_gives_frozen_cycles_back_to_the_collector(tmp_p
 
 
 def _live_copies(job: Any) -> list[Any]:
-    import keyedstate.runtime.subtask as runtime
+    import keyedstate.runtime.live_copies as live_copies
 
-    return [(k, v) for k, v in runtime._LIVE.items() if k[0] == job.storage.url]
+    return [(k, v) for k, v in live_copies.LIVE.items() if k[0] == job.storage.url]

@@ -37,6 +37,7 @@ from keyedstate.runtime.batch import (
 )
 from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
 from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
 from keyedstate.runtime.subtask import (
@@ -45,7 +46,6 @@ from keyedstate.runtime.subtask import (
     BatchPlan,
     RestoreSource,
     process_group,
-    release_live,
 )
 from keyedstate.serde import to_arrow_schema, type_ddl
 from keyedstate.state.ttl import TtlTimeProvider

@@ -20,7 +20,7 @@ driver's side is in :mod:`keyedstate.spark.driver`):
    function overriding ``process_batch``, once over all of them (:class:`KeyedBatch`).
 5. Stage the outputs as Parquet files under the checkpoint directory (not yet visible).
 6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch
-   (at most :data:`MAX_LIVE` per worker, least recently used closed first).
+   (:mod:`keyedstate.runtime.live_copies`).
 7. Return one row: the snapshot handle, staged files, max event time, counts and timings.
 
 Nothing here is visible to readers until the driver commits the checkpoint and the sinks.
@@ -28,14 +28,12 @@ Nothing here is visible to readers until the driver commits the checkpoint and t
 
 from __future__ import annotations
 
-import atexit
 import bisect
 import json
 import operator
 import os
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Iterator, Sequence
@@ -56,6 +54,7 @@ from keyedstate.runtime.event_time import event_time_ms
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
 from keyedstate.runtime.gc_freeze import collection_paused, freeze_survivors, thaw
+from keyedstate.runtime.live_copies import LiveCopy, close_live, keep_live, take_live
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
@@ -136,70 +135,6 @@ class BatchPlan:
         return -(-self.parallelism // self.tasks)
 
 
-@dataclass
-class _Live:
-    backend: KeyedStateBackend
-    token: str
-    parallelism: int
-    #: ``time.monotonic()`` when it was last kept
-    last_used: float = 0.0
-
-
-#: Live state per (job, subtask) in this Python worker, least recently used first. A Spark
-#: Python worker runs one task at a time, so no lock is needed; a copy is reused only if its
-#: token is the committed one.
-_LIVE: OrderedDict[tuple[str, int], _Live] = OrderedDict()
-#: At most this many live copies per Python worker (or twice the subtasks of one Spark task,
-#: if more: a worker may run either of two tasks' groups from one batch to the next): beyond
-#: it the least recently used is closed (its local directory goes with it). A worker serves
-#: whichever subtasks Spark gives it, of any number of jobs over its life; only the latest few
-#: are likely to come back.
-MAX_LIVE = 8
-#: A live copy of another job unused this long is closed: that job stopped, or runs elsewhere.
-LIVE_IDLE_S = 300.0
-
-
-def _close_live(live: _Live) -> None:
-    try:
-        live.backend.close()
-    except Exception:  # noqa: BLE001 - closing a cached copy must never fail a task
-        pass
-    thaw()  # its frozen objects (runtime.gc_freeze) are the collector's again
-
-
-def _keep_live(key: tuple[str, int], live: _Live, group: int = 1) -> None:
-    """Cache ``live`` for the next batch of its subtask, within :data:`MAX_LIVE` (or twice
-    ``group``, the most subtasks one Spark task runs)."""
-    live.last_used = time.monotonic()
-    _LIVE[key] = live
-    _LIVE.move_to_end(key)
-    while len(_LIVE) > max(MAX_LIVE, 2 * group):
-        _close_live(_LIVE.popitem(last=False)[1])
-
-
-def _close_idle_live(job_id: str) -> None:
-    """Close the live copies of jobs other than ``job_id`` unused for :data:`LIVE_IDLE_S`."""
-    now = time.monotonic()
-    for key in [k for k, v in _LIVE.items()
-                if k[0] != job_id and now - v.last_used > LIVE_IDLE_S]:
-        _close_live(_LIVE.pop(key))
-
-
-def release_live(job_id: str) -> None:
-    """Close this process's live copies of ``job_id``'s subtasks (a job that runs its subtasks
-    in its own process, :class:`~keyedstate.runtime.local.LocalJob`, closing)."""
-    for key in [k for k in _LIVE if k[0] == job_id]:
-        _close_live(_LIVE.pop(key))
-
-
-@atexit.register
-def _close_all_live() -> None:
-    """A worker that exits normally closes its copies (a killed one can't: its directory is
-    removed by the next process, see :mod:`keyedstate.backends.base.working_dirs`)."""
-    while _LIVE:
-        _close_live(_LIVE.popitem()[1])
-
-
 #: How a subtask got its state (step 1): its live copy as it was, its live copy caught up
 #: with later checkpoints, or a restore (or empty state for a new job).
 REUSED, CAUGHT_UP, RESTORED = "reused", "caught-up", "restored"
@@ -221,8 +156,7 @@ def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
 
 
 def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float]:
-    _close_idle_live(plan.job_id)
-    live = _LIVE.pop((plan.job_id, index), None)
+    live = take_live(plan.job_id, index)
     src = plan.restore
     same_layout = (live is not None and src is not None and src.canonical is None
                    and src.parallelism == plan.parallelism
@@ -238,9 +172,9 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
                     and live.backend.catch_up(src.handles, src.storage):
                 return live.backend, CAUGHT_UP, time.perf_counter() - start
         except BaseException:
-            _close_live(live)  # possibly half caught up: never used again
+            close_live(live)  # possibly half caught up: never used again
             raise
-        _close_live(live)  # uncommitted, or on another chain: never used
+        close_live(live)  # uncommitted, or on another chain: never used
     key_group_range = KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index)
     if src is not None and src.canonical is not None:
         # A canonical savepoint: an empty backend of the job's kind, bulk-loaded with the rows
@@ -663,7 +597,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
             raise subtask_failed(plan.batch_id, index, step, exc) from exc
         raise
-    _keep_live((plan.job_id, index), _Live(backend, token, plan.parallelism),
+    keep_live((plan.job_id, index), LiveCopy(backend, token, plan.parallelism),
                group=plan.largest_group)
     # Step 7. Report.
     stats = {

@@ -262,11 +262,12 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
 
     from keyedstate.backends.rocksdb import RocksDBStateBackend
     from keyedstate.config import LateEvents
+    from keyedstate.runtime import live_copies
     from keyedstate.runtime import subtask as runtime
     from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
-    monkeypatch.setattr(runtime, "MAX_LIVE", 2)
-    monkeypatch.setattr(runtime, "_LIVE", OrderedDict())
+    monkeypatch.setattr(live_copies, "MAX_LIVE", 2)
+    monkeypatch.setattr(live_copies, "LIVE", OrderedDict())
 
     def run(job: str, index: int = 0, parallelism: int = 1, spark_tasks: int | None = None
             ) -> str:
@@ -280,22 +281,22 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
             late_events=LateEvents.DROP, restore=None,
             share_restored_files=True, local_dir=str(tmp_path / "local"))
         list(runtime.process_subtask(plan, index, iter([])))
-        return runtime._LIVE[(job, index)].backend.instance_dir  # type: ignore[attr-defined]
+        return live_copies.LIVE[(job, index)].backend.instance_dir  # type: ignore[attr-defined]
 
     try:
         dirs = [run(f"job-{n}") for n in range(4)]
-        assert list(runtime._LIVE) == [("job-2", 0), ("job-3", 0)]
+        assert list(live_copies.LIVE) == [("job-2", 0), ("job-3", 0)]
         assert [os.path.exists(d) for d in dirs] == [False, False, True, True]
-        monkeypatch.setattr(runtime, "LIVE_IDLE_S", 0.0)
+        monkeypatch.setattr(live_copies, "LIVE_IDLE_S", 0.0)
         last = run("job-4")
-        assert list(runtime._LIVE) == [("job-4", 0)]
+        assert list(live_copies.LIVE) == [("job-4", 0)]
         assert [os.path.exists(d) for d in [*dirs, last]] == [False] * 4 + [True]
         # 4 subtasks in one Spark task: twice the group is kept, not MAX_LIVE
         group = [run("job-5", i, parallelism=4, spark_tasks=1) for i in range(4)]
-        assert list(runtime._LIVE) == [("job-5", i) for i in range(4)]  # job-4 idle: closed
+        assert list(live_copies.LIVE) == [("job-5", i) for i in range(4)]  # job-4 idle: closed
         assert all(os.path.exists(d) for d in group)
     finally:
-        runtime._close_all_live()
+        live_copies.close_all_live()
     assert not os.path.exists(last)
 
 
