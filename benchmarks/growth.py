@@ -40,7 +40,10 @@ and its chain of diffs), ``restored_subtasks`` / ``reused_subtasks`` (placement:
 restores when the Python worker its task lands on holds no live copy of its state at the last
 checkpoint; on ``local[2]`` either of two workers takes a task, on ``local-cluster`` either
 executor too; ``caught_up_subtasks``: of those, how many caught a stale live copy up instead of
-reading the whole state), ``restore_s`` (the slowest subtask's restore, 0 when all reused) with the bytes
+reading the whole state; ``background_caught_up_subtasks``: of the reused, how many found
+their copy caught up in the background by their worker, ``keyedstate.live-copies.
+background-catch-up``, with the longest such catch-up in ``background_catch_up_s``, off the
+batch's path), ``restore_s`` (the slowest subtask's restore, 0 when all reused) with the bytes
 restores downloaded or found in the executors' file caches; ``sink_s`` and ``verified``.
 
 **Verification.** The job's only sink reads each batch's output (the staged files, in the
@@ -273,7 +276,10 @@ def run_job(spark: Any, s3: LocalS3, backend: str, workload: Sequence[Batch], ro
             "uploaded_bytes": s.uploaded_bytes, "incremental_bytes": s.incremental_bytes,
             "full_bytes": s.full_bytes, "objects_written": s.objects_written,
             "restored_subtasks": s.restored_subtasks, "reused_subtasks": s.reused_subtasks,
-            "caught_up_subtasks": s.caught_up_subtasks, "restore_s": s.restore_s, "restore_downloaded_bytes": s.restore_downloaded_bytes,
+            "caught_up_subtasks": s.caught_up_subtasks,
+            "background_caught_up_subtasks": s.background_caught_up_subtasks,
+            "background_catch_up_s": s.background_catch_up_s,
+            "restore_s": s.restore_s, "restore_downloaded_bytes": s.restore_downloaded_bytes,
             "restore_cache_hit_bytes": s.restore_cache_hit_bytes,
             "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
             "verified": sink.verified[batch_id],
@@ -312,6 +318,8 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
         "restored_subtasks": sum(b["restored_subtasks"] for b in measured),
         "reused_subtasks": sum(b["reused_subtasks"] for b in measured),
         "caught_up_subtasks": sum(b["caught_up_subtasks"] for b in measured),
+        "background_caught_up_subtasks": sum(b["background_caught_up_subtasks"]
+                                             for b in measured),
         "wall_s": wall_s,
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "verified": all(b["verified"] for b in per_batch),

@@ -111,6 +111,12 @@ class JobConfig:
     file_cache_size: int = field(
         default=1 << 30, metadata=_key("state.backend.forst.cache.size-based-limit"))
     file_cache_dir: str | None = field(default=None, metadata=_key("state.backend.forst.cache.dir"))
+    #: Spark runtime: once a task's subtasks are done, its Python worker brings its live copies
+    #: of the job's other subtasks to the checkpoint just written, in the background (a later
+    #: task of one of them there then reuses its copy instead of catching up on the batch's
+    #: path). Costs the worker's idle CPU; docs/spark.md, "Live state between batches"
+    background_catch_up: bool = field(
+        default=True, metadata=_key("keyedstate.live-copies.background-catch-up"))
     #: consecutive failed checkpoints (transient storage errors) a batch is retried after
     tolerable_failed_checkpoints: int = field(
         default=3, metadata=_key("execution.checkpointing.tolerable-failed-checkpoints"))
@@ -157,6 +163,10 @@ class JobConfig:
                 f"execution.checkpointing.tolerable-failed-checkpoints must be >= 0, got "
                 f"{self.tolerable_failed_checkpoints}"
             )
+        if not isinstance(self.background_catch_up, bool):
+            raise ConfigurationError(
+                f"keyedstate.live-copies.background-catch-up must be true or false, got "
+                f"{self.background_catch_up!r}")
         self.transfer_options()  # checks the transfer settings
 
     def transfer_options(self) -> TransferOptions:

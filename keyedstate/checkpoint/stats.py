@@ -72,6 +72,9 @@ class SubtaskStateStats(msgspec.Struct, frozen=True, array_like=True):
     rows_out: int | None = None
     #: whether it restored by catching up a stale live copy (``KeyedStateBackend.catch_up``)
     caught_up: bool | None = None
+    #: reused a copy its worker caught up in the background since the last batch: how long
+    #: that took, off the batch's path (``keyedstate.live-copies.background-catch-up``)
+    background_catch_up_ms: float | None = None
 
 
 class CompletedCheckpointStats(msgspec.Struct, frozen=True, array_like=True):
@@ -108,6 +111,8 @@ class CompletedCheckpointStats(msgspec.Struct, frozen=True, array_like=True):
     rows_out: int | None = None
     #: of the restored subtasks, those that caught a stale live copy up
     caught_up_subtasks: int | None = None
+    #: of the reused subtasks, those whose copy their worker caught up in the background
+    background_caught_up_subtasks: int | None = None
 
 
 _subtasks_decoder = msgspec.json.Decoder(list[SubtaskStateStats])
@@ -130,7 +135,8 @@ def subtask_stats(stats: Mapping[str, Any]) -> SubtaskStateStats:
         reused=None if reused is None else bool(reused),
         restored=None if restored is None else bool(restored),
         rows_in=stats.get("rows_in"), rows_out=stats.get("rows_out"),
-        caught_up=None if caught_up is None else bool(caught_up))
+        caught_up=None if caught_up is None else bool(caught_up),
+        background_catch_up_ms=_ms(stats.get("background_catch_up_s")))
 
 
 def _max(values: Sequence[float | None]) -> float | None:
@@ -156,6 +162,8 @@ def completed_stats(checkpoint_id: int, *, batch_id: int | None, trigger_ms: int
     reused = [s.reused for s in known if s.reused is not None]
     restored = [s.restored for s in known if s.restored is not None]
     caught_up = [s.caught_up for s in known if s.caught_up is not None]
+    background = [s.background_catch_up_ms for s in known
+                  if s.background_catch_up_ms is not None]
     rows_in = [s.rows_in for s in known if s.rows_in is not None]
     rows_out = [s.rows_out for s in known if s.rows_out is not None]
     return CompletedCheckpointStats(
@@ -174,7 +182,9 @@ def completed_stats(checkpoint_id: int, *, batch_id: int | None, trigger_ms: int
         cache_hit_bytes=restore.cache_hit_bytes,
         rows_in=sum(rows_in) if rows_in else None,
         rows_out=sum(rows_out) if rows_out else None,
-        caught_up_subtasks=sum(caught_up) if caught_up else None)
+        caught_up_subtasks=sum(caught_up) if caught_up else None,
+        background_caught_up_subtasks=sum(1 for ms in background if ms > 0)
+        if background else None)
 
 
 def _decode(decoder: msgspec.json.Decoder, properties: Mapping[str, str], key: str,

@@ -7,17 +7,35 @@ committed checkpoint records for its subtask; else it catches up or is closed
 Bounded: at most :data:`MAX_LIVE` copies per worker (least recently used closed first), copies
 of other jobs idle for :data:`LIVE_IDLE_S` closed; a worker that exits normally closes them
 all. Every close goes through :func:`close_live` (it thaws what ``runtime.gc_freeze`` froze).
+
+Catching up in the background (:func:`catch_up_in_background`): Spark does not keep a subtask
+in the worker that ran it last, so a worker holds copies of subtasks that other workers have
+moved on since. Once a Spark task's subtasks are done, a thread waits for the checkpoint they
+wrote to be committed and brings the worker's other copies of the job to it with
+``KeyedStateBackend.catch_up``, while the worker is idle; a later task of one of those
+subtasks in this worker then reuses its copy instead of catching up on the batch's critical
+path. The next task stops the thread first (:func:`stop_background_catch_up`), waiting for the
+copy it is changing: no task ever sees a copy half caught up, and a copy whose catch-up failed
+is closed. A copy is still reused only if its token is the committed one.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
+import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from keyedstate.backends.base.backend import KeyedStateBackend
+from keyedstate.checkpoint.properties import TOKENS
 from keyedstate.runtime.gc_freeze import thaw
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import CheckpointMetadata, SnapshotFormat
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,6 +46,8 @@ class LiveCopy:
     parallelism: int
     #: ``time.monotonic()`` when it was last kept
     last_used: float = 0.0
+    #: seconds spent catching it up in the background since it was last kept
+    caught_up_s: float = 0.0
 
 
 #: Live state per (job, subtask) in this Python worker, least recently used first. A Spark
@@ -82,6 +102,7 @@ def _close_idle_live(job_id: str) -> None:
 def release_live(job_id: str) -> None:
     """Close this process's live copies of ``job_id``'s subtasks (a job that runs its subtasks
     in its own process, :class:`~keyedstate.runtime.local.LocalJob`, closing)."""
+    stop_background_catch_up()
     for key in [k for k in LIVE if k[0] == job_id]:
         close_live(LIVE.pop(key))
 
@@ -90,5 +111,116 @@ def release_live(job_id: str) -> None:
 def close_all_live() -> None:
     """A worker that exits normally closes its copies (a killed one can't: its directory is
     removed by the next process, see :mod:`keyedstate.backends.base.working_dirs`)."""
+    stop_background_catch_up()
     while LIVE:
         close_live(LIVE.popitem()[1])
+
+
+# -- catching up in the background -----------------------------------------------------------
+
+#: How long the background thread waits for the checkpoint to be committed (a failed batch's
+#: never is; the next task stops the thread sooner anyway).
+COMMIT_WAIT_S = 60.0
+#: Polls of ``_metadata``: every 50 ms at first (the driver commits right after the last task),
+#: slowing to once a second.
+_POLL_S, _MAX_POLL_S = 0.05, 1.0
+
+
+@dataclass
+class _Background:
+    thread: threading.Thread
+    stop: threading.Event
+
+
+_background: _Background | None = None
+
+
+def catch_up_in_background(job_id: str, storage: CheckpointStorage, checkpoint_id: int) -> None:
+    """Start bringing this worker's copies of ``job_id``'s subtasks to checkpoint
+    ``checkpoint_id`` (the one the task that just ended wrote), in a daemon thread, once the
+    driver has committed it. Copies already at it (the task's own) are left alone; see the
+    module docstring. Returns at once; never raises."""
+    global _background
+    stop_background_catch_up()
+    if not any(key[0] == job_id and _catches_up(live) for key, live in LIVE.items()):
+        return  # nothing to do (a RocksDB copy can't catch up: it is restored when needed)
+    stop = threading.Event()
+    thread = threading.Thread(target=_catch_up_when_committed,
+                              args=(job_id, storage, checkpoint_id, stop),
+                              name=f"keyedstate-catch-up-{checkpoint_id}", daemon=True)
+    _background = _Background(thread, stop)
+    thread.start()
+
+
+def _catches_up(live: LiveCopy) -> bool:
+    """Whether ``live``'s backend has a catch-up path (overrides the contract's default, which
+    always declines)."""
+    return type(live.backend).catch_up is not KeyedStateBackend.catch_up
+
+
+def stop_background_catch_up() -> None:
+    """Stop the background catch-up, if one runs, and wait for the copy it is changing to be
+    done (caught up, or closed): call before anything touches :data:`LIVE`."""
+    global _background
+    if _background is None:
+        return
+    _background.stop.set()
+    _background.thread.join()
+    _background = None
+
+
+def _catch_up_when_committed(job_id: str, storage: CheckpointStorage, checkpoint_id: int,
+                             stop: threading.Event) -> None:
+    try:
+        metadata = _committed(storage, checkpoint_id, stop)
+        if metadata is None or metadata.format is not SnapshotFormat.NATIVE \
+                or TOKENS not in metadata.properties:
+            return
+        tokens: list[str] = json.loads(metadata.properties[TOKENS])
+        # The most recently used first: the likeliest to be needed next.
+        for key in [k for k in reversed(LIVE) if k[0] == job_id]:
+            live, index = LIVE.get(key), key[1]
+            if stop.is_set():
+                return
+            if live is None or not _catches_up(live) \
+                    or live.parallelism != metadata.parallelism \
+                    or index >= len(tokens) or live.token == tokens[index]:
+                continue
+            _catch_up(key, live, metadata, tokens[index], storage)
+    except Exception:  # noqa: BLE001 - a background thread reports and ends, never raises
+        logger.warning("catching live copies up with checkpoint %d failed", checkpoint_id,
+                       exc_info=True)
+
+
+def _committed(storage: CheckpointStorage, checkpoint_id: int, stop: threading.Event
+               ) -> CheckpointMetadata | None:
+    """Checkpoint ``checkpoint_id``'s metadata once committed; None if stopped or
+    :data:`COMMIT_WAIT_S` passed first."""
+    relative = storage.metadata_path(checkpoint_id)
+    deadline, poll = time.monotonic() + COMMIT_WAIT_S, _POLL_S
+    while not storage.exists(relative):
+        if stop.wait(poll) or time.monotonic() > deadline:
+            return None
+        poll = min(poll * 1.25, _MAX_POLL_S)
+    return storage.read_metadata(relative)
+
+
+def _catch_up(key: tuple[str, int], live: LiveCopy, metadata: CheckpointMetadata, token: str,
+              storage: CheckpointStorage) -> None:
+    """Bring ``live`` to ``metadata``'s checkpoint, or close it if it can't (another chain, a
+    full snapshot since) or fails half way (a storage error: never used again)."""
+    started = time.perf_counter()
+    try:
+        caught_up = live.backend.catch_up(metadata.handles, storage)
+    except Exception:  # noqa: BLE001 - the copy is dropped, the next task restores
+        logger.warning("catching subtask %d up with checkpoint %d in the background failed; "
+                       "its copy is closed", key[1], metadata.checkpoint_id, exc_info=True)
+        caught_up = False
+    if caught_up:
+        live.token = token
+        live.caught_up_s += time.perf_counter() - started
+        logger.info("caught subtask %d up with checkpoint %d in the background in %.3f s",
+                    key[1], metadata.checkpoint_id, time.perf_counter() - started)
+    else:
+        LIVE.pop(key, None)
+        close_live(live)

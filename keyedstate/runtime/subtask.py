@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -54,7 +54,13 @@ from keyedstate.runtime.event_time import event_time_ms
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
 from keyedstate.runtime.gc_freeze import collection_paused, freeze_survivors, thaw
-from keyedstate.runtime.live_copies import LiveCopy, close_live, keep_live, take_live
+from keyedstate.runtime.live_copies import (
+    LiveCopy,
+    close_live,
+    keep_live,
+    stop_background_catch_up,
+    take_live,
+)
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
@@ -123,6 +129,9 @@ class BatchPlan:
     spark_tasks: int | None = None
     #: restored states to drop (``JobConfig.drop_states``)
     drop_states: tuple[str, ...] = ()
+    #: after its task, the worker catches its other copies of the job up with this batch's
+    #: checkpoint in the background (``JobConfig.background_catch_up``; the Spark runtime)
+    background_catch_up: bool = False
 
     @property
     def tasks(self) -> int:
@@ -140,22 +149,35 @@ class BatchPlan:
 REUSED, CAUGHT_UP, RESTORED = "reused", "caught-up", "restored"
 
 
-def _acquire(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float]:
-    """The subtask's backend at the last committed checkpoint and how it got it (``REUSED``,
-    ``CAUGHT_UP``, ``RESTORED``); the states of ``drop_states`` are dropped from a restored
-    one (a live copy, of the same job, dropped them when it was restored)."""
-    backend, how, restore_s = _restore(plan, index)
-    if how == RESTORED:
+class Acquired(NamedTuple):
+    """A subtask's state before its batch (step 1)."""
+
+    backend: KeyedStateBackend
+    #: ``REUSED``, ``CAUGHT_UP`` or ``RESTORED``
+    how: str
+    #: seconds the batch spent getting it (0 when reused)
+    restore_s: float
+    #: seconds this worker spent catching the reused copy up in the background before the
+    #: batch (:func:`~keyedstate.runtime.live_copies.catch_up_in_background`), off its path
+    background_s: float = 0.0
+
+
+def _acquire(plan: BatchPlan, index: int) -> Acquired:
+    """The subtask's backend at the last committed checkpoint and how it got it; the states of
+    ``drop_states`` are dropped from a restored one (a live copy, of the same job, dropped
+    them when it was restored)."""
+    acquired = _restore(plan, index)
+    if acquired.how == RESTORED:
         try:
             for name in plan.drop_states:
-                backend.drop_state(name)
+                acquired.backend.drop_state(name)
         except BaseException:
-            backend.close()
+            acquired.backend.close()
             raise
-    return backend, how, restore_s
+    return acquired
 
 
-def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float]:
+def _restore(plan: BatchPlan, index: int) -> Acquired:
     live = take_live(plan.job_id, index)
     src = plan.restore
     same_layout = (live is not None and src is not None and src.canonical is None
@@ -164,13 +186,13 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
     if (live is not None and same_layout and src is not None and src.tokens is not None
             and index < len(src.tokens) and src.tokens[index] == live.token):
         live.backend.notify_checkpoint_complete(src.checkpoint_id)
-        return live.backend, REUSED, 0.0
+        return Acquired(live.backend, REUSED, 0.0, live.caught_up_s)
     start = time.perf_counter()
     if live is not None:
         try:
             if same_layout and src is not None \
                     and live.backend.catch_up(src.handles, src.storage):
-                return live.backend, CAUGHT_UP, time.perf_counter() - start
+                return Acquired(live.backend, CAUGHT_UP, time.perf_counter() - start)
         except BaseException:
             close_live(live)  # possibly half caught up: never used again
             raise
@@ -186,7 +208,7 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
             subtask_index=index, key_group_range=key_group_range,
             max_parallelism=plan.max_parallelism, key_serializer=KeySerializer(plan.key_types),
             time_provider=SystemTimeProvider(), local_dir=plan.local_dir)
-        return backend, RESTORED, time.perf_counter() - start
+        return Acquired(backend, RESTORED, time.perf_counter() - start)
     backend = plan.backend.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=index,
         key_group_range=key_group_range,
@@ -198,7 +220,7 @@ def _restore(plan: BatchPlan, index: int) -> tuple[KeyedStateBackend, str, float
         time_provider=SystemTimeProvider(),
         local_dir=plan.local_dir,
     ))
-    return backend, RESTORED, time.perf_counter() - start
+    return Acquired(backend, RESTORED, time.perf_counter() - start)
 
 
 def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
@@ -492,6 +514,9 @@ def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatc
     it directly with the routed Arrow batches): its one report row (:data:`RESULT_SCHEMA`).
     Whatever fails raises :class:`~keyedstate.errors.BatchFailedError` carrying the failure
     to the driver (:mod:`keyedstate.runtime.failures`)."""
+    # A copy this worker is catching up in the background is done (or closed) before the
+    # subtask looks at its live copies (runtime.live_copies).
+    stop_background_catch_up()
     with collection_paused():  # runtime.gc_freeze: no collection walks the state meanwhile
         report = _run_subtask(plan, index, batches)
     yield report
@@ -501,7 +526,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                  ) -> pa.RecordBatch:
     # Step 1. State at the last committed checkpoint.
     try:
-        backend, how, restore_s = _acquire(plan, index)
+        backend, how, restore_s, background_s = _acquire(plan, index)
     except Exception as exc:
         raise subtask_failed(plan.batch_id, index, "restoring the state failed with", exc) \
             from exc
@@ -610,6 +635,9 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         "restored": how != REUSED and plan.restore is not None,
         # restored by catching a stale live copy up (restore_s: only the changes since)
         "caught_up": how == CAUGHT_UP,
+        # reused a copy this worker caught up in the background (the seconds it took, off
+        # the batch's path; 0: none)
+        "background_catch_up_s": background_s,
         "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s,
         "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
         "worker_pid": os.getpid(),

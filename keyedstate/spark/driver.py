@@ -141,6 +141,11 @@ class BatchStats:
     attempts: int = 1
     #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
     spark_tasks: int = 0
+    #: of the reused subtasks, those whose copy their worker had caught up in the background
+    #: (``keyedstate.live-copies.background-catch-up``), and the longest such catch-up (off
+    #: the batch's path)
+    background_caught_up_subtasks: int = 0
+    background_catch_up_s: float = 0.0
 
     @classmethod
     def from_checkpoint(cls, row: CompletedCheckpointStats) -> BatchStats:
@@ -160,6 +165,7 @@ class BatchStats:
             restore_s=seconds(row.restore_ms), reused_subtasks=row.reused_subtasks or 0,
             restored_subtasks=row.restored_subtasks or 0,
             caught_up_subtasks=row.caught_up_subtasks or 0,
+            background_caught_up_subtasks=row.background_caught_up_subtasks or 0,
             uploaded_bytes=row.uploaded_bytes or 0,
             duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
             restore_downloaded_bytes=row.downloaded_bytes or 0,
@@ -551,7 +557,8 @@ class KeyedJobDriver:
             watermark=self.watermark, watermark_column=cfg.watermark_column,
             late_events=cfg.late_events, restore=self.base,
             share_restored_files=self.share_restored_files, drain=drain,
-            local_dir=cfg.local_dir, drop_states=cfg.drop_states)
+            local_dir=cfg.local_dir, drop_states=cfg.drop_states,
+            background_catch_up=cfg.background_catch_up)
 
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.input_schema)
@@ -674,6 +681,9 @@ class KeyedJobDriver:
             objects_written=transfer.uploaded_objects + transfer.duplicated_objects,
             restore_downloaded_bytes=restored.downloaded_bytes,
             restore_cache_hit_bytes=restored.cache_hit_bytes,
+            background_caught_up_subtasks=sum(1 for s in per
+                                              if s.get("background_catch_up_s")),
+            background_catch_up_s=max(s.get("background_catch_up_s", 0.0) for s in per),
         )
 
     def _record(self, stats: BatchStats) -> None:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyedstate.runtime.failures import subtask_failed
+from keyedstate.runtime.live_copies import catch_up_in_background
 from keyedstate.runtime.subtask import (
     SUBTASK_COLUMN,
     BatchPlan,
@@ -20,7 +21,9 @@ from keyedstate.runtime.subtask import (
 
 def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: the subtasks of one Spark task of one batch (see the module
-    docstring), one after another, one result row each."""
+    docstring), one after another, one result row each; then, with
+    ``plan.background_catch_up``, the worker's other live copies of the job caught up in the
+    background (:mod:`keyedstate.runtime.live_copies`)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -29,8 +32,13 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     subtasks = subtasks_of_task(context.partitionId(), plan.tasks, plan.parallelism)
     checked = routed_to(plan.batch_id, subtasks, batches)
     if plan.tasks == plan.parallelism:
-        return process_subtask(plan, subtasks[0], checked)
-    return process_group(plan, subtasks, checked)
+        yield from process_subtask(plan, subtasks[0], checked)
+    else:
+        yield from process_group(plan, subtasks, checked)
+    if plan.background_catch_up:
+        # The worker idles until its next task: its copies of the job's other subtasks are
+        # brought to this batch's checkpoint meanwhile, once the driver commits it.
+        catch_up_in_background(plan.job_id, plan.storage, plan.checkpoint_id)
 
 
 def routed_to(batch_id: int, subtasks: range, batches: Iterator[pa.RecordBatch]
