@@ -5,6 +5,7 @@ restore and savepoint records what it moved."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -225,26 +226,31 @@ def test_restore_check_reads_no_state_bytes_and_bad_files_are_refused(s3_bucket,
     snapshot.storage.transfer = TRANSFER
     verify_snapshot_files(snapshot)
     assert snapshot.storage.stats.downloaded_bytes == 0  # sizes from listings only
-    victim = max(snapshot.metadata.files(), key=lambda f: f.size)
-    # A byte in the middle of the victim's largest state file (a segment when files are
-    # merged). Not just the file's middle byte: that may fall in a small file whose identical
-    # bytes the restore finds verified elsewhere (the OPTIONS files of RocksDB's key-group
-    # shards are one cache entry), which is then served correctly, not refused.
-    inside = max((h for handle in snapshot.metadata.handles
-                  for h in [*handle.shared.values(), *handle.private.values()]
-                  if h.path == victim.path), key=lambda h: h.length)
+    # A byte in the middle of the largest state file (a segment when files are merged) whose
+    # content no other file of the snapshot has: bytes that another file has too (the OPTIONS
+    # files of RocksDB's key-group shards, an SST two shards wrote alike) are one cache
+    # entry, which the restore may verify from the other file and then serve correctly.
+    refs = [h for handle in snapshot.metadata.handles
+            for h in [*handle.shared.values(), *handle.private.values()] if h.path]
+
+    def content(h: Any) -> tuple[str, int]:
+        return (h.segment.checksum, h.segment.length) if h.segment else (h.checksum, h.size)
+
+    alike = Counter(content(h) for h in refs)
+    inside = max((h for h in refs if alike[content(h)] == 1), key=lambda h: content(h)[1])
+    victim = inside.path
     start, length = ((inside.segment.offset, inside.segment.length)
                      if inside.segment is not None else (0, inside.size))
-    data = bytearray(snapshot.storage.read(victim.path))
+    data = bytearray(snapshot.storage.read(victim))
     data[start + length // 2] ^= 0xFF  # same size: only the checksum tells
-    snapshot.storage.write(victim.path, bytes(data))
+    snapshot.storage.write(victim, bytes(data))
     for cache in all_process_caches():
         cache.clear()
     # refused at the latest when downloaded, before any state is used
-    with pytest.raises(CorruptCheckpointError, match=victim.path):
+    with pytest.raises(CorruptCheckpointError, match=victim):
         job(store, "job2", "rocksdb", tmp_path, restore_path=store.url("sp"))
-    snapshot.storage.delete([victim.path])
+    snapshot.storage.delete([victim])
     # a missing file is refused before anything is touched
-    with pytest.raises(MissingCheckpointFileError, match=victim.path):
+    with pytest.raises(MissingCheckpointFileError, match=victim):
         job(store, "job3", "rocksdb", tmp_path, restore_path=store.url("sp"))
     assert CheckpointStorage(store.url("job3"), options).list_files() == []
