@@ -146,3 +146,16 @@ def test_a_plan_json_of_an_older_run_loads():
     for job in data["jobs"]:
         job["end_batch"] = job.pop("end_file")
     assert Plan.from_json(data).jobs[-1].end_file == 13
+
+
+def test_on_the_heap_backend_upload_faults_fire_on_the_first_file():
+    """A heap snapshot often uploads one file: a kill planned on a second would not fire. The
+    rest of the plan is the seed's, whatever the backend."""
+    heap = make_plan(54, 14, 1, backend="heap", checkpoint_root="/x")
+    rocksdb = make_plan(54, 14, 1, checkpoint_root="/x")
+    uploads = [f for f in heap.executor_faults if f["at"] == "upload"]
+    assert uploads and all(f["upload_index"] == 0 for f in uploads)
+    assert any(f["upload_index"] == 1 for f in rocksdb.executor_faults if f["at"] == "upload")
+    strip = [{k: v for k, v in f.items() if k != "upload_index"} for f in heap.executor_faults]
+    assert strip == [{k: v for k, v in f.items() if k != "upload_index"}
+                     for f in rocksdb.executor_faults]
