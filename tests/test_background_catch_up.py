@@ -8,6 +8,7 @@ another worker."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import Any, Iterator
@@ -15,9 +16,11 @@ from typing import Any, Iterator
 import pytest
 
 import keyedstate.runtime.live_copies as live_copies
+import keyedstate.runtime.subtask as runtime
 from keyedstate.backends.heap.backend import HeapKeyedStateBackend
 from keyedstate.checkpoint.properties import TOKENS
 from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.config import LateEvents
 from tests.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
 from tests.test_local_job import batches, config, new_job, reference, rows
 
@@ -163,23 +166,84 @@ def test_a_copy_at_the_committed_checkpoint_is_left_alone(tmp_path, stale_copy, 
     _finish(tmp_path, stale_copy)
 
 
-def test_rocksdb_copies_start_no_background_catch_up(tmp_path):
-    """A RocksDB copy can't catch up (it is restored, from the file cache, when needed): no
-    thread is started for it, and the copy stays as it is."""
+def _plan_of(job: Any) -> runtime.BatchPlan:
+    """A plan of ``job``'s, as its batches get (what ``restorer`` restores with)."""
+    return runtime.BatchPlan(
+        job_id=job.storage.url, batch_id=0, checkpoint_id=0,
+        parallelism=job.config.parallelism, max_parallelism=job.max_parallelism,
+        key_columns=job.key_columns, key_types=job.key_types, backend=job.backend,
+        storage=job.storage, function=job.function, output_schema=job.output_schema,
+        side_output_schemas={}, watermark=runtime.MIN_WATERMARK, watermark_column=None,
+        late_events=LateEvents.DROP, restore=None,
+        share_restored_files=job.share_restored_files, local_dir=job.config.local_dir)
+
+
+@pytest.fixture
+def stale_rocksdb_copy(tmp_path: Any) -> Iterator[dict[str, Any]]:
+    """A RocksDB job at p=2 whose worker 'A' holds subtask 0's copy at checkpoint 1 while the
+    committed checkpoint is 2."""
     data = batches(3)
     with new_job(config(tmp_path, backend="rocksdb")) as job:
         outputs = [job.process_batch(data[0])]
         stale = _take_live(job.storage.url, 0)
         outputs.append(job.process_batch(data[1]))
         _hand_back(job.storage.url, 0, stale)
-        live_copies.catch_up_in_background(job.storage.url, job.storage, _committed(tmp_path)[0])
-        assert live_copies._background is None
-        assert live_copies.LIVE[(job.storage.url, 0)] is stale
-        outputs.append(job.process_batch(data[2]))
-        first = _latest_subtasks(tmp_path)[0]
-        assert first.restored and not first.caught_up
-        outputs.append(job.drain())
-    assert rows(outputs) == reference(tmp_path, data, "rocksdb")
+        yield {"job": job, "data": data, "outputs": outputs, "stale": stale}
+        live_copies.stop_background_catch_up()
+
+
+def _drain_and_check(tmp_path: Any, copy: dict[str, Any], backend: str) -> None:
+    copy["outputs"].append(copy["job"].drain())
+    assert rows(copy["outputs"]) == reference(tmp_path, copy["data"], backend)
+
+
+def test_a_rocksdb_copy_is_restored_in_the_background_and_reused(tmp_path,
+                                                                 stale_rocksdb_copy):
+    """A RocksDB copy can't catch up: the thread closes it and restores the subtask from the
+    committed checkpoint instead (from the worker's file cache where it can); the subtask's
+    next task in the worker reuses that."""
+    job, stale = stale_rocksdb_copy["job"], stale_rocksdb_copy["stale"]
+    checkpoint_id, tokens = _committed(tmp_path)
+    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id,
+                                       runtime.restorer(_plan_of(job)))
+    _finish_background()
+    fresh = live_copies.LIVE[(job.storage.url, 0)]
+    assert fresh is not stale and fresh.token == tokens[0] and fresh.caught_up_s > 0
+    assert not os.path.exists(stale.backend.instance_dir)  # type: ignore[attr-defined]
+    stale_rocksdb_copy["outputs"].append(job.process_batch(stale_rocksdb_copy["data"][2]))
+    first = _latest_subtasks(tmp_path)[0]
+    assert first.reused and not first.restored
+    assert first.background_catch_up_ms and first.background_catch_up_ms > 0
+    _drain_and_check(tmp_path, stale_rocksdb_copy, "rocksdb")
+
+
+def test_a_failed_background_restore_leaves_no_copy(tmp_path, stale_rocksdb_copy):
+    """The restore fails (a storage error): the worker holds no copy of the subtask, whose
+    next task restores on its path."""
+    job = stale_rocksdb_copy["job"]
+    checkpoint_id, _ = _committed(tmp_path)
+
+    def failing(index: int, metadata: Any) -> Any:
+        raise OSError("injected: the store is unreachable")
+
+    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id, failing)
+    _finish_background()
+    assert (job.storage.url, 0) not in live_copies.LIVE
+    stale_rocksdb_copy["outputs"].append(job.process_batch(stale_rocksdb_copy["data"][2]))
+    first = _latest_subtasks(tmp_path)[0]
+    assert first.restored and not first.reused
+    _drain_and_check(tmp_path, stale_rocksdb_copy, "rocksdb")
+
+
+def test_without_a_restorer_rocksdb_copies_start_no_thread(tmp_path, stale_rocksdb_copy):
+    job, stale = stale_rocksdb_copy["job"], stale_rocksdb_copy["stale"]
+    live_copies.catch_up_in_background(job.storage.url, job.storage, _committed(tmp_path)[0])
+    assert live_copies._background is None
+    assert live_copies.LIVE[(job.storage.url, 0)] is stale
+    stale_rocksdb_copy["outputs"].append(job.process_batch(stale_rocksdb_copy["data"][2]))
+    first = _latest_subtasks(tmp_path)[0]
+    assert first.restored and not first.caught_up
+    _drain_and_check(tmp_path, stale_rocksdb_copy, "rocksdb")
 
 
 def test_the_setting_is_a_boolean(tmp_path):

@@ -28,6 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from keyedstate.backends.base.backend import KeyedStateBackend
 from keyedstate.checkpoint.properties import TOKENS
@@ -135,18 +136,27 @@ class _Background:
 _background: _Background | None = None
 
 
-def catch_up_in_background(job_id: str, storage: CheckpointStorage, checkpoint_id: int) -> None:
+#: Restores subtask ``index``'s backend from a checkpoint's metadata (a copy that can't catch
+#: up is replaced with one restored in the background: ``runtime.subtask.restorer``)
+Restorer = Callable[[int, CheckpointMetadata], KeyedStateBackend]
+
+
+def catch_up_in_background(job_id: str, storage: CheckpointStorage, checkpoint_id: int,
+                           restore: Restorer | None = None) -> None:
     """Start bringing this worker's copies of ``job_id``'s subtasks to checkpoint
     ``checkpoint_id`` (the one the task that just ended wrote), in a daemon thread, once the
-    driver has committed it. Copies already at it (the task's own) are left alone; see the
-    module docstring. Returns at once; never raises."""
+    driver has committed it: each catches up (``KeyedStateBackend.catch_up``), or, when its
+    backend can't (RocksDB) and ``restore`` is given, is closed and replaced with a backend
+    ``restore`` builds from the checkpoint. Copies already at it (the task's own) are left
+    alone; see the module docstring. Returns at once; never raises."""
     global _background
     stop_background_catch_up()
-    if not any(key[0] == job_id and _catches_up(live) for key, live in LIVE.items()):
-        return  # nothing to do (a RocksDB copy can't catch up: it is restored when needed)
+    if not any(key[0] == job_id and (restore is not None or _catches_up(live))
+               for key, live in LIVE.items()):
+        return  # nothing it could do: a copy that can't catch up is restored when needed
     stop = threading.Event()
     thread = threading.Thread(target=_catch_up_when_committed,
-                              args=(job_id, storage, checkpoint_id, stop),
+                              args=(job_id, storage, checkpoint_id, restore, stop),
                               name=f"keyedstate-catch-up-{checkpoint_id}", daemon=True)
     _background = _Background(thread, stop)
     thread.start()
@@ -170,7 +180,7 @@ def stop_background_catch_up() -> None:
 
 
 def _catch_up_when_committed(job_id: str, storage: CheckpointStorage, checkpoint_id: int,
-                             stop: threading.Event) -> None:
+                             restore: Restorer | None, stop: threading.Event) -> None:
     try:
         metadata = _committed(storage, checkpoint_id, stop)
         if metadata is None or metadata.format is not SnapshotFormat.NATIVE \
@@ -182,11 +192,13 @@ def _catch_up_when_committed(job_id: str, storage: CheckpointStorage, checkpoint
             live, index = LIVE.get(key), key[1]
             if stop.is_set():
                 return
-            if live is None or not _catches_up(live) \
-                    or live.parallelism != metadata.parallelism \
+            if live is None or live.parallelism != metadata.parallelism \
                     or index >= len(tokens) or live.token == tokens[index]:
                 continue
-            _catch_up(key, live, metadata, tokens[index], storage)
+            if _catches_up(live):
+                _catch_up(key, live, metadata, tokens[index], storage)
+            elif restore is not None:
+                _restore(key, live, metadata, tokens[index], restore)
     except Exception:  # noqa: BLE001 - a background thread reports and ends, never raises
         logger.warning("catching live copies up with checkpoint %d failed", checkpoint_id,
                        exc_info=True)
@@ -224,3 +236,23 @@ def _catch_up(key: tuple[str, int], live: LiveCopy, metadata: CheckpointMetadata
     else:
         LIVE.pop(key, None)
         close_live(live)
+
+
+def _restore(key: tuple[str, int], live: LiveCopy, metadata: CheckpointMetadata, token: str,
+             restore: Restorer) -> None:
+    """Replace ``live`` (closed first: its memory and files go before the new copy's come)
+    with subtask ``key[1]``'s backend restored from ``metadata``; if that fails, the worker
+    has no copy, and the subtask's next task here restores on its path as without this."""
+    LIVE.pop(key, None)
+    close_live(live)
+    started = time.perf_counter()
+    try:
+        backend = restore(key[1], metadata)
+    except Exception:  # noqa: BLE001 - no copy: the next task restores
+        logger.warning("restoring subtask %d from checkpoint %d in the background failed",
+                       key[1], metadata.checkpoint_id, exc_info=True)
+        return
+    LIVE[key] = LiveCopy(backend, token, metadata.parallelism, last_used=live.last_used,
+                         caught_up_s=time.perf_counter() - started)
+    logger.info("restored subtask %d from checkpoint %d in the background in %.3f s", key[1],
+                metadata.checkpoint_id, time.perf_counter() - started)

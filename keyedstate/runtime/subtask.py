@@ -34,9 +34,9 @@ import operator
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import msgspec
 import pyarrow as pa
@@ -168,13 +168,33 @@ def _acquire(plan: BatchPlan, index: int) -> Acquired:
     them when it was restored)."""
     acquired = _restore(plan, index)
     if acquired.how == RESTORED:
-        try:
-            for name in plan.drop_states:
-                acquired.backend.drop_state(name)
-        except BaseException:
-            acquired.backend.close()
-            raise
+        _drop_states(plan, acquired.backend)
     return acquired
+
+
+def _drop_states(plan: BatchPlan, backend: KeyedStateBackend) -> None:
+    """Drop ``plan.drop_states`` from a restored ``backend`` (closed if that fails)."""
+    try:
+        for name in plan.drop_states:
+            backend.drop_state(name)
+    except BaseException:
+        backend.close()
+        raise
+
+
+def restorer(plan: BatchPlan) -> Callable[[int, CheckpointMetadata], KeyedStateBackend]:
+    """For the background catch-up (:mod:`keyedstate.runtime.live_copies`) of a copy whose
+    backend can't catch up (RocksDB): subtask ``index``'s backend restored from ``metadata``,
+    a later checkpoint of ``plan``'s job at the same parallelism, exactly as step 1 restores
+    it."""
+    def restore(index: int, metadata: CheckpointMetadata) -> KeyedStateBackend:
+        src = RestoreSource(metadata.checkpoint_id, plan.storage, list(metadata.handles),
+                            metadata.parallelism, None)
+        backend = _restored(replace(plan, restore=src), index)
+        _drop_states(plan, backend)
+        return backend
+
+    return restore
 
 
 def _restore(plan: BatchPlan, index: int) -> Acquired:
@@ -197,6 +217,12 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
             close_live(live)  # possibly half caught up: never used again
             raise
         close_live(live)  # uncommitted, or on another chain: never used
+    return Acquired(_restored(plan, index), RESTORED, time.perf_counter() - start)
+
+
+def _restored(plan: BatchPlan, index: int) -> KeyedStateBackend:
+    """Subtask ``index``'s backend restored from ``plan.restore`` (empty for a new job)."""
+    src = plan.restore
     key_group_range = KeyGroupRange.of_operator(plan.max_parallelism, plan.parallelism, index)
     if src is not None and src.canonical is not None:
         # A canonical savepoint: an empty backend of the job's kind, bulk-loaded with the rows
@@ -208,8 +234,8 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
             subtask_index=index, key_group_range=key_group_range,
             max_parallelism=plan.max_parallelism, key_serializer=KeySerializer(plan.key_types),
             time_provider=SystemTimeProvider(), local_dir=plan.local_dir)
-        return Acquired(backend, RESTORED, time.perf_counter() - start)
-    backend = plan.backend.create_keyed_backend(KeyedStateBackendParameters(
+        return backend
+    return plan.backend.create_keyed_backend(KeyedStateBackendParameters(
         subtask_index=index,
         key_group_range=key_group_range,
         max_parallelism=plan.max_parallelism,
@@ -220,7 +246,6 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
         time_provider=SystemTimeProvider(),
         local_dir=plan.local_dir,
     ))
-    return Acquired(backend, RESTORED, time.perf_counter() - start)
 
 
 def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,

@@ -15,6 +15,7 @@ from keyedstate.runtime.subtask import (
     BatchPlan,
     process_group,
     process_subtask,
+    restorer,
     subtasks_of_task,
 )
 
@@ -38,7 +39,7 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     if plan.background_catch_up:
         # The worker idles until its next task: its copies of the job's other subtasks are
         # brought to this batch's checkpoint meanwhile, once the driver commits it.
-        catch_up_in_background(plan.job_id, plan.storage, plan.checkpoint_id)
+        catch_up_in_background(plan.job_id, plan.storage, plan.checkpoint_id, restorer(plan))
 
 
 def routed_to(batch_id: int, subtasks: range, batches: Iterator[pa.RecordBatch]
