@@ -117,6 +117,11 @@ class JobConfig:
     #: path). Costs the worker's idle CPU; docs/spark.md, "Live state between batches"
     background_catch_up: bool = field(
         default=True, metadata=_key("keyedstate.live-copies.background-catch-up"))
+    #: with ``background_catch_up``: a live copy that can't catch up (RocksDB) is restored
+    #: from the new checkpoint in the background instead (off by default: a restore costs the
+    #: worker more CPU than a catch-up; docs/spark.md, "State locality")
+    background_restore: bool = field(
+        default=False, metadata=_key("keyedstate.live-copies.background-restore"))
     #: consecutive failed checkpoints (transient storage errors) a batch is retried after
     tolerable_failed_checkpoints: int = field(
         default=3, metadata=_key("execution.checkpointing.tolerable-failed-checkpoints"))
@@ -163,10 +168,11 @@ class JobConfig:
                 f"execution.checkpointing.tolerable-failed-checkpoints must be >= 0, got "
                 f"{self.tolerable_failed_checkpoints}"
             )
-        if not isinstance(self.background_catch_up, bool):
-            raise ConfigurationError(
-                f"keyedstate.live-copies.background-catch-up must be true or false, got "
-                f"{self.background_catch_up!r}")
+        for key, value in (("background-catch-up", self.background_catch_up),
+                           ("background-restore", self.background_restore)):
+            if not isinstance(value, bool):
+                raise ConfigurationError(
+                    f"keyedstate.live-copies.{key} must be true or false, got {value!r}")
         self.transfer_options()  # checks the transfer settings
 
     def transfer_options(self) -> TransferOptions:

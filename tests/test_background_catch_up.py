@@ -256,3 +256,6 @@ def test_the_setting_is_a_boolean(tmp_path):
     assert JobConfig(checkpoint_dir=str(tmp_path)).background_catch_up is True
     with pytest.raises(ConfigurationError, match="background-catch-up must be true or false"):
         JobConfig(checkpoint_dir=str(tmp_path), background_catch_up="yes")  # type: ignore[arg-type]
+    assert JobConfig(checkpoint_dir=str(tmp_path)).background_restore is False
+    with pytest.raises(ConfigurationError, match="background-restore must be true or false"):
+        JobConfig(checkpoint_dir=str(tmp_path), background_restore=1)  # type: ignore[arg-type]

@@ -132,6 +132,8 @@ class BatchPlan:
     #: after its task, the worker catches its other copies of the job up with this batch's
     #: checkpoint in the background (``JobConfig.background_catch_up``; the Spark runtime)
     background_catch_up: bool = False
+    #: ... and restores those that can't catch up (``JobConfig.background_restore``)
+    background_restore: bool = False
 
     @property
     def tasks(self) -> int:

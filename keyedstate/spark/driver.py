@@ -558,7 +558,8 @@ class KeyedJobDriver:
             late_events=cfg.late_events, restore=self.base,
             share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir, drop_states=cfg.drop_states,
-            background_catch_up=cfg.background_catch_up)
+            background_catch_up=cfg.background_catch_up,
+            background_restore=cfg.background_restore)
 
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.input_schema)

@@ -23,8 +23,9 @@ from keyedstate.runtime.subtask import (
 def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: the subtasks of one Spark task of one batch (see the module
     docstring), one after another, one result row each; then, with
-    ``plan.background_catch_up``, the worker's other live copies of the job caught up in the
-    background (:mod:`keyedstate.runtime.live_copies`)."""
+    ``plan.background_catch_up``, the worker's other live copies of the job caught up (or, with
+    ``plan.background_restore``, restored) in the background
+    (:mod:`keyedstate.runtime.live_copies`)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -39,7 +40,8 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     if plan.background_catch_up:
         # The worker idles until its next task: its copies of the job's other subtasks are
         # brought to this batch's checkpoint meanwhile, once the driver commits it.
-        catch_up_in_background(plan.job_id, plan.storage, plan.checkpoint_id, restorer(plan))
+        catch_up_in_background(plan.job_id, plan.storage, plan.checkpoint_id,
+                               restorer(plan) if plan.background_restore else None)
 
 
 def routed_to(batch_id: int, subtasks: range, batches: Iterator[pa.RecordBatch]
