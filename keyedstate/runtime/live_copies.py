@@ -12,9 +12,9 @@ Catching up in the background (:func:`catch_up_in_background`): Spark does not k
 in the worker that ran it last, so a worker holds copies of subtasks that other workers have
 moved on since. Once a Spark task's subtasks are done, a thread waits for the checkpoint they
 wrote to be committed and brings the worker's other copies of the job to it with
-``KeyedStateBackend.catch_up``, while the worker is idle; a later task of one of those
-subtasks in this worker then reuses its copy instead of catching up on the batch's critical
-path. The next task stops the thread first (:func:`stop_background_catch_up`), waiting for the
+``KeyedStateBackend.catch_up`` (or, given a restorer, restores those that can't: RocksDB),
+while the worker is idle; a later task of one of those subtasks in this worker then reuses its
+copy instead of catching up on the batch's critical path. The next task stops the thread first (:func:`stop_background_catch_up`), waiting for the
 copy it is changing: no task ever sees a copy half caught up, and a copy whose catch-up failed
 is closed. A copy is still reused only if its token is the committed one.
 """
@@ -51,9 +51,10 @@ class LiveCopy:
     caught_up_s: float = 0.0
 
 
-#: Live state per (job, subtask) in this Python worker, least recently used first. A Spark
-#: Python worker runs one task at a time, so no lock is needed; a copy is reused only if its
-#: token is the committed one.
+#: Live state per (job, subtask) in this Python worker, least recently used first. One thread
+#: at a time touches it, so no lock is needed: a Spark Python worker runs one task at a time,
+#: and the background catch-up runs between tasks and is stopped (joined) before a task looks
+#: (:func:`stop_background_catch_up`). A copy is reused only if its token is the committed one.
 LIVE: OrderedDict[tuple[str, int], LiveCopy] = OrderedDict()
 #: At most this many live copies per Python worker (or twice the subtasks of one Spark task,
 #: if more: a worker may run either of two tasks' groups from one batch to the next): beyond
