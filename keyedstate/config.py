@@ -114,7 +114,7 @@ class JobConfig:
     #: Spark runtime: once a task's subtasks are done, its Python worker brings its live copies
     #: of the job's other subtasks to the checkpoint just written, in the background (a later
     #: task of one of them there then reuses its copy instead of catching up on the batch's
-    #: path). Costs the worker's idle CPU; docs/spark.md, "Live state between batches"
+    #: path). Costs the worker's idle CPU; docs/spark.md, "State locality"
     background_catch_up: bool = field(
         default=True, metadata=_key("keyedstate.live-copies.background-catch-up"))
     #: with ``background_catch_up``: a live copy that can't catch up (RocksDB) is restored

@@ -14,9 +14,10 @@ moved on since. Once a Spark task's subtasks are done, a thread waits for the ch
 wrote to be committed and brings the worker's other copies of the job to it with
 ``KeyedStateBackend.catch_up`` (or, given a restorer, restores those that can't: RocksDB),
 while the worker is idle; a later task of one of those subtasks in this worker then reuses its
-copy instead of catching up on the batch's critical path. The next task stops the thread first (:func:`stop_background_catch_up`), waiting for the
-copy it is changing: no task ever sees a copy half caught up, and a copy whose catch-up failed
-is closed. A copy is still reused only if its token is the committed one.
+copy instead of catching up on the batch's critical path. The next task stops the thread
+first (:func:`stop_background_catch_up`), waiting for the copy it is changing: no task ever
+sees a copy half caught up, and a copy whose catch-up failed is closed. A copy is still
+reused only if its token is the committed one.
 """
 
 from __future__ import annotations
