@@ -27,12 +27,13 @@ from tests.spark.jobs import (
     two_phase_batches,
     two_phase_oracle,
 )
+from tests.test_local_job import config
 
 
 def two_phase_config(root: Any, **changes: Any) -> JobConfig:
-    base = dict(checkpoint_dir=str(root / "ckpt"), parallelism=2, backend="rocksdb",
-                watermark_column="ts", watermark_delay=1000, late_events="drop")
-    return JobConfig(**{**base, **changes})
+    """``tests.test_local_job.config`` with late rows dropped (a local aggregation refuses
+    them to a side output)."""
+    return config(root, **{"late_events": "drop", **changes})
 
 
 def new_job(cfg: JobConfig, fn: KeyedProcessFunction | None = None) -> LocalJob:

@@ -102,34 +102,32 @@ class Sum(Aggregate):
         raise ValueError(f"Sum takes an integer or floating-point column, not {source}")
 
 
+class _Extreme(Aggregate):
+    """Min and Max: of the column's type, over orderable columns only."""
+
+    def result_type(self, source: pa.DataType | None) -> pa.DataType:
+        if source is None or not _orderable(source):
+            raise ValueError(f"{type(self).__name__} takes a number, timestamp, date or string "
+                             f"column, not {source}")
+        return source
+
+
 @dataclass(frozen=True)
-class Min(Aggregate):
+class Min(_Extreme):
     """The least value of ``column`` per key (numbers, timestamps, dates, strings), of the
     column's type; null when the key has no non-null value. NaN is larger than any number,
     as in Spark."""
 
     kind = "min"
 
-    def result_type(self, source: pa.DataType | None) -> pa.DataType:
-        if source is None or not _orderable(source):
-            raise ValueError(f"Min takes a number, timestamp, date or string column, not "
-                             f"{source}")
-        return source
-
 
 @dataclass(frozen=True)
-class Max(Aggregate):
+class Max(_Extreme):
     """The greatest value of ``column`` per key (numbers, timestamps, dates, strings), of the
     column's type; null when the key has no non-null value. NaN is larger than any number,
     as in Spark: a key with a NaN has the maximum NaN."""
 
     kind = "max"
-
-    def result_type(self, source: pa.DataType | None) -> pa.DataType:
-        if source is None or not _orderable(source):
-            raise ValueError(f"Max takes a number, timestamp, date or string column, not "
-                             f"{source}")
-        return source
 
 
 class LocalAggregation:
