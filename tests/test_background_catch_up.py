@@ -20,7 +20,6 @@ import keyedstate.runtime.subtask as runtime
 from keyedstate.backends.heap.backend import HeapKeyedStateBackend
 from keyedstate.checkpoint.properties import TOKENS
 from keyedstate.checkpoint.resolve import resolve_snapshot
-from keyedstate.config import LateEvents
 from tests.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
 from tests.test_local_job import batches, config, new_job, reference, rows
 
@@ -166,18 +165,6 @@ def test_a_copy_at_the_committed_checkpoint_is_left_alone(tmp_path, stale_copy, 
     _finish(tmp_path, stale_copy)
 
 
-def _plan_of(job: Any) -> runtime.BatchPlan:
-    """A plan of ``job``'s, as its batches get (what ``restorer`` restores with)."""
-    return runtime.BatchPlan(
-        job_id=job.storage.url, batch_id=0, checkpoint_id=0,
-        parallelism=job.config.parallelism, max_parallelism=job.max_parallelism,
-        key_columns=job.key_columns, key_types=job.key_types, backend=job.backend,
-        storage=job.storage, function=job.function, output_schema=job.output_schema,
-        side_output_schemas={}, watermark=runtime.MIN_WATERMARK, watermark_column=None,
-        late_events=LateEvents.DROP, restore=None,
-        share_restored_files=job.share_restored_files, local_dir=job.config.local_dir)
-
-
 @pytest.fixture
 def stale_rocksdb_copy(tmp_path: Any) -> Iterator[dict[str, Any]]:
     """A RocksDB job at p=2 whose worker 'A' holds subtask 0's copy at checkpoint 1 while the
@@ -205,7 +192,7 @@ def test_a_rocksdb_copy_is_restored_in_the_background_and_reused(tmp_path,
     job, stale = stale_rocksdb_copy["job"], stale_rocksdb_copy["stale"]
     checkpoint_id, tokens = _committed(tmp_path)
     live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id,
-                                       runtime.restorer(_plan_of(job)))
+                                       runtime.restorer(job._plan(0, 0)))
     _finish_background()
     fresh = live_copies.LIVE[(job.storage.url, 0)]
     assert fresh is not stale and fresh.token == tokens[0] and fresh.caught_up_s > 0

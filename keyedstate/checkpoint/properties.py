@@ -34,6 +34,11 @@ RESTORED_FROM = "restored_from"
 #: credentials; :meth:`keyedstate.config.JobConfig.recorded`).
 JOB_CONFIG = "job_config"
 
+def tokens_of(properties: Mapping[str, str]) -> list[str] | None:
+    """The subtasks' snapshot tokens a checkpoint records (:data:`TOKENS`), None if none."""
+    return json.loads(properties[TOKENS]) if TOKENS in properties else None
+
+
 # -- statistics (:mod:`keyedstate.checkpoint.stats`, written by both runtimes) -----------------
 
 #: This job's last checkpoints' statistics, one row each, this checkpoint's last (JSON).

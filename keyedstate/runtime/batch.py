@@ -41,7 +41,6 @@ from keyedstate.processor.canonical import PROP_KEY_COLUMNS
 from keyedstate.runtime.startup import JobStart
 from keyedstate.runtime.subtask import MIN_WATERMARK, RestoreSource, decode_handle
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.handles import CheckpointMetadata, SnapshotFormat
 from keyedstate.storage.layout import (
     COMMITS_DIR,
     checkpoint_id_of_commit_marker,
@@ -89,19 +88,6 @@ def side_output_schemas(side_outputs: Mapping[str, pa.Schema], late_events: Late
             **({LATE_EVENTS_TAG: late_schema} if late_events is LateEvents.SIDE_OUTPUT else {})}
 
 
-def restore_source(storage: CheckpointStorage, metadata: CheckpointMetadata, own: bool
-                   ) -> RestoreSource:
-    """What the next batch's subtasks restore from: the job's own checkpoint (``own``: its
-    subtasks' tokens let a worker reuse the live copy of exactly that version) or the snapshot
-    a new job started from."""
-    tokens = json.loads(metadata.properties[TOKENS]) if own and TOKENS in \
-        metadata.properties else None
-    # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
-    canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
-    return RestoreSource(metadata.checkpoint_id, storage, list(metadata.handles),
-                         metadata.parallelism, tokens, canonical)
-
-
 def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str,
                     restore_path: str | None) -> None:
     """Refuse to continue a recovered job that is not the configured one: its checkpoints
@@ -143,11 +129,11 @@ def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
     latest = start.coordinator.latest_completed
     if start.recovered and latest is not None:
         check_recovered(latest, config.checkpoint_dir, config.restore_path)
-        base, share, props = (restore_source(start.coordinator.storage, latest.metadata, own=True),
+        base, share, props = (RestoreSource.of(start.coordinator.storage, latest.metadata, own=True),
                               True, latest.metadata.properties)
     elif start.restored is not None:
         snapshot = start.restored
-        base, share, props = (restore_source(snapshot.storage, snapshot.metadata, own=False),
+        base, share, props = (RestoreSource.of(snapshot.storage, snapshot.metadata, own=False),
                               False, snapshot.metadata.properties)
     else:
         return ResumePoint(None, True, MIN_WATERMARK, -1)

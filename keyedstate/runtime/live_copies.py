@@ -23,7 +23,6 @@ reused only if its token is the committed one.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import threading
 import time
@@ -32,7 +31,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from keyedstate.backends.base.backend import KeyedStateBackend
-from keyedstate.checkpoint.properties import TOKENS
+from keyedstate.checkpoint.properties import tokens_of
+from keyedstate.errors import NoCheckpointError
 from keyedstate.runtime.gc_freeze import thaw
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, SnapshotFormat
@@ -185,10 +185,9 @@ def _catch_up_when_committed(job_id: str, storage: CheckpointStorage, checkpoint
                              restore: Restorer | None, stop: threading.Event) -> None:
     try:
         metadata = _committed(storage, checkpoint_id, stop)
-        if metadata is None or metadata.format is not SnapshotFormat.NATIVE \
-                or TOKENS not in metadata.properties:
+        tokens = None if metadata is None else tokens_of(metadata.properties)
+        if metadata is None or metadata.format is not SnapshotFormat.NATIVE or tokens is None:
             return
-        tokens: list[str] = json.loads(metadata.properties[TOKENS])
         # The most recently used first: the likeliest to be needed next.
         for key in [k for k in reversed(LIVE) if k[0] == job_id]:
             live, index = LIVE.get(key), key[1]
@@ -212,11 +211,14 @@ def _committed(storage: CheckpointStorage, checkpoint_id: int, stop: threading.E
     :data:`COMMIT_WAIT_S` passed first."""
     relative = storage.metadata_path(checkpoint_id)
     deadline, poll = time.monotonic() + COMMIT_WAIT_S, _POLL_S
-    while not storage.exists(relative):
+    while True:
+        try:  # one read per poll: _metadata is written atomically, so it is there whole or not
+            return storage.read_metadata(relative)
+        except NoCheckpointError:
+            pass
         if stop.wait(poll) or time.monotonic() > deadline:
             return None
         poll = min(poll * 1.25, _MAX_POLL_S)
-    return storage.read_metadata(relative)
 
 
 def _catch_up(key: tuple[str, int], live: LiveCopy, metadata: CheckpointMetadata, token: str,

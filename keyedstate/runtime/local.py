@@ -30,7 +30,6 @@ from keyedstate.runtime.batch import (
     complete_batch,
     mark_output_committed,
     read_staged,
-    restore_source,
     resume_point,
     side_output_schemas,
     staged_outputs,
@@ -368,20 +367,26 @@ class LocalJob:
                      .append_column(SUBTASK_COLUMN,
                                     pa.array([kg * p // max_p for kg in groups], pa.int32())))
 
+    def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False) -> BatchPlan:
+        """What every subtask of batch ``batch_id`` gets (as the Spark driver's ``_plan``)."""
+        cfg = self.config
+        return BatchPlan(
+            job_id=self.storage.url, batch_id=batch_id, checkpoint_id=checkpoint_id,
+            parallelism=cfg.parallelism, max_parallelism=self.max_parallelism,
+            key_columns=self.key_columns, key_types=self.key_types, backend=self.backend,
+            storage=self.storage, function=self.function, output_schema=self.output_schema,
+            side_output_schemas=side_output_schemas(self.side_outputs, cfg.late_events,
+                                                    self.input_schema),
+            watermark=self.watermark, watermark_column=cfg.watermark_column,
+            late_events=cfg.late_events, restore=self.base,
+            share_restored_files=self.share_restored_files, drain=drain,
+            local_dir=cfg.local_dir, drop_states=cfg.drop_states)
+
     def _run(self, table: pa.Table, batch_id: int, *, drain: bool) -> dict[str, pa.Table]:
         cfg = self.config
         # Step 1. Trigger and route.
         pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
-        late_schemas = side_output_schemas(self.side_outputs, cfg.late_events, self.input_schema)
-        plan = BatchPlan(
-            job_id=self.storage.url, batch_id=batch_id, checkpoint_id=pending.checkpoint_id,
-            parallelism=cfg.parallelism, max_parallelism=self.max_parallelism,
-            key_columns=self.key_columns, key_types=self.key_types, backend=self.backend,
-            storage=self.storage, function=self.function, output_schema=self.output_schema,
-            side_output_schemas=late_schemas, watermark=self.watermark,
-            watermark_column=cfg.watermark_column, late_events=cfg.late_events,
-            restore=self.base, share_restored_files=self.share_restored_files, drain=drain,
-            local_dir=cfg.local_dir, drop_states=cfg.drop_states)
+        plan = self._plan(batch_id, pending.checkpoint_id, drain=drain)
         try:
             # Step 2. Every subtask, as one Spark task running them all would; with a local
             # aggregation, over the rows aggregated per key first (as Spark's JVM does).
@@ -408,10 +413,10 @@ class LocalJob:
         self.watermark = watermark
         self.last_batch_id = batch_id
         self.drained = drain
-        self.base = restore_source(self.storage, completed.metadata, own=True)
+        self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
         self.share_restored_files = True
         # Step 4. The output, then its commit marker.
-        schemas = {MAIN_OUTPUT: self.output_schema, **late_schemas}
+        schemas = {MAIN_OUTPUT: self.output_schema, **plan.side_output_schemas}
         outputs = {tag: read_staged(staged) for tag, staged in
                    staged_outputs(self.storage, completed.metadata.properties, schemas).items()}
         mark_output_committed(self.storage, self.coordinator, completed)

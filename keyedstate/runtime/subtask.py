@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
+from keyedstate.checkpoint.properties import tokens_of
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, OutputSchemaError
@@ -66,7 +67,7 @@ from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
+from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, SnapshotFormat
 from keyedstate.storage.layout import METADATA_FILE, staging_dir
 
 KG_COLUMN = "_ks_key_group"
@@ -100,6 +101,18 @@ class RestoreSource:
     #: the snapshot's metadata when it is a canonical savepoint (bulk-loaded, not restored
     #: from backend files); None for native snapshots
     canonical: CheckpointMetadata | None = None
+
+    @classmethod
+    def of(cls, storage: CheckpointStorage, metadata: CheckpointMetadata, own: bool
+           ) -> RestoreSource:
+        """What the next batch's subtasks restore from: the job's own checkpoint (``own``: its
+        subtasks' tokens let a worker reuse the live copy of exactly that version) or the
+        snapshot a new job started from."""
+        tokens = tokens_of(metadata.properties) if own else None
+        # A canonical savepoint travels whole: each subtask bulk-loads its key groups from it.
+        canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
+        return cls(metadata.checkpoint_id, storage, list(metadata.handles),
+                   metadata.parallelism, tokens, canonical)
 
 
 @dataclass(frozen=True)
@@ -190,8 +203,7 @@ def restorer(plan: BatchPlan) -> Callable[[int, CheckpointMetadata], KeyedStateB
     a later checkpoint of ``plan``'s job at the same parallelism, exactly as step 1 restores
     it."""
     def restore(index: int, metadata: CheckpointMetadata) -> KeyedStateBackend:
-        src = RestoreSource(metadata.checkpoint_id, plan.storage, list(metadata.handles),
-                            metadata.parallelism, None)
+        src = RestoreSource.of(plan.storage, metadata, own=False)
         backend = _restored(replace(plan, restore=src), index)
         _drop_states(plan, backend)
         return backend

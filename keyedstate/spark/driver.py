@@ -58,7 +58,6 @@ from keyedstate.runtime.batch import (
     complete_batch,
     mark_output_committed,
     output_pending,
-    restore_source,
     resume_point,
     side_output_schemas,
     staged_outputs,
@@ -618,7 +617,7 @@ class KeyedJobDriver:
         self.watermark = watermark
         self.last_batch_id = batch_id
         self.drained = drain
-        self.base = restore_source(self.storage, completed.metadata, own=True)
+        self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
         self.share_restored_files = True
         return completed, results, tasks
 
