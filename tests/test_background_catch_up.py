@@ -65,7 +65,7 @@ def test_a_stale_copy_caught_up_in_the_background_is_reused(tmp_path, stale_copy
     job, stale = stale_copy["job"], stale_copy["stale"]
     checkpoint_id, tokens = _committed(tmp_path)
     assert stale.token != tokens[0]
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id)
     _finish_background()
     assert live_copies.LIVE[(job.storage.url, 0)] is stale and stale.token == tokens[0]
     assert stale.caught_up_s > 0
@@ -93,7 +93,7 @@ def test_the_next_task_waits_for_the_copy_being_caught_up(tmp_path, stale_copy, 
         return original(self, *args)
 
     monkeypatch.setattr(HeapKeyedStateBackend, "catch_up", slow_catch_up)
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id)
     assert inside.wait(30)
     stale_copy["outputs"].append(job.process_batch(stale_copy["data"][3]))
     assert live_copies._background is None  # stopped, after the copy was done
@@ -113,7 +113,7 @@ def test_a_catch_up_that_fails_in_the_background_closes_the_copy(tmp_path, stale
         raise OSError("injected: the store is unreachable")
 
     monkeypatch.setattr(HeapKeyedStateBackend, "catch_up", failing)
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id)
     _finish_background()
     assert (job.storage.url, 0) not in live_copies.LIVE
     assert stale.backend._closed  # type: ignore[attr-defined]
@@ -130,7 +130,7 @@ def test_a_checkpoint_never_committed_leaves_the_copies_alone(tmp_path, stale_co
     job, stale = stale_copy["job"], stale_copy["stale"]
     checkpoint_id, _ = _committed(tmp_path)
     token = stale.token
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id + 1)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id + 1)
     time.sleep(0.3)
     background = live_copies._background
     assert background is not None and background.thread.is_alive()
@@ -157,7 +157,7 @@ def test_a_copy_at_the_committed_checkpoint_is_left_alone(tmp_path, stale_copy, 
         return original(self, *args)
 
     monkeypatch.setattr(HeapKeyedStateBackend, "catch_up", recording)
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id)
     _finish_background()
     assert touched == [0]
     monkeypatch.undo()
@@ -191,7 +191,7 @@ def test_a_rocksdb_copy_is_restored_in_the_background_and_reused(tmp_path,
     next task in the worker reuses that."""
     job, stale = stale_rocksdb_copy["job"], stale_rocksdb_copy["stale"]
     checkpoint_id, tokens = _committed(tmp_path)
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id,
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id,
                                        runtime.restorer(job._plan(0, 0)))
     _finish_background()
     fresh = live_copies.LIVE[(job.storage.url, 0)]
@@ -213,7 +213,7 @@ def test_a_failed_background_restore_leaves_no_copy(tmp_path, stale_rocksdb_copy
     def failing(index: int, metadata: Any) -> Any:
         raise OSError("injected: the store is unreachable")
 
-    live_copies.catch_up_in_background(job.storage.url, job.storage, checkpoint_id, failing)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id, failing)
     _finish_background()
     assert (job.storage.url, 0) not in live_copies.LIVE
     stale_rocksdb_copy["outputs"].append(job.process_batch(stale_rocksdb_copy["data"][2]))
@@ -224,7 +224,7 @@ def test_a_failed_background_restore_leaves_no_copy(tmp_path, stale_rocksdb_copy
 
 def test_without_a_restorer_rocksdb_copies_start_no_thread(tmp_path, stale_rocksdb_copy):
     job, stale = stale_rocksdb_copy["job"], stale_rocksdb_copy["stale"]
-    live_copies.catch_up_in_background(job.storage.url, job.storage, _committed(tmp_path)[0])
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, _committed(tmp_path)[0])
     assert live_copies._background is None
     assert live_copies.LIVE[(job.storage.url, 0)] is stale
     stale_rocksdb_copy["outputs"].append(job.process_batch(stale_rocksdb_copy["data"][2]))

@@ -1,8 +1,11 @@
 """The live copies a Python worker keeps between batches: each subtask's state backend, left
 open after its snapshot, for the next batch of that subtask that Spark runs in this worker
-(Flink's task-local state, kept in memory). A copy is reused only if its token is the one the
-committed checkpoint records for its subtask; else it catches up or is closed
-(:func:`keyedstate.runtime.subtask._restore`).
+(Flink's task-local state, kept in memory). A copy belongs to one start of one job (its
+checkpoint storage and :attr:`~keyedstate.runtime.startup.JobStart.start_id`): a later start of
+the job (a restart in the same Spark session, whose definition may have changed) never sees it,
+and restores from the snapshot as a new session would. Within its start, a copy is reused only
+if its token is the one the committed checkpoint records for its subtask; else it catches up or
+is closed (:func:`keyedstate.runtime.subtask._restore`).
 
 Bounded: at most :data:`MAX_LIVE` copies per worker (least recently used closed first), copies
 of other jobs idle for :data:`LIVE_IDLE_S` closed; a worker that exits normally closes them
@@ -46,6 +49,9 @@ class LiveCopy:
     #: the token of the snapshot the backend's state is (the committed checkpoint's, to reuse)
     token: str
     parallelism: int
+    #: the start of the job that made it (:attr:`~keyedstate.runtime.startup.JobStart.
+    #: start_id`): only that start uses it
+    start_id: str
     #: ``time.monotonic()`` when it was last kept
     last_used: float = 0.0
     #: seconds spent catching it up in the background since it was last kept
@@ -76,11 +82,14 @@ def close_live(live: LiveCopy) -> None:
     thaw()  # its frozen objects (runtime.gc_freeze) are the collector's again
 
 
-def take_live(job_id: str, index: int) -> LiveCopy | None:
-    """Remove and return this worker's copy of subtask ``index`` of ``job_id``, if any (the
-    caller reuses, catches up or closes it); copies of other jobs idle for
-    :data:`LIVE_IDLE_S` are closed first."""
+def take_live(job_id: str, index: int, start_id: str) -> LiveCopy | None:
+    """Remove and return this worker's copy of subtask ``index`` of ``job_id`` made by the
+    start ``start_id``, if any (the caller reuses, catches up or closes it). Copies of the
+    job made by another start are closed (never used again: that start's definition may
+    differ from this one's), and so are copies of other jobs idle for :data:`LIVE_IDLE_S`."""
     _close_idle_live(job_id)
+    for key in [k for k, v in LIVE.items() if k[0] == job_id and v.start_id != start_id]:
+        close_live(LIVE.pop(key))
     return LIVE.pop((job_id, index), None)
 
 
@@ -143,22 +152,23 @@ _background: _Background | None = None
 Restorer = Callable[[int, CheckpointMetadata], KeyedStateBackend]
 
 
-def catch_up_in_background(job_id: str, storage: CheckpointStorage, checkpoint_id: int,
-                           restore: Restorer | None = None) -> None:
-    """Start bringing this worker's copies of ``job_id``'s subtasks to checkpoint
-    ``checkpoint_id`` (the one the task that just ended wrote), in a daemon thread, once the
+def catch_up_in_background(job_id: str, start_id: str, storage: CheckpointStorage,
+                           checkpoint_id: int, restore: Restorer | None = None) -> None:
+    """Start bringing this worker's copies of ``job_id``'s subtasks made by the start
+    ``start_id`` to checkpoint ``checkpoint_id`` (the one the task that just ended wrote,
+    in that start), in a daemon thread, once the
     driver has committed it: each catches up (``KeyedStateBackend.catch_up``), or, when its
     backend can't (RocksDB) and ``restore`` is given, is closed and replaced with a backend
     ``restore`` builds from the checkpoint. Copies already at it (the task's own) are left
     alone; see the module docstring. Returns at once; never raises."""
     global _background
     stop_background_catch_up()
-    if not any(key[0] == job_id and (restore is not None or _catches_up(live))
-               for key, live in LIVE.items()):
+    if not any(key[0] == job_id and live.start_id == start_id
+               and (restore is not None or _catches_up(live)) for key, live in LIVE.items()):
         return  # nothing it could do: a copy that can't catch up is restored when needed
     stop = threading.Event()
     thread = threading.Thread(target=_catch_up_when_committed,
-                              args=(job_id, storage, checkpoint_id, restore, stop),
+                              args=(job_id, start_id, storage, checkpoint_id, restore, stop),
                               name=f"keyedstate-catch-up-{checkpoint_id}", daemon=True)
     _background = _Background(thread, stop)
     thread.start()
@@ -181,8 +191,9 @@ def stop_background_catch_up() -> None:
     _background = None
 
 
-def _catch_up_when_committed(job_id: str, storage: CheckpointStorage, checkpoint_id: int,
-                             restore: Restorer | None, stop: threading.Event) -> None:
+def _catch_up_when_committed(job_id: str, start_id: str, storage: CheckpointStorage,
+                             checkpoint_id: int, restore: Restorer | None,
+                             stop: threading.Event) -> None:
     try:
         metadata = _committed(storage, checkpoint_id, stop)
         tokens = None if metadata is None else tokens_of(metadata.properties)
@@ -193,7 +204,8 @@ def _catch_up_when_committed(job_id: str, storage: CheckpointStorage, checkpoint
             live, index = LIVE.get(key), key[1]
             if stop.is_set():
                 return
-            if live is None or live.parallelism != metadata.parallelism \
+            if live is None or live.start_id != start_id \
+                    or live.parallelism != metadata.parallelism \
                     or index >= len(tokens) or live.token == tokens[index]:
                 continue
             if _catches_up(live):
@@ -256,7 +268,8 @@ def _restore(key: tuple[str, int], live: LiveCopy, metadata: CheckpointMetadata,
         logger.warning("restoring subtask %d from checkpoint %d in the background failed",
                        key[1], metadata.checkpoint_id, exc_info=True)
         return
-    LIVE[key] = LiveCopy(backend, token, metadata.parallelism, last_used=live.last_used,
+    LIVE[key] = LiveCopy(backend, token, metadata.parallelism, live.start_id,
+                         last_used=live.last_used,
                          caught_up_s=time.perf_counter() - started)
     logger.info("restored subtask %d from checkpoint %d in the background in %.3f s", key[1],
                 metadata.checkpoint_id, time.perf_counter() - started)

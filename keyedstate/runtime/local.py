@@ -305,6 +305,7 @@ class LocalJob:
                                      on_restore=self._claim_properties, function=function)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
+        self.start_id = start.start_id
         self.key_serializer = KeySerializer(self.key_types)
         point = resume_point(start, cfg)
         self.base: RestoreSource | None = point.base
@@ -371,7 +372,8 @@ class LocalJob:
         """What every subtask of batch ``batch_id`` gets (as the Spark driver's ``_plan``)."""
         cfg = self.config
         return BatchPlan(
-            job_id=self.storage.url, batch_id=batch_id, checkpoint_id=checkpoint_id,
+            job_id=self.storage.url, start_id=self.start_id, batch_id=batch_id,
+            checkpoint_id=checkpoint_id,
             parallelism=cfg.parallelism, max_parallelism=self.max_parallelism,
             key_columns=self.key_columns, key_types=self.key_types, backend=self.backend,
             storage=self.storage, function=self.function, output_schema=self.output_schema,

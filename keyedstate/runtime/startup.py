@@ -25,7 +25,8 @@ its source) stays with the runtime.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from keyedstate.backends.base.migration import check_restored_states
@@ -63,6 +64,12 @@ class JobStart:
     #: the snapshot a new job restores from where it lies (NO_CLAIM / LEGACY) until its first
     #: checkpoint; None when it recovered or claimed, or starts from empty state
     restored: ResolvedSnapshot | None
+    #: this start's identity, new at every start: a Python worker's live copy of a subtask
+    #: (:mod:`keyedstate.runtime.live_copies`) is reused or caught up only by the start that
+    #: made it. A later start (a restart in the same Spark session, possibly with a changed
+    #: definition: evolved types, TTL, dropped states, other backend options or function)
+    #: restores its subtasks from the snapshot instead, as a new session would.
+    start_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[str],

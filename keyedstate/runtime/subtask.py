@@ -7,7 +7,8 @@ per slot, not once per subtask. Steps of each subtask (:func:`process_subtask`),
 driver's side is in :mod:`keyedstate.spark.driver`):
 
 1. Get the subtask's state at the last committed checkpoint: the live copy this Python worker
-   holds if it is exactly that version (same snapshot token); else that copy caught up with
+   holds if this start of the job made it and it is exactly that version (same snapshot
+   token); else that copy caught up with
    what later checkpoints wrote when its backend can (``KeyedStateBackend.catch_up``: Spark
    ran the subtask's last tasks in another worker, the copy is older but on the same chain);
    else a restore from checkpoint storage (rescaling when the parallelism changed). A copy
@@ -120,6 +121,9 @@ class BatchPlan:
     """Everything a subtask needs for one batch; pickled into the task closure."""
 
     job_id: str
+    #: the start of the job this batch belongs to (:attr:`~keyedstate.runtime.startup.
+    #: JobStart.start_id`): live copies of another start are never used
+    start_id: str
     batch_id: int
     checkpoint_id: int
     parallelism: int
@@ -212,7 +216,7 @@ def restorer(plan: BatchPlan) -> Callable[[int, CheckpointMetadata], KeyedStateB
 
 
 def _restore(plan: BatchPlan, index: int) -> Acquired:
-    live = take_live(plan.job_id, index)
+    live = take_live(plan.job_id, index, plan.start_id)
     src = plan.restore
     same_layout = (live is not None and src is not None and src.canonical is None
                    and src.parallelism == plan.parallelism
@@ -661,7 +665,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
             raise subtask_failed(plan.batch_id, index, step, exc) from exc
         raise
-    keep_live((plan.job_id, index), LiveCopy(backend, token, plan.parallelism),
+    keep_live((plan.job_id, index), LiveCopy(backend, token, plan.parallelism, plan.start_id),
                group=plan.largest_group)
     # Step 7. Report.
     stats = {

@@ -289,6 +289,7 @@ class KeyedJobDriver:
                                      function=self.job.function)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
+        self.start_id = start.start_id
         # Step 3 (the recovered checkpoint's lineage and drain checked) or step 4 (NO_CLAIM /
         # LEGACY: the first checkpoint references none of the snapshot's files, the backends
         # duplicate them into this job's root instead).
@@ -546,7 +547,7 @@ class KeyedJobDriver:
               drain: bool = False) -> BatchPlan:
         cfg = self.config
         return BatchPlan(
-            job_id=self.storage.url, batch_id=batch_id,
+            job_id=self.storage.url, start_id=self.start_id, batch_id=batch_id,
             checkpoint_id=checkpoint_id, parallelism=cfg.parallelism, spark_tasks=spark_tasks,
             max_parallelism=self.max_parallelism, key_columns=self.job.stream.key_columns,
             key_types=self.key_types, backend=self.backend, storage=self.storage,

@@ -40,7 +40,7 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     if plan.background_catch_up:
         # The worker idles until its next task: its copies of the job's other subtasks are
         # brought to this batch's checkpoint meanwhile, once the driver commits it.
-        catch_up_in_background(plan.job_id, plan.storage, plan.checkpoint_id,
+        catch_up_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,
                                restorer(plan) if plan.background_restore else None)
 
 

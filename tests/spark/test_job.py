@@ -272,7 +272,7 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
     def run(job: str, index: int = 0, parallelism: int = 1, spark_tasks: int | None = None
             ) -> str:
         plan = runtime.BatchPlan(
-            job_id=job, batch_id=0, checkpoint_id=1, parallelism=parallelism,
+            job_id=job, start_id="start", batch_id=0, checkpoint_id=1, parallelism=parallelism,
             spark_tasks=spark_tasks, max_parallelism=128,
             key_columns=["user_id"], key_types=["string"], backend=RocksDBStateBackend(),
             storage=CheckpointStorage(str(tmp_path / job)), function=RunningTotals(),
