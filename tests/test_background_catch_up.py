@@ -246,3 +246,34 @@ def test_the_setting_is_a_boolean(tmp_path):
     assert JobConfig(checkpoint_dir=str(tmp_path)).background_restore is False
     with pytest.raises(ConfigurationError, match="background-restore must be true or false"):
         JobConfig(checkpoint_dir=str(tmp_path), background_restore=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_a_later_start_never_uses_an_earlier_starts_copies(tmp_path, backend):
+    """Two starts of one job in one process (a query stopped and started again in the same
+    Spark session): the second restores every subtask although the first start's copies hold
+    exactly the committed state, closes those copies, and a background catch-up of the first
+    start (waiting for a checkpoint id the second start may reuse) touches nothing of it."""
+    data = batches(3, users=200)
+    first = new_job(config(tmp_path, backend=backend))
+    outputs = [first.process_batch(data[0])]
+    old = {key: live for key, live in live_copies.LIVE.items() if key[0] == first.storage.url}
+    assert len(old) == 2 and all(v.start_id == first.start_id for v in old.values())
+    with new_job(config(tmp_path, backend=backend)) as second:
+        assert second.start_id != first.start_id
+        outputs.append(second.process_batch(data[1]))
+        assert all(not s.reused and s.restored for s in _latest_subtasks(tmp_path))
+        assert all(live.backend._closed for live in old.values())  # type: ignore[attr-defined]
+        kept = dict(live_copies.LIVE)
+        assert {v.start_id for k, v in kept.items() if k[0] == second.storage.url} \
+            == {second.start_id}
+        checkpoint_id, _ = _committed(tmp_path)
+        live_copies.catch_up_in_background(first.storage.url, first.start_id, first.storage,
+                                           checkpoint_id)
+        assert live_copies._background is None  # none of the first start's copies is left
+        first.close()  # closes only the first start's copies
+        assert live_copies.LIVE == kept
+        outputs.append(second.process_batch(data[2]))
+        assert all(s.reused for s in _latest_subtasks(tmp_path))
+        outputs.append(second.drain())
+    assert rows(outputs) == reference(tmp_path, data, backend)

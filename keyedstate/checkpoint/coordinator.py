@@ -47,6 +47,7 @@ from keyedstate.keygroups import KeyGroupRange, check_parallelism
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.layout import (
+    ABORTED_MARKER_FILE,
     COMPLETED_MARKER_FILE,
     SHARED_DIR,
     checkpoint_dir_name,
@@ -128,6 +129,8 @@ class CheckpointCoordinator:
         self._not_owned_paths: set[str] = set()
         # chk-<N> dirs whose _metadata is corrupt: kept for inspection until subsumed.
         self._quarantined: set[int] = set()
+        # chk-<N>/_aborted tombstones (ids of aborted checkpoints) until a later one completes.
+        self._tombstones: set[int] = set()
         # Whether the root's COMPLETED_MARKER_FILE is known to exist (written at most once).
         self._completed_marker = False
 
@@ -288,6 +291,10 @@ class CheckpointCoordinator:
         referenced = {f.path for f in metadata.files()}
         self._delete_quietly((p for p in self._written_for(checkpoint_id) if p not in referenced),
                              f"unreferenced by checkpoint {checkpoint_id}")
+        # A completed id is above every aborted one: their tombstones have done their job.
+        for aborted_id in sorted(i for i in self._tombstones if i < checkpoint_id):
+            self._tombstones.discard(aborted_id)
+            self._delete_dir_quietly(checkpoint_dir_name(aborted_id))
         yield 6
 
     def abort(self, pending: PendingCheckpoint, reason: str) -> None:
@@ -318,6 +325,20 @@ class CheckpointCoordinator:
         self._delete_quietly((p for p in written if p not in self.registry),
                              f"aborted checkpoint {checkpoint_id}")
         self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+        # Step 4. Its tombstone: a restarted job's next id is still above this one.
+        self._leave_tombstone(checkpoint_id)
+
+    def _leave_tombstone(self, checkpoint_id: int) -> None:
+        """Write ``chk-<N>/_aborted`` so that no later start of the job uses id N again (see
+        docs/checkpoints.md, "Ids are never reused"). Best effort: without it the id may be
+        used again after a restart, which unique file names keep safe."""
+        try:
+            self.storage.write(f"{checkpoint_dir_name(checkpoint_id)}/{ABORTED_MARKER_FILE}",
+                               b"")
+            self._tombstones.add(checkpoint_id)
+        except OSError as exc:
+            logger.warning("could not mark checkpoint %d as aborted: %s; a restarted job may "
+                           "use its id again", checkpoint_id, exc)
 
     def register_restored(self, metadata: CheckpointMetadata, *, claim: bool) -> None:
         """The restore-mode hook: register a snapshot this job starts from, whose files later
@@ -512,13 +533,24 @@ class CheckpointCoordinator:
         # Step 4. A chk-<N>/ without _metadata never committed (or was half subsumed). One
         # newer than the checkpoint restored may also be a completed checkpoint whose
         # _metadata was lost: storage can't tell, so the fall-back is said, never silent.
+        # The newest of them, if newer than every retained checkpoint, becomes (or stays) a
+        # tombstone: a crash before the next checkpoint writes anything must not give its id
+        # out again (step 7).
+        newest = retained[-1].checkpoint_id if retained else 0
         for checkpoint_id in incomplete:
+            last_used = checkpoint_id == max(incomplete) and checkpoint_id > newest
+            tombstone = f"{checkpoint_dir_name(checkpoint_id)}/{ABORTED_MARKER_FILE}"
+            if last_used and storage.list_files(checkpoint_dir_name(checkpoint_id)) == [tombstone]:
+                self._tombstones.add(checkpoint_id)
+                continue
             if retained and checkpoint_id > retained[-1].checkpoint_id:
                 self._note(f"chk-{checkpoint_id} has no _metadata: it never completed (a crash "
                            f"before its commit) or its _metadata was lost; recovered from "
                            f"checkpoint {retained[-1].checkpoint_id}, the newest complete one, "
                            f"and deleted chk-{checkpoint_id}/")
             self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+            if last_used:
+                self._leave_tombstone(checkpoint_id)
         # Step 5. Subsume what is beyond num_retained; keep a corrupt checkpoint newer than the
         # lowest retained one for inspection (deleted once subsumed), never silently.
         for checkpoint in reversed(older):

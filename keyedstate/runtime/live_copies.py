@@ -111,11 +111,12 @@ def _close_idle_live(job_id: str) -> None:
         close_live(LIVE.pop(key))
 
 
-def release_live(job_id: str) -> None:
-    """Close this process's live copies of ``job_id``'s subtasks (a job that runs its subtasks
-    in its own process, :class:`~keyedstate.runtime.local.LocalJob`, closing)."""
+def release_live(job_id: str, start_id: str) -> None:
+    """Close this process's live copies of ``job_id``'s subtasks made by the start
+    ``start_id`` (a job that runs its subtasks in its own process,
+    :class:`~keyedstate.runtime.local.LocalJob`, closing; a later start's copies stay)."""
     stop_background_catch_up()
-    for key in [k for k in LIVE if k[0] == job_id]:
+    for key in [k for k, v in LIVE.items() if k[0] == job_id and v.start_id == start_id]:
         close_live(LIVE.pop(key))
 
 

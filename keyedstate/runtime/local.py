@@ -469,7 +469,7 @@ class LocalJob:
         """Close the subtasks' live state in this process (idempotent); the checkpoints stay."""
         if not self._closed:
             self._closed = True
-            release_live(self.storage.url)
+            release_live(self.storage.url, self.start_id)
 
     def __enter__(self) -> LocalJob:
         return self

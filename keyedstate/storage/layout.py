@@ -4,6 +4,7 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
 
     <root>/chk-<N>/_metadata      the commit point of checkpoint N (written last, atomically)
     <root>/chk-<N>/...            files private to checkpoint N (deleted when it is subsumed)
+    <root>/chk-<N>/_aborted       alone: checkpoint N was aborted, its id is used
     <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
                                   named after the checkpoint that wrote them
     <root>/taskowned/...          files owned by tasks (working directories)
@@ -23,6 +24,10 @@ SHARED_DIR = "shared"
 TASK_OWNED_DIR = "taskowned"
 #: In a snapshot claimed by a job (CLAIM restore mode): names the owner, sits beside _metadata.
 CLAIM_MARKER_FILE = "_claimed"
+#: In ``chk-<N>/`` of an aborted checkpoint, alone: the id was used, so the next one is
+#: above it even after a restart (ids are never reused; removed once a later checkpoint
+#: completes, whose id is higher anyway).
+ABORTED_MARKER_FILE = "_aborted"
 #: At a job's root: written once, when the job's first checkpoint completes. From then on a
 #: root without a readable ``chk-<N>/_metadata`` has lost its checkpoints (recovery refuses to
 #: start it from empty state) instead of looking like a job that never completed one.

@@ -131,7 +131,7 @@ def test_seed_003_race_unconfirmed_or_deleted_base(storage: CheckpointStorage) -
     assert "last confirmed checkpoint" in str(info.value)
     assert not any(storage.exists(f.path) for f in handle3.shared.values()
                    if f.path.startswith("shared/chk-3-"))
-    assert storage.list_files("chk-3") == []
+    assert storage.list_files("chk-3") == ["chk-3/_aborted"]  # its id stays used
     # A checkpoint built on a still-pending one (an unconfirmed base) is refused too.
     cp4, cp5 = coordinator.trigger(), coordinator.trigger()
     acknowledge_all(coordinator, cp4)
@@ -160,7 +160,8 @@ def test_abort_deletes_what_the_checkpoint_wrote(storage: CheckpointStorage) -> 
     remote.write_shared(b"half", "000009.sst")
     remote.write_private(b"half", "MANIFEST")
     coordinator.abort(pending, "subtask 1 failed")
-    assert set(storage.list_files()) == before
+    # Nothing it wrote is left; its tombstone keeps its id used.
+    assert set(storage.list_files()) == before | {"chk-2/_aborted"}
     assert pending.is_aborted and pending.failure_reason == "subtask 1 failed"
     with pytest.raises(CheckpointAbortedError, match="subtask 1 failed"):
         coordinator.complete(pending)
@@ -313,9 +314,35 @@ def test_recover_deletes_incomplete_and_subsumes_old(storage: CheckpointStorage)
     recovered = CheckpointCoordinator.recover(storage, **config(num_retained=1))
     assert [c.checkpoint_id for c in recovered.retained] == [3]
     assert storage.checkpoint_ids() == [3]
-    assert storage.list_files("chk-4") == [] and storage.list_files("chk-1") == []
+    # chk-4/'s files are gone; as the newest id used it is a tombstone until a later one
+    # completes.
+    assert storage.list_files("chk-4") == ["chk-4/_aborted"]
+    assert storage.list_files("chk-1") == []
     assert_restorable(recovered)
     assert recovered.trigger().checkpoint_id == 5
+
+
+def test_ids_are_never_reused_across_aborts_and_restarts(storage: CheckpointStorage) -> None:
+    """An aborted checkpoint's id is never given out again: not after a restart, not after a
+    restart that crashed before writing anything, and its tombstone goes once a later
+    checkpoint completes."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    checkpoint(coordinator)
+    aborted = coordinator.trigger()
+    acknowledge_all(coordinator, aborted)
+    coordinator.abort(aborted, "a subtask failed")  # deletes every file it wrote
+    assert aborted.checkpoint_id == 2
+    # A restart, then a crash before the next checkpoint wrote anything, then a restart.
+    CheckpointCoordinator.recover(storage, **config()).trigger()
+    restarted = CheckpointCoordinator.recover(storage, **config())
+    assert restarted.recovery_notes == []  # a tombstone is no lost checkpoint
+    pending = restarted.trigger()
+    assert pending.checkpoint_id == 3
+    acknowledge_all(restarted, pending)
+    restarted.complete(pending)
+    assert storage.list_files("chk-2") == []
+    assert storage.checkpoint_dir_ids() == [3]
+    assert CheckpointCoordinator.recover(storage, **config()).trigger().checkpoint_id == 4
 
 
 def test_recover_without_orphan_cleanup(storage: CheckpointStorage) -> None:

@@ -22,7 +22,7 @@ from keyedstate.errors import CheckpointAbortedError, CheckpointError, CorruptCh
 from keyedstate.processor.inspection import find_garbage
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, StreamHandle
-from keyedstate.storage.layout import checkpoint_id_of_shared_file
+from keyedstate.storage.layout import ABORTED_MARKER_FILE, checkpoint_id_of_shared_file
 
 from . import make_handle
 
@@ -286,9 +286,16 @@ class CheckpointMachine(RuleBasedStateMachine):
         live = self.live_shared()
         for path in self.storage.list_files("shared"):
             assert path in live or checkpoint_id_of_shared_file(path) in pending, path
-        chk_dirs = {int(p.split("/")[0][4:]) for p in self.storage.list_files()
-                    if p.startswith("chk-")}
+        files = self.storage.list_files()
+        chk_dirs = {int(p.split("/")[0][4:]) for p in files
+                    if p.startswith("chk-") and not p.endswith(f"/{ABORTED_MARKER_FILE}")}
         assert chk_dirs <= {c.checkpoint_id for c in self.coord.retained} | pending
+        # Tombstones (aborted ids) only above every completed checkpoint: their ids are
+        # never given out again; a later completed checkpoint removes it.
+        tombstones = {int(p.split("/")[0][4:]) for p in files
+                      if p.endswith(f"/{ABORTED_MARKER_FILE}")}
+        latest = self.coord.latest_completed
+        assert all(latest is None or i > latest.checkpoint_id for i in tombstones)
         assert find_garbage(self.storage).files == []
 
 
