@@ -190,16 +190,17 @@ def list_checkpoints(directory: str, storage_options: Mapping[str, Any] | None =
 
 
 def _file_json(storage: CheckpointStorage, stream: StreamHandle) -> dict[str, Any]:
-    """One file reference: ``path`` (None for a file inline in ``_metadata``), ``size`` and
-    ``checksum`` of the file itself; for a segment of a merged object also ``offset`` and
-    ``object_size``."""
+    """One file reference, the same fields for every kind: ``path`` (None for a file inline
+    in ``_metadata``), ``size`` and ``checksum`` of the file itself, ``inline``, and for a
+    segment of a merged object its ``offset`` and ``object_size`` (None otherwise)."""
     if stream.data is not None:
-        return {"path": None, "size": stream.size, "checksum": stream.checksum, "inline": True}
-    out: dict[str, Any] = {"path": storage.url_of(stream.path), "size": stream.length,
-                           "checksum": stream.digest}
-    if stream.segment is not None:
-        out.update(offset=stream.segment.offset, object_size=stream.size)
-    return out
+        return {"path": None, "size": stream.size, "checksum": stream.checksum, "inline": True,
+                "offset": None, "object_size": None}
+    merged = stream.segment is not None
+    return {"path": storage.url_of(stream.path), "size": stream.length,
+            "checksum": stream.digest, "inline": False,
+            "offset": stream.segment.offset if stream.segment is not None else None,
+            "object_size": stream.size if merged else None}
 
 
 #: The transfer figures ``show`` reports, in order (see :class:`TransferStats`).
