@@ -39,12 +39,14 @@ def check(url: str, storage_options: str | None, as_json: bool) -> None:
 
     with reported_errors():
         target = CheckpointStorage(url, parse_storage_options(storage_options))
-        if target.is_local and not os.path.exists(target.root):
+        parent = target.root
+        while (target.is_local and not os.path.exists(parent)
+               and os.path.dirname(parent) != parent):
+            parent = os.path.dirname(parent)
+        if target.is_local and parent != target.root and os.path.isdir(parent):
             # A job would create it, but "ok" for a path that is not there misleads (a typo
-            # checks fine); the nearest existing parent is what a job would write into.
-            parent = target.root
-            while not os.path.exists(parent) and os.path.dirname(parent) != parent:
-                parent = os.path.dirname(parent)
+            # checks fine); the nearest existing parent is what a job would write into. (A
+            # file in the way is check_access's StorageLocationError.)
             raise StorageLocationError(
                 f"{url} does not exist (its nearest existing parent is {parent}); create it "
                 f"first, or check the parent a job would create it in: keyedstate storage "
