@@ -123,6 +123,12 @@ class SnapshotExistsError(CheckpointError, FileExistsError):
     """The target directory already holds a savepoint; keyedstate never overwrites one."""
 
 
+class OutputPathError(KeyedStateError, FileExistsError):
+    """A command's output path (``--out``) holds something the command did not write (a
+    directory where a file goes, a file that is not its own, a non-empty directory); keyedstate
+    never replaces what it does not own. Choose a new path, or delete it yourself."""
+
+
 class JobDrainedError(CheckpointError, RuntimeError):
     """The job was stopped with drain (every timer fired); it takes no more input."""
 

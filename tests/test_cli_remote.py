@@ -26,6 +26,8 @@ def _job(tmp_path):
 
 def test_storage_check(tmp_path):
     result = CliRunner().invoke(main, ["storage", "check", str(tmp_path / "new"), "--json"])
+    assert result.exit_code == 1 and "does not exist" in result.output  # docs/cli.md
+    result = CliRunner().invoke(main, ["storage", "check", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["access"] == "ok" and report["local_disk"] is True

@@ -30,8 +30,10 @@ console = Console(stderr=True)
 @click.command()
 @click.option("--dir", "directory", default="./keyedstate-demo", show_default=True,
               type=click.Path(file_okay=False), help="Where input, outputs and checkpoints go.")
-@click.option("--events", default=400_000, show_default=True, help="Events to generate.")
-@click.option("--users", default=20_000, show_default=True, help="Distinct users (keys).")
+@click.option("--events", default=400_000, show_default=True, type=click.IntRange(min=1),
+              help="Events to generate.")
+@click.option("--users", default=20_000, show_default=True, type=click.IntRange(min=1),
+              help="Distinct users (keys).")
 @click.option("--files", default=12, show_default=True,
               help="Input files (one micro-batch each).")
 @click.option("--local", "in_process", is_flag=True,

@@ -27,13 +27,18 @@ from keyedstate.cli.output import (
 @storage_options_option()
 def gc(directory: str, apply: bool, as_json: bool, storage_options: str | None) -> None:
     """List files under a job's checkpoint DIRECTORY that no committed checkpoint references
-    (and no work in flight may need); delete them with --apply. Safe on a running job."""
+    (and no work in flight may need); delete them with --apply. Safe on a running job. A path
+    that is not a job's checkpoint directory (missing, a file, a savepoint) is an error."""
     from rich.progress import Progress
 
-    from keyedstate.processor.inspection import delete_garbage, find_garbage
+    from keyedstate.processor.inspection import delete_garbage, find_garbage, job_directory
 
     with reported_errors():
-        report = find_garbage(directory, parse_storage_options(storage_options))
+        # A path that is no job's checkpoint directory (missing, a file, its parent) is an
+        # error, not "nothing is known to be garbage".
+        storage = job_directory(directory, parse_storage_options(storage_options),
+                                what="nothing to collect")
+        report = find_garbage(storage)
         deleted = 0
         if apply and report.files:
             with Progress(console=stderr, transient=True) as bar:

@@ -7,12 +7,19 @@ Errors (the one mapping from errors to exit statuses): a command runs its work i
 :data:`EXIT_FAILED`. The leaf's name is part of the message because scripts and the tests
 match on it (``SnapshotExistsError``, ``CorruptCheckpointError``, ...). Exit status 2 is click's
 own, for a wrong option or argument (``--storage-options`` that is not a JSON object
-included). Any other exception is a bug and keeps its traceback.
+included). Any other exception is a bug and keeps its traceback. A command whose result is partial
+(a listing with an unreadable checkpoint) prints the whole result first, then ends the same way
+(:func:`partial_result`).
+
+JSON (``--json``): :func:`echo_json` writes strict JSON (RFC 8259): a float that is not finite
+(NaN, infinity) is written as ``null``, never as the bare ``NaN`` Python's ``json`` allows. The
+shape of each command's JSON is documented in docs/cli.md ("JSON output").
 """
 
 from __future__ import annotations
 
 import json
+import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -56,6 +63,12 @@ def reported_errors() -> Iterator[None]:
         raise failure_of(exc) from exc
 
 
+def partial_result(what: str) -> CommandFailedError:
+    """The failure a command ends with after printing a result that left something out
+    (``what`` names it and the way out): exit status :data:`EXIT_FAILED`."""
+    return CommandFailedError(what)
+
+
 def json_option(help: str = "Print JSON instead of tables.") -> Callable[[F], F]:
     """``--json`` (parameter ``as_json``): print the result as JSON on stdout."""
     return click.option("--json", "as_json", is_flag=True, help=help)
@@ -85,9 +98,22 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
     return options
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinity) replaced by None, in dicts, lists
+    and tuples at any depth: what :func:`echo_json` writes is valid JSON for any parser."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def echo_json(value: Any) -> None:
-    """``value`` as indented JSON on stdout (``str()`` of what JSON has no type for)."""
-    click.echo(json.dumps(value, indent=2, default=str))
+    """``value`` as indented, strict JSON on stdout (:func:`strict_json`; ``str()`` of what
+    JSON has no type for)."""
+    click.echo(json.dumps(strict_json(value), indent=2, default=str, allow_nan=False))
 
 
 def human_bytes(n: float) -> str:

@@ -11,6 +11,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
+import math
 import os
 import time
 from typing import Any, Iterator
@@ -30,6 +31,7 @@ from keyedstate.cli.output import (
     stderr,
     storage_options_option,
 )
+from keyedstate.errors import OutputPathError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical import (
     key_columns_of,
@@ -81,10 +83,15 @@ def _decoded(row: dict[str, Any], meta: StateMetaInfo | None) -> dict[str, Any]:
 def write_state_parquet(snapshot: ResolvedSnapshot, state: str, out: str, *, now_ms: int,
                         progress: Any = None) -> tuple[list[str], int]:
     """Write ``state``'s canonical rows to ``out/part-<i>.parquet`` (one file per key-group
-    range with rows); returns the files and the row count."""
+    range with rows); returns the files and the row count. ``out`` must be new or empty
+    (:func:`check_out_dir`); ``state`` must be one of the snapshot's (else
+    :class:`StateNotFoundError`, before anything is written)."""
+    check_out_dir(out)
+    if state not in snapshot_states(snapshot.metadata):
+        raise StateNotFoundError(
+            f"{snapshot.storage.url_of(snapshot.metadata_path)} holds no state {state!r}; its "
+            f"states: {', '.join(sorted(snapshot_states(snapshot.metadata))) or 'none'}")
     os.makedirs(out, exist_ok=True)
-    if os.listdir(out):
-        raise click.ClickException(f"{out} is not empty; choose a new directory for --out")
     files: list[str] = []
     rows = 0
     for i, rng in enumerate(_ranges(snapshot)):
@@ -105,7 +112,18 @@ def write_state_parquet(snapshot: ResolvedSnapshot, state: str, out: str, *, now
     return files, rows
 
 
+def check_out_dir(out: str) -> None:
+    """Refuse an ``--out`` that is a file or a non-empty directory (:class:`OutputPathError`):
+    the Parquet files go into a directory of their own."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputPathError(f"--out {out} is a file; name a new or empty directory")
+    if os.path.isdir(out) and os.listdir(out):
+        raise OutputPathError(f"--out {out} is not empty; name a new or empty directory")
+
+
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON has no NaN or infinity
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (_dt.datetime, _dt.date)):
@@ -154,6 +172,8 @@ def read(path: str, name: str, limit: int | None, out: str | None, as_json: bool
     now = time.time_ns() // 1_000_000
     options = parse_storage_options(storage_options)
     with reported_errors():
+        if out is not None:
+            check_out_dir(out)  # before reading anything: the user can act at once
         snapshot = resolve_snapshot(path, options)
         if out is not None:
             ranges = len(_ranges(snapshot))

@@ -67,9 +67,12 @@ from keyedstate.storage.handles import (
 from keyedstate.storage.layout import (
     CLAIM_MARKER_FILE,
     COMMITS_DIR,
+    COMPLETED_MARKER_FILE,
     METADATA_FILE,
     SHARED_DIR,
+    SPARK_OFFSETS_DIR,
     STAGING_DIR,
+    TASK_OWNED_DIR,
     batch_id_of_staged_file,
     checkpoint_dir_name,
     checkpoint_id_of_commit_marker,
@@ -111,39 +114,93 @@ def describe(snapshot: ResolvedSnapshot) -> dict[str, Any]:
     }
 
 
+#: The fields of a :func:`list_checkpoints` entry, readable or not (an unreadable one has
+#: ``id``, ``metadata`` and ``error``, every other field None).
+LISTING_FIELDS = ("id", "kind", "format", BATCH_ID, "timestamp_ms", "parallelism",
+                  "max_parallelism", "backend", "key_types", "incremental_bytes", "full_bytes",
+                  "metadata", "files", "error")
+
+#: Names only a job's checkpoint directory holds (storage/layout.py): a directory with none of
+#: them and something else in it is not one.
+_JOB_DIRECTORY_NAMES = (SHARED_DIR, STAGING_DIR, COMMITS_DIR, TASK_OWNED_DIR,
+                        COMPLETED_MARKER_FILE, SPARK_OFFSETS_DIR)
+
+
+def job_directory(directory: str, storage_options: Mapping[str, Any] | None = None,
+                  *, what: str) -> CheckpointStorage:
+    """The storage of ``directory`` once it is known to be a job's checkpoint directory (or a
+    snapshot folder, which holds ``_metadata``): ``what`` (e.g. "no checkpoints to list") ends
+    the message of the :class:`NoCheckpointError` raised for a path that does not exist, a
+    file (a ``_metadata`` file included), or a non-empty directory that holds none of a job's
+    layout (e.g. the parent of a checkpoint directory). An empty directory passes: a job that
+    has not completed a checkpoint yet."""
+    storage = CheckpointStorage(directory, storage_options)
+    fs, root = storage.fs, storage.root
+    if not storage.call(f"checking {storage.url}", lambda: fs.exists(root)):
+        raise NoCheckpointError(f"{directory} does not exist: {what}")
+    if storage.call(f"checking {storage.url}", lambda: fs.isfile(root)):
+        hint = (f"; point at its job's checkpoint directory, "
+                f"{directory.rstrip('/').rsplit('/', 2)[0]}"
+                if directory.rstrip("/").endswith("/" + METADATA_FILE) else "")
+        raise NoCheckpointError(f"{directory} is a file, not a checkpoint directory: "
+                                f"{what}{hint}")
+    if storage.exists(METADATA_FILE) or storage.checkpoint_dir_ids():
+        return storage
+    names = {p.rstrip("/").rsplit("/", 1)[-1] for p in storage.call(
+        f"listing {storage.url}", lambda: fs.ls(root, detail=False))}
+    if names and not names & set(_JOB_DIRECTORY_NAMES):
+        raise NoCheckpointError(
+            f"{directory} is not a job's checkpoint directory (no chk-N, no _metadata, none "
+            f"of {', '.join(_JOB_DIRECTORY_NAMES)}): {what}; point at the directory a job's "
+            f"execution.checkpointing.dir names")
+    return storage
+
+
+def unreadable_entry(checkpoint_id: int, metadata: str, error: str) -> dict[str, Any]:
+    """The :func:`list_checkpoints` entry of a checkpoint whose ``_metadata`` can't be read:
+    the fields of a readable one (:data:`LISTING_FIELDS`), None but ``id``, ``metadata`` and
+    ``error``."""
+    return {**dict.fromkeys(LISTING_FIELDS), "id": checkpoint_id, "metadata": metadata,
+            "error": error}
+
+
 def list_checkpoints(directory: str, storage_options: Mapping[str, Any] | None = None
                      ) -> list[dict[str, Any]]:
     """One :func:`describe` object per committed checkpoint of a job's checkpoint directory,
-    ascending by id (for a savepoint directory: the savepoint). A checkpoint whose
-    ``_metadata`` can't be read is listed as ``{"id": N, "error": "..."}``; a directory that
-    does not exist raises :class:`NoCheckpointError` (an empty one lists nothing)."""
-    storage = CheckpointStorage(directory, storage_options)
+    ascending by id, each with ``error`` None (for a savepoint or ``chk-N`` directory, or a
+    ``_metadata`` file: that snapshot). A checkpoint whose ``_metadata`` can't be read is
+    listed with the same fields (:func:`unreadable_entry`), ``error`` saying why. A path that
+    is not a checkpoint directory raises :class:`NoCheckpointError` (:func:`job_directory`;
+    an empty directory lists nothing)."""
+    if directory.rstrip("/").endswith("/" + METADATA_FILE):
+        return [{**describe(resolve_snapshot(directory, storage_options)), "error": None}]
+    storage = job_directory(directory, storage_options, what="no checkpoints to list")
     if storage.exists(METADATA_FILE):
-        return [describe(resolve_snapshot(directory, storage_options))]
-    if not storage.call(f"checking {storage.url}", lambda: storage.fs.exists(storage.root)):
-        raise NoCheckpointError(f"{directory} does not exist: no checkpoints to list")
+        return [{**describe(resolve_snapshot(directory, storage_options)), "error": None}]
     out: list[dict[str, Any]] = []
     for checkpoint_id in storage.checkpoint_ids():
         path = storage.metadata_path(checkpoint_id)
         try:
-            out.append(describe(ResolvedSnapshot(storage, path, storage.read_metadata(path))))
+            out.append({**describe(ResolvedSnapshot(storage, path, storage.read_metadata(path))),
+                        "error": None})
         except (CorruptCheckpointError, UnsafePathError, UnsupportedFormatVersionError) as exc:
-            out.append({"id": checkpoint_id, "metadata": storage.url_of(path),
-                        "error": f"{type(exc).__name__}: {exc}"})
+            out.append(unreadable_entry(checkpoint_id, storage.url_of(path),
+                                        f"{type(exc).__name__}: {exc}"))
     return out
 
 
 def _file_json(storage: CheckpointStorage, stream: StreamHandle) -> dict[str, Any]:
-    """One file reference: ``path`` (None for a file inline in ``_metadata``), ``size`` and
-    ``checksum`` of the file itself; for a segment of a merged object also ``offset`` and
-    ``object_size``."""
+    """One file reference, the same fields for every kind: ``path`` (None for a file inline
+    in ``_metadata``), ``size`` and ``checksum`` of the file itself, ``inline``, and for a
+    segment of a merged object its ``offset`` and ``object_size`` (None otherwise)."""
     if stream.data is not None:
-        return {"path": None, "size": stream.size, "checksum": stream.checksum, "inline": True}
-    out: dict[str, Any] = {"path": storage.url_of(stream.path), "size": stream.length,
-                           "checksum": stream.digest}
-    if stream.segment is not None:
-        out.update(offset=stream.segment.offset, object_size=stream.size)
-    return out
+        return {"path": None, "size": stream.size, "checksum": stream.checksum, "inline": True,
+                "offset": None, "object_size": None}
+    merged = stream.segment is not None
+    return {"path": storage.url_of(stream.path), "size": stream.length,
+            "checksum": stream.digest, "inline": False,
+            "offset": stream.segment.offset if stream.segment is not None else None,
+            "object_size": stream.size if merged else None}
 
 
 #: The transfer figures ``show`` reports, in order (see :class:`TransferStats`).
@@ -297,8 +354,9 @@ def find_garbage(directory: str | CheckpointStorage,
     if storage.exists(METADATA_FILE):
         where = directory if isinstance(directory, str) else storage.url
         raise ConfigurationError(
-            f"{where} is a savepoint: it is yours, whole, and gc never collects from it; "
-            f"point gc at a job's checkpoint directory"
+            f"{where} is one snapshot (a savepoint, or one checkpoint's chk-N folder), not a "
+            f"job's checkpoint directory: gc never collects from a savepoint (it is yours, "
+            f"whole); point gc at a job's checkpoint directory"
         )
     # Step 1. Every committed checkpoint and what it references.
     committed = _committed(storage)

@@ -16,7 +16,8 @@ from keyedstate.storage.handles import KeyedStateHandle
 
 def state_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[str, int]:
     """RocksDB's ``rocksdb.total-sst-files-size`` of each state's column family in one
-    subtask's files (opened read-only: symbolic links on a local disk, a download otherwise),
+    subtask's files (opened read-only: symbolic links to the SST files on a local disk, a
+    download otherwise; nothing is written into the snapshot),
     plus :data:`OTHER_FILES` (MANIFEST, OPTIONS, ...)."""
     sizes: dict[str, int] = defaultdict(int)
     options = RocksDBOptions()
@@ -25,7 +26,11 @@ def state_sizes(storage: CheckpointStorage, handle: KeyedStateHandle) -> dict[st
         with tempfile.TemporaryDirectory(prefix="keyedstate-inspect-") as work:
             for name, stream in instance.files.items():
                 local = os.path.join(work, os.path.basename(name))
-                if storage.is_local and stream.data is None and stream.segment is None:
+                if (storage.is_local and stream.data is None and stream.segment is None
+                        and name.endswith(".sst")):
+                    # Only SST files are linked: RocksDB never writes one, but opening a DB
+                    # (read-only too) rewrites others, e.g. rocksdict's config: through a link
+                    # that would write into the snapshot. The rest are small: copied.
                     os.symlink(os.path.abspath(storage.path(stream.path)), local)
                 else:
                     storage.download(stream, local)
