@@ -1,7 +1,8 @@
 # Two commands on a fresh machine (Python 3.11+, Java 17+):
 #   make demo   creates .venv, installs keyedstate, runs the main job
 #   make test   installs the test dependencies, runs the whole suite (its browser tests
-#               need Chromium, `apt-get install chromium` as root; skipped without it,
+#               need Chromium, `apt-get install chromium` as root: skipped without it,
+#               failed without it under CI=true; .ci/run installs it where it can,
 #               docs/checkpoints.md "Testing the page in a browser")
 PYTHON ?= python3
 VENV   ?= .venv

@@ -2,16 +2,25 @@
 
 ``JobConfig`` is the typed form; ``JobConfig.from_mapping({"state.backend.type": "heap", ...})``
 reads the dotted keys (unknown keys are refused, with the known ones listed).
+
+Each setting is declared once, as a field: its annotation is its type, its default the
+default, and ``metadata=_key("dotted.key")`` its key (with ``minimum=`` for a lower bound),
+like Flink's ``ConfigOptions.key(...).intType().defaultValue(...)``. A value is the field's
+Python type or its string form (``"false"``, ``"5 min"``, ``"32 mb"``, ``"side_output"``),
+parsed as :mod:`keyedstate.config_values` says, at construction: what doesn't parse is a
+:class:`ConfigurationError` naming the key, the value and what it takes (docs/configuration.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Mapping
 
+from keyedstate.config_values import Bytes, ValueType, parse_setting, value_type
 from keyedstate.errors import ConfigurationError
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
 
@@ -55,23 +64,51 @@ class LateEvents(StrEnum):
 LATE_EVENTS_TAG = "late-events"
 
 
-def _key(name: str) -> dict[str, str]:
-    return {"key": name}
+def _key(name: str, *, minimum: int | None = None, secret: bool = False) -> dict[str, Any]:
+    """A field's metadata: its dotted key; for a number, the least value it takes; ``secret``:
+    the value may hold credentials (never shown in an error, never recorded)."""
+    return {"key": name, "minimum": minimum, "secret": secret}
+
+
+@dataclass(frozen=True)
+class ConfigOption:
+    """One setting (Flink's ``ConfigOption``): its dotted key, field, type and default."""
+
+    key: str
+    field_name: str
+    type: ValueType
+    default: Any
+    minimum: int | None = None
+    secret: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+    def parse(self, value: Any) -> Any:
+        """``value`` (Python or string form) as this setting takes it, or
+        :class:`ConfigurationError` naming the key, the value and what it takes."""
+        return parse_setting(self.key, self.field_name, self.type, value, self.minimum,
+                             secret=self.secret)
 
 
 @dataclass(frozen=True)
 class JobConfig:
-    """Configuration of one keyed job. Every field has a dotted key (``JobConfig.KEYS``)."""
+    """Configuration of one keyed job. Every field is one setting with a dotted key
+    (``JobConfig.options()``, ``JobConfig.keys()``), checked and parsed at construction."""
 
     checkpoint_dir: str = field(metadata=_key("execution.checkpointing.dir"))
     backend: str = field(default="rocksdb", metadata=_key("state.backend.type"))
-    parallelism: int = field(default=2, metadata=_key("parallelism.default"))
-    max_parallelism: int | None = field(default=None, metadata=_key("pipeline.max-parallelism"))
+    parallelism: int = field(default=2, metadata=_key("parallelism.default", minimum=1))
+    max_parallelism: int | None = field(default=None,
+                                        metadata=_key("pipeline.max-parallelism", minimum=1))
     #: Spark tasks a batch's subtasks run in (each runs a contiguous group of subtasks, one
     #: after another); None: the cluster's task slots (``defaultParallelism``), at most
     #: ``parallelism`` (docs/spark.md, "Subtasks and Spark tasks")
-    spark_tasks: int | None = field(default=None, metadata=_key("keyedstate.spark.tasks"))
-    num_retained: int = field(default=1, metadata=_key("execution.checkpointing.num-retained"))
+    spark_tasks: int | None = field(default=None, metadata=_key("keyedstate.spark.tasks",
+                                                                        minimum=1))
+    num_retained: int = field(default=1,
+                              metadata=_key("execution.checkpointing.num-retained", minimum=1))
     restore_path: str | None = field(default=None, metadata=_key("execution.state-recovery.path"))
     restore_mode: RestoreMode = field(default=RestoreMode.NO_CLAIM,
                                       metadata=_key("execution.state-recovery.claim-mode"))
@@ -93,23 +130,27 @@ class JobConfig:
     late_events: LateEvents = field(default=LateEvents.DROP, metadata=_key("keyedstate.late-events"))
     local_dir: str | None = field(default=None, metadata=_key("state.backend.local-dir"))
     storage_options: dict[str, Any] = field(default_factory=dict,
-                                            metadata=_key("keyedstate.checkpointing.storage-options"))
+                                            metadata=_key("keyedstate.checkpointing.storage-options",
+                                                          secret=True))
     backend_options: dict[str, Any] = field(default_factory=dict,
                                             metadata=_key("keyedstate.backend.options"))
     # -- object storage (docs/object-storage.md) -----------------------------------------------
     transfer_threads: int = field(
-        default=4, metadata=_key("state.backend.rocksdb.checkpoint.transfer.thread.num"))
+        default=4,
+        metadata=_key("state.backend.rocksdb.checkpoint.transfer.thread.num", minimum=1))
     transfer_attempts: int = field(
-        default=5, metadata=_key("keyedstate.checkpointing.transfer.attempts"))
+        default=5, metadata=_key("keyedstate.checkpointing.transfer.attempts", minimum=1))
     #: bytes; -1: 20 KiB on object stores, off on a local disk
-    memory_threshold: int = field(default=-1, metadata=_key("state.storage.fs.memory-threshold"))
+    memory_threshold: Bytes = field(default=-1,
+                                    metadata=_key("state.storage.fs.memory-threshold", minimum=-1))
     #: None: on for object stores, off on a local disk
     file_merging: bool | None = field(
         default=None, metadata=_key("execution.checkpointing.file-merging.enabled"))
-    file_merging_max_file_size: int = field(
-        default=32 << 20, metadata=_key("execution.checkpointing.file-merging.max-file-size"))
-    file_cache_size: int = field(
-        default=1 << 30, metadata=_key("state.backend.forst.cache.size-based-limit"))
+    file_merging_max_file_size: Bytes = field(
+        default=32 << 20,
+        metadata=_key("execution.checkpointing.file-merging.max-file-size", minimum=1))
+    file_cache_size: Bytes = field(
+        default=1 << 30, metadata=_key("state.backend.forst.cache.size-based-limit", minimum=0))
     file_cache_dir: str | None = field(default=None, metadata=_key("state.backend.forst.cache.dir"))
     #: Spark runtime: once a task's subtasks are done, its Python worker brings its live copies
     #: of the job's other subtasks to the checkpoint just written, in the background (a later
@@ -124,56 +165,24 @@ class JobConfig:
         default=False, metadata=_key("keyedstate.live-copies.background-restore"))
     #: consecutive failed checkpoints (transient storage errors) a batch is retried after
     tolerable_failed_checkpoints: int = field(
-        default=3, metadata=_key("execution.checkpointing.tolerable-failed-checkpoints"))
+        default=3,
+        metadata=_key("execution.checkpointing.tolerable-failed-checkpoints", minimum=0))
 
     def __post_init__(self) -> None:
+        # Every setting through its type's parser: a wrong value fails here, naming its key,
+        # not in the first batch.
         if not self.checkpoint_dir:
-            raise ConfigurationError("execution.checkpointing.dir is required")
-        object.__setattr__(self, "restore_mode", parse_restore_mode(self.restore_mode))
-        object.__setattr__(self, "late_events", LateEvents(str(self.late_events)))
-        try:
-            object.__setattr__(self, "source_positions",
-                               SourcePositions(str(self.source_positions).lower()))
-        except ValueError:
-            raise ConfigurationError(
-                f"keyedstate.state-recovery.source-positions {self.source_positions!r} is not "
-                f"one of {[p.value for p in SourcePositions]}"
-            ) from None
-        drop = self.drop_states
-        if isinstance(drop, str):
-            drop = [n.strip() for n in drop.split(",") if n.strip()]
-        if not isinstance(drop, (list, tuple)) or not all(isinstance(n, str) and n
-                                                          for n in drop):
-            raise ConfigurationError(
-                f"keyedstate.state-recovery.drop-states must be a list of state names, got "
-                f"{self.drop_states!r}")
-        object.__setattr__(self, "drop_states", tuple(drop))
-        if isinstance(self.watermark_delay, (int, float)):
-            object.__setattr__(self, "watermark_delay",
-                               dt.timedelta(milliseconds=self.watermark_delay))
+            raise ConfigurationError(_REQUIRED)
+        for option in self.options():
+            object.__setattr__(self, option.field_name,
+                               option.parse(getattr(self, option.field_name)))
         check_parallelism(self.parallelism, self.effective_max_parallelism)
-        if self.spark_tasks is not None and (
-                not isinstance(self.spark_tasks, int) or isinstance(self.spark_tasks, bool)
-                or self.spark_tasks < 1):
-            raise ConfigurationError(
-                f"keyedstate.spark.tasks must be an int >= 1 (or unset: the cluster's task "
-                f"slots), got {self.spark_tasks!r}"
-            )
-        if self.num_retained < 1:
-            raise ConfigurationError(
-                f"execution.checkpointing.num-retained must be >= 1, got {self.num_retained}"
-            )
-        if self.tolerable_failed_checkpoints < 0:
-            raise ConfigurationError(
-                f"execution.checkpointing.tolerable-failed-checkpoints must be >= 0, got "
-                f"{self.tolerable_failed_checkpoints}"
-            )
-        for key, value in (("background-catch-up", self.background_catch_up),
-                           ("background-restore", self.background_restore)):
-            if not isinstance(value, bool):
-                raise ConfigurationError(
-                    f"keyedstate.live-copies.{key} must be true or false, got {value!r}")
-        self.transfer_options()  # checks the transfer settings
+        self.transfer_options()  # checks the transfer settings together
+
+    @classmethod
+    def options(cls) -> tuple[ConfigOption, ...]:
+        """Every setting, in field order (one per dotted key)."""
+        return _options(cls)
 
     def transfer_options(self) -> TransferOptions:
         """The object-storage settings as :class:`TransferOptions`."""
@@ -201,22 +210,30 @@ class JobConfig:
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> JobConfig:
+        """The configuration of dotted keys to values, each a Python value or its string form
+        (Flink's: ``"false"``, ``"5 min"``, ``"32 mb"``; docs/configuration.md). An unknown
+        key, a missing required one or a value that doesn't parse is a
+        :class:`ConfigurationError` naming it."""
         known = cls.keys()
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise ConfigurationError(
                 f"unknown configuration keys {unknown}; known keys: {sorted(known)}"
             )
+        missing = [o.key for o in cls.options() if o.required and o.key not in options]
+        if missing:
+            raise ConfigurationError(_REQUIRED)
         return cls(**{known[k]: v for k, v in options.items()})
 
     def recorded(self) -> dict[str, Any]:
         """The configuration as a checkpoint records it (``job_config``, shown by
         ``keyedstate checkpoints report``): dotted key -> value, enums as their names, the
-        watermark delay in ms. ``keyedstate.checkpointing.storage-options`` is left out: it
-        may hold credentials, and ``_metadata`` is read by whoever may list the checkpoints."""
+        watermark delay in ms. A secret setting (``keyedstate.checkpointing.storage-options``)
+        is left out: it may hold credentials, and ``_metadata`` is read by whoever may list
+        the checkpoints."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name == "storage_options":
+            if f.metadata.get("secret"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, dt.timedelta):
@@ -228,3 +245,30 @@ class JobConfig:
 
     def replace(self, **changes: Any) -> JobConfig:
         return dataclasses.replace(self, **changes)
+
+
+_REQUIRED = ("execution.checkpointing.dir (JobConfig.checkpoint_dir) is required: the "
+             "directory checkpoints go to, a path or any fsspec URL")
+
+
+_OPTIONS: dict[type, tuple[ConfigOption, ...]] = {}
+
+
+def _options(cls: type[JobConfig]) -> tuple[ConfigOption, ...]:
+    if cls not in _OPTIONS:
+        _OPTIONS[cls] = _declared_options(cls)
+    return _OPTIONS[cls]
+
+
+def _declared_options(cls: type[JobConfig]) -> tuple[ConfigOption, ...]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(
+        ConfigOption(key=f.metadata["key"], field_name=f.name, type=value_type(hints[f.name]),
+                     default=(f.default_factory() if f.default_factory is not dataclasses.MISSING
+                              else f.default),
+                     minimum=f.metadata.get("minimum"), secret=f.metadata.get("secret", False))
+        for f in dataclasses.fields(cls))
+
+
+# Every field's type has a string form: a setting declared with another type fails at import.
+JobConfig.options()

@@ -5,8 +5,9 @@ exceptions, ``console.error`` calls and the browser's own error log entries (a b
 request, a Content-Security-Policy violation), then evaluates JavaScript in the page and
 takes screenshots.
 
-Chromium is Debian's ``chromium`` package (``apt-get install chromium``); :func:`chromium_path`
-is None without it.
+Chromium is Debian's ``chromium`` package (``apt-get install chromium``; ``.ci/run`` installs
+it where it can); :func:`chromium_path` is None without it, and :func:`require_chromium` then
+skips a test, or fails it under ``CI=true``: CI must not pass without running the browser tests.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+#: why a browser test can't run
+MISSING = ("Chromium is not installed (Debian: apt-get install chromium, as root; .ci/run "
+           "does it); the report's browser tests need it")
+
 
 def chromium_path() -> str | None:
     """The Chromium executable on ``PATH``, or None."""
@@ -31,6 +38,28 @@ def chromium_path() -> str | None:
         if found:
             return found
     return None
+
+
+def in_ci() -> bool:
+    """Whether this is a CI run (``CI=true``, as CI services and ``.ci/run`` set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def skip_without_chromium() -> bool:
+    """Whether the browser tests are skipped: no Chromium, outside CI (in CI they fail)."""
+    return chromium_path() is None and not in_ci()
+
+
+def require_chromium(why: str = "") -> str:
+    """The Chromium executable; without it the calling test is skipped with the reason, or
+    fails under ``CI=true``."""
+    found = chromium_path()
+    if found is None:
+        message = MISSING + (f"; {why}" if why else "")
+        if in_ci():
+            pytest.fail(f"{message} (CI=true: a browser test fails without it)")
+        pytest.skip(message)
+    return found
 
 
 @dataclass

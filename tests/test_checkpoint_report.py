@@ -3,8 +3,9 @@ checked in a real headless browser (Chromium through the DevTools protocol,
 :mod:`tests.browser`): it renders without console errors, loads nothing, its tables sort on a
 real click, and a screenshot is kept under the test's temporary directory.
 
-The browser tests need Debian's ``chromium`` (``apt-get install chromium``); without it they
-are skipped with that reason (docs/checkpoints.md, "The checkpoint report"). The page's data
+The browser tests need Debian's ``chromium`` (``apt-get install chromium``; ``.ci/run``
+installs it); without it they are skipped with that reason, and fail under ``CI=true``
+(docs/checkpoints.md, "Testing the page in a browser"). The page's data
 is checked without a browser too."""
 
 from __future__ import annotations
@@ -25,14 +26,25 @@ from keyedstate.checkpoint.properties import CHECKPOINT_HISTORY, JOB_CONFIG, SUB
 from keyedstate.cli import main
 from keyedstate.cli.report_page import render_report
 from keyedstate.processor.report import read_report
-from tests.browser import Browser, chromium_path
+from tests.browser import MISSING, Browser, require_chromium, skip_without_chromium
 from tests.test_local_job import batches, config, new_job
 from tests.test_savepoints import run_job
 
-CHROMIUM = chromium_path()
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium); "
-                             "the report's browser tests need it")
+#: skipped at collection without Chromium, outside CI; under CI=true require_chromium() in the
+#: test fails it instead
+needs_chromium = pytest.mark.skipif(skip_without_chromium(), reason=MISSING)
+
+
+def test_a_missing_browser_skips_outside_ci_and_fails_in_ci(monkeypatch):
+    monkeypatch.setenv("PATH", "")  # no chromium on it
+    monkeypatch.delenv("CI", raising=False)
+    assert skip_without_chromium()
+    with pytest.raises(pytest.skip.Exception, match="Chromium is not installed"):
+        require_chromium()
+    monkeypatch.setenv("CI", "true")
+    assert not skip_without_chromium()
+    with pytest.raises(pytest.fail.Exception, match="Chromium is not installed.*CI=true"):
+        require_chromium()
 
 
 def report(directory: str, out: str) -> tuple[int, str]:
@@ -106,7 +118,7 @@ def test_report_of_a_local_job_renders_in_a_browser_sorts_and_is_kept_as_a_scree
     assert code == 0, output
     assert output.strip().splitlines()[-1] == out  # the page's path on stdout
 
-    with Browser(CHROMIUM, width=1400, height=1000) as browser:
+    with Browser(require_chromium(), width=1400, height=1000) as browser:
         browser.open(f"file://{out}")
         assert browser.errors() == []
         assert browser.evaluate("document.documentElement.dataset.ready") == "true"
@@ -150,7 +162,7 @@ def test_blanks_sort_last_both_ways(tmp_path):
                for r in data.history]
     out = tmp_path / "report.html"
     out.write_text(render_report(dataclasses.replace(data, history=blanked)), encoding="utf-8")
-    with Browser(CHROMIUM) as browser:
+    with Browser(require_chromium()) as browser:
         browser.open(f"file://{out}")
         sync = browser.evaluate(
             "Array.from(document.querySelectorAll('#history-table thead button'))"
@@ -173,7 +185,7 @@ def test_the_browser_check_sees_console_errors_and_blocked_requests(tmp_path):
         "content=\"default-src 'none'; script-src 'unsafe-inline'\"></head><body>"
         "<img src='https://example.invalid/x.png'>"
         "<script>console.error('from the page'); no_such_function();</script></body></html>")
-    with Browser(CHROMIUM) as browser:
+    with Browser(require_chromium()) as browser:
         browser.open(f"file://{page}")
         kinds = sorted(m.kind for m in browser.errors())
     assert kinds == ["console.error", "exception", "log.error"]
@@ -191,7 +203,7 @@ def test_paths_are_escaped_and_old_checkpoints_without_statistics_render_blank(t
     assert code == 0, output
     page = open(out, encoding="utf-8").read()
     assert '<b id="x">' not in page
-    with Browser(CHROMIUM) as browser:
+    with Browser(require_chromium()) as browser:
         browser.open(f"file://{out}")
         assert browser.errors() == []
         assert browser.evaluate("document.querySelectorAll('b').length") == 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import glob
 import os
 import re
+import textwrap
+from typing import Any
 
 import pytest
 
@@ -77,3 +79,74 @@ def test_every_example_is_linked_from_the_docs():
                       if os.path.basename(p) not in NOT_EXAMPLES)
     assert examples
     assert [e for e in examples if f"examples/{e}" not in docs] == []
+
+
+# -- imports, formats and runnable snippets ------------------------------------------------------
+
+#: a fenced Python block anywhere (also indented in a list item)
+PYTHON_BLOCK = re.compile(r"^([ \t]*)```python\n(.*?)^[ \t]*```", re.S | re.M)
+#: an import of keyedstate (or its examples) in a snippet, parenthesized over lines or not
+KEYEDSTATE_IMPORT = re.compile(
+    r"^[ \t]*(from (?:keyedstate|keyedstate_examples)[\w.]* import (?:\([^)]*\)|[^\n]+)"
+    r"|import (?:keyedstate|keyedstate_examples)[\w.]*)", re.M)
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    return [(os.path.relpath(doc, ROOT), textwrap.dedent(m.group(2)))
+            for doc in _docs() for m in PYTHON_BLOCK.finditer(_read(doc))]
+
+
+def _doc_imports() -> list[tuple[str, str]]:
+    """(doc, import statement) of every keyedstate import in the docs' Python snippets."""
+    return [(doc, re.sub(r"#[^\n]*", "", m.group(1)).strip())
+            for doc, body in _python_blocks() for m in KEYEDSTATE_IMPORT.finditer(body)]
+
+
+def test_the_docs_import_from_keyedstate() -> None:
+    assert len(_doc_imports()) >= 10
+    assert any("keyedstate.checkpoint.resolve" in s for _, s in _doc_imports())
+
+
+@pytest.mark.parametrize("doc, statement", _doc_imports(), ids=lambda v: v[:60])
+def test_every_import_in_the_docs_imports(doc: str, statement: str) -> None:
+    """A snippet's ``from keyedstate... import X`` names a module and names that exist (run in a
+    fresh namespace: nothing but the import itself)."""
+    try:
+        exec(compile(statement, doc, "exec"), {})
+    except ImportError as exc:
+        pytest.fail(f"{doc}: `{statement}` fails: {exc}")
+
+
+def test_the_docs_name_the_metadata_format_version_writers_write() -> None:
+    from keyedstate.storage.handles import FORMAT_VERSION
+
+    stated = [(os.path.relpath(doc, ROOT), int(v)) for doc in _docs()
+              for v in re.findall(r'"format_version": (\d+)', _read(doc))]
+    assert stated
+    assert [(doc, v) for doc, v in stated if v != FORMAT_VERSION] == []
+    for doc in _docs():
+        assert not re.search(r"every writer writes version (?!%d)\d" % FORMAT_VERSION,
+                             _read(doc)), doc
+
+
+def test_the_offline_python_savepoint_snippet_runs(tmp_path: Any) -> None:
+    """docs/savepoints.md's offline Python savepoint, run on a local job's checkpoint: both
+    savepoints are written and restore."""
+    from tests.test_local_job import batches, config, new_job
+
+    ckpt = str(tmp_path / "ckpt")
+    with new_job(config(tmp_path)) as job:
+        job.process_batch(batches(1)[0])
+    [body] = [b for doc, b in _python_blocks()
+              if doc == os.path.join("docs", "savepoints.md") and "carry(source)" in b]
+    code = (body.replace('"/jobs/clicks/ckpt"', repr(ckpt))
+            .replace('"/savepoints/', f'"{tmp_path / "sp"}/'))
+    assert code != body
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/savepoints.md", "exec"), scope)
+    for name in ("native", "canonical"):
+        assert os.path.exists(scope[name]), name
+        restored = config(tmp_path, checkpoint_dir=str(tmp_path / f"restored-{name}"),
+                          restore_path=scope[name])
+        with new_job(restored) as again:
+            again.process_batch(batches(2)[1])

@@ -233,7 +233,7 @@ def test_key_group_range_behaviour():
         empty.check_key_group(0)
 
 
-@pytest.mark.parametrize("spark_tasks", [0, -1, 1.5, "2", True])
+@pytest.mark.parametrize("spark_tasks", [0, -1, 1.5, "two", "0", True])
 def test_bad_spark_tasks_is_a_configuration_error(spark_tasks):
     from keyedstate.config import JobConfig
 
@@ -241,6 +241,8 @@ def test_bad_spark_tasks_is_a_configuration_error(spark_tasks):
         JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks=spark_tasks)
     # more Spark tasks than subtasks is fine: the job runs one per subtask
     assert JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks=16).spark_tasks == 16
+    # its string form is read as Flink reads an integer (tests/test_config.py)
+    assert JobConfig(checkpoint_dir="/x", parallelism=4, spark_tasks="2").spark_tasks == 2
 
 
 def test_a_range_is_split_into_contiguous_non_empty_parts_covering_it_exactly():

@@ -8,11 +8,11 @@ Format version 2 adds two kinds of reference (``docs/object-storage.md``): *inli
 are in ``_metadata`` itself, no object) and *segment* (a byte range of a merged object holding
 several small files of one snapshot).
 
-``_metadata`` is JSON: ``{"format_version": 2, "checksum": <xxh64 of body>, "body": {...}}``.
+``_metadata`` is JSON: ``{"format_version": 3, "checksum": <xxh64 of body>, "body": {...}}``.
 A reader rejects an unknown ``format_version`` and a body whose checksum does not match (a
 truncated or altered file), each with a typed error naming the file. Version 1 (no inline or
 segment references) is read as before. Version 3 records each state's schema
-(:attr:`StateMetaInfo.value_schema`, issue 13); versions 1 and 2 are read with the type strings
+(:attr:`StateMetaInfo.value_schema`, docs/schema-evolution.md); versions 1 and 2 are read with the type strings
 alone. Every writer writes version 3: a keyedstate that reads only up to 2 refuses it, as it
 would misread a state whose type evolved.
 """

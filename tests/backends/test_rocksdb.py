@@ -575,11 +575,11 @@ def test_directories_of_a_killed_process_are_removed_by_the_next_one(local_dir: 
 def test_directories_of_a_killed_process_go_without_a_local_dir(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without ``state.backend.local-dir`` the instance directories go below the temp dir
-    (``$TMPDIR/keyedstate/worker-...``), and are removed the same way."""
+    (``$TMPDIR/keyedstate-work/worker-...``), and are removed the same way."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    base = os.path.join(str(tmp_path), "keyedstate")
+    base = os.path.join(str(tmp_path), "keyedstate-work")
     import subprocess
     import sys
 
@@ -592,6 +592,53 @@ def test_directories_of_a_killed_process_go_without_a_local_dir(
     with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), None) as kb:  # type: ignore[arg-type]
         assert os.path.dirname(os.path.dirname(kb.instance_dir)) == base
         assert not os.path.exists(os.path.dirname(left))
+
+
+def test_a_script_run_from_the_temp_dir_still_imports_keyedstate(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default working root is not named ``keyedstate``: in the temp dir that directory
+    would be a namespace package, and a script started there after a job ran would fail with
+    ``ImportError: cannot import name 'JobConfig' from 'keyedstate' (unknown location)``."""
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), None) as kb:  # type: ignore[arg-type]
+        assert kb.instance_dir.startswith(str(tmp_path) + os.sep)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        proc = subprocess.run(
+            [sys.executable, "-c", "import keyedstate; from keyedstate import JobConfig; "
+             "print(keyedstate.__file__)"],
+            cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(os.path.join("keyedstate", "__init__.py"))
+    assert not os.path.exists(os.path.join(str(tmp_path), "keyedstate"))
+
+
+def test_the_former_default_working_root_is_retired(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$TMPDIR/keyedstate`` (the default of earlier versions) loses its ended processes'
+    directories and goes once empty; a live process's directory keeps it."""
+    import tempfile
+
+    from keyedstate.backends.base.working_dirs import _this_process
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    former = os.path.join(str(tmp_path), "keyedstate")
+    left = _killed_process_instance_dir(former)
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), None):  # type: ignore[arg-type]
+        pass
+    assert not os.path.exists(os.path.dirname(left)) and not os.path.exists(former)
+
+    # in another temp dir (this process's own directory of the default exists already)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "other"))
+    pid, start = _this_process()
+    alive = os.path.join(str(tmp_path / "other"), "keyedstate", f"worker-{pid}-{start}")
+    os.makedirs(alive)
+    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), None):  # type: ignore[arg-type]
+        pass
+    assert os.path.isdir(alive)
 
 
 # -- key-group shards: several RocksDB instances per keyed backend ---------------------------

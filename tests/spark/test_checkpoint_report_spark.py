@@ -10,7 +10,7 @@ from keyedstate.cli import main
 from keyedstate.processor.report import read_report
 from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
-from tests.browser import Browser, chromium_path
+from tests.browser import Browser, require_chromium
 from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts, file_stream
 from tests.test_local_job import INPUT, batches, config
 
@@ -45,11 +45,7 @@ def test_report_of_a_spark_job(spark, tmp_path):
     result = CliRunner().invoke(main, ["checkpoints", "report", cfg.checkpoint_dir,
                                        "--out", out])
     assert result.exit_code == 0, result.output
-    executable = chromium_path()
-    if executable is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the page "
-                    "was written, not rendered")
-    with Browser(executable) as browser:
+    with Browser(require_chromium("the page was written, not rendered")) as browser:
         browser.open(f"file://{out}")
         assert browser.errors() == []
         assert browser.evaluate("document.querySelectorAll('#history-table tbody tr').length"

@@ -26,8 +26,13 @@ import threading
 
 #: Name prefix of a process's directory below a local dir.
 WORKER_DIR_PREFIX = "worker-"
-#: Below the system temp dir when no ``state.backend.local-dir`` is configured.
-DEFAULT_LOCAL_DIR_NAME = "keyedstate"
+#: Below the system temp dir when no ``state.backend.local-dir`` is configured. Never the
+#: package's own name: a ``keyedstate`` directory in the temp dir is a namespace package that
+#: shadows the installed (editable) keyedstate for any script run from there.
+DEFAULT_LOCAL_DIR_NAME = "keyedstate-work"
+#: The default of earlier versions: emptied of ended processes' directories, then removed
+#: if empty, so that it stops shadowing the package.
+FORMER_LOCAL_DIR_NAME = "keyedstate"
 
 _WORKER_DIR_RE = re.compile(rf"^{WORKER_DIR_PREFIX}(\d+)-(\d+)$")
 _lock = threading.Lock()
@@ -60,7 +65,7 @@ def _this_process() -> tuple[int, int]:
 
 
 def default_local_dir() -> str:
-    """The base used when no local dir is configured: ``$TMPDIR/keyedstate``."""
+    """The base used when no local dir is configured: ``$TMPDIR/keyedstate-work``."""
     return os.path.join(tempfile.gettempdir(), DEFAULT_LOCAL_DIR_NAME)
 
 
@@ -82,7 +87,10 @@ def is_gone(pid: int, start_time: int) -> bool:
 
 def worker_dir(base: str | None) -> str:
     """This process's directory below ``base`` (None: :func:`default_local_dir`), created if
-    missing; creating it removes the directories of ended processes beside it."""
+    missing; creating it removes the directories of ended processes beside it (and, for the
+    default base, those in the former default, ``$TMPDIR/keyedstate``, then that directory if
+    it is empty)."""
+    default = base is None
     base = default_local_dir() if base is None else base
     pid, start_time = _this_process()
     path = os.path.join(base, f"{WORKER_DIR_PREFIX}{pid}-{start_time}")
@@ -92,7 +100,19 @@ def worker_dir(base: str | None) -> str:
         except FileExistsError:
             return path
         remove_dead_worker_dirs(base)
+        if default:
+            _retire_former_default()
     return path
+
+
+def _retire_former_default() -> None:
+    former = os.path.join(tempfile.gettempdir(), FORMER_LOCAL_DIR_NAME)
+    if os.path.isdir(former) and not os.path.islink(former):
+        remove_dead_worker_dirs(former)
+        try:
+            os.rmdir(former)  # only if empty: a live process of an earlier version, or anything
+        except OSError:       # not ours, keeps it
+            pass
 
 
 def remove_dead_worker_dirs(base: str) -> list[str]:
