@@ -1,5 +1,7 @@
 # Two commands on a fresh machine (Python 3.11+, Java 17+):
 #   make demo   creates .venv, installs keyedstate, runs the main job
+#   make check  the fast loop (about 2 minutes): lint (import contracts, ruff), types (mypy,
+#               tests/test_typing.py) and the unit tests without Spark, S3, chaos or slow ones
 #   make test   installs the test dependencies, runs the whole suite (its browser tests
 #               need Chromium, `apt-get install chromium` as root: skipped without it,
 #               failed without it under CI=true; .ci/run installs it where it can,
@@ -9,7 +11,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install bench lint clean
+.PHONY: demo test check install bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +26,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/keyedstate demo
 
-test: $(STAMP)
-	$(VENV)/bin/lint-imports
+test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+check: lint
+	$(PY) -m pytest -q -m "not spark and not s3 and not chaos and not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/keyedstate bench --help

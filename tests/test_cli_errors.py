@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
 
 import click
 import pytest

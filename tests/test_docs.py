@@ -125,7 +125,7 @@ def test_the_docs_name_the_metadata_format_version_writers_write() -> None:
     assert stated
     assert [(doc, v) for doc, v in stated if v != FORMAT_VERSION] == []
     for doc in _docs():
-        assert not re.search(r"every writer writes version (?!%d)\d" % FORMAT_VERSION,
+        assert not re.search(rf"every writer writes version (?!{FORMAT_VERSION})\d",
                              _read(doc)), doc
 
 
