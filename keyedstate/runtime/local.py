@@ -257,8 +257,10 @@ class LocalJob:
 
     Start-up is :func:`~keyedstate.runtime.startup.start_job`: a job recovers its own latest
     checkpoint (at another parallelism: rescaling), else starts from
-    ``execution.state-recovery.path`` in its claim mode, else from empty state; a job recovered
-    from checkpoints of another lineage or one stopped with drain is refused, as on Spark.
+    ``execution.state-recovery.path`` in its claim mode, else from empty state (its own
+    checkpoints win over a restore path); another job on the directory (other key columns,
+    key types or states: :mod:`~keyedstate.runtime.identity`) and a job stopped with drain are
+    refused, as on Spark.
     Snapshots are interchangeable with Spark's: a Spark job's savepoint restores here and one
     taken here restores on Spark (with ``keyedstate.state-recovery.source-positions: ignore``:
     a local job has no Spark source positions to carry). Batch ids continue those of the
