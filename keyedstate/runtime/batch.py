@@ -122,7 +122,8 @@ class ResumePoint:
 def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
     """What the job ``start`` describes resumes from: its recovered latest checkpoint
     (checked by :func:`check_recovered`), else the snapshot it restores in NO_CLAIM / LEGACY
-    mode, else empty state; with the watermark and batch id they recorded."""
+    mode, else empty state; with the watermark and batch id they recorded, and the snapshot
+    the job's lineage started from (the recovered checkpoint's, else the restore path)."""
     latest = start.coordinator.latest_completed
     if start.recovered and latest is not None:
         check_recovered(latest, config.checkpoint_dir)

@@ -77,8 +77,9 @@ def check_key_types(recorded: Sequence[str], job: Sequence[str], where: str, way
     ``where``, naming both in DDL; ``ways_out`` ends the message."""
     if recorded and job and not same_key_types(recorded, job):
         raise JobMismatchError(
-            f"{where} is keyed by key types {ddl_types(recorded)}, the job by {ddl_types(job)}; keys are "
-            f"stored in their types' encoding, so the job can't read this state. {ways_out}"
+            f"{where} is keyed by key types {ddl_types(recorded)}, the job by "
+            f"{ddl_types(job)}; keys are stored in their types' encoding, so the job can't "
+            f"read this state. {ways_out}"
         )
 
 
