@@ -124,6 +124,12 @@ class JobConfig:
     #: one string of comma-separated names. docs/schema-evolution.md, "Added and removed states"
     drop_states: tuple[str, ...] = field(
         default=(), metadata=_key("keyedstate.state-recovery.drop-states"))
+    #: Take over the checkpoint directory's state although the job's key columns changed or
+    #: none of its states is one the directory's job had (an intended change, e.g. a renamed
+    #: key column; Flink's ``allowNonRestoredState`` in spirit). Key types must match anyway.
+    #: docs/checkpoints.md, "What identifies a job"
+    allow_job_change: bool = field(
+        default=False, metadata=_key("keyedstate.state-recovery.allow-job-change"))
     watermark_column: str | None = field(default=None, metadata=_key("keyedstate.watermark.column"))
     watermark_delay: dt.timedelta = field(default=dt.timedelta(0),
                                           metadata=_key("keyedstate.watermark.delay"))

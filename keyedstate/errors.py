@@ -86,6 +86,14 @@ class SourcePositionsError(ConfigurationError):
     query than the one the checkpoints cover. Starting would skip or double input."""
 
 
+class JobMismatchError(ConfigurationError):
+    """The job being started is not the one whose state it would take over: the checkpoint
+    directory's job had other key columns, key types or states (or a snapshot restored is
+    keyed by other types). Raised at start, before anything is written; the message names
+    the recorded job, what differs and the ways out (docs/checkpoints.md, "What identifies a
+    job")."""
+
+
 class OutputSchemaError(KeyedStateError, TypeError):
     """Rows a function emitted do not match the declared output schema."""
 

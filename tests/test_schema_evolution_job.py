@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from keyedstate.config import JobConfig
-from keyedstate.errors import ConfigurationError, StateTypeMismatchError
+from keyedstate.errors import ConfigurationError, JobMismatchError, StateTypeMismatchError
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import StateTtlConfig, ValueStateDescriptor
@@ -191,8 +191,11 @@ def test_states_added_kept_and_dropped(tmp_path):
         job.process_batch(data[3])
         states = {m.name for h in job.latest_checkpoint.metadata.handles for m in h.states}
     assert states == {"extra"}
-    # Totals restarted now finds its state gone: it starts empty.
-    with _job(cfg, Totals()) as job:
+    # Totals now shares no state with the directory's job: another job, refused at start;
+    # restarted on purpose, it finds its state gone and starts empty.
+    with pytest.raises(JobMismatchError, match=r"states \['extra'\] -> \['totals'\]"):
+        _job(cfg, Totals())
+    with _job(cfg.replace(allow_job_change=True), Totals()) as job:
         again = _rows([job.process_batch(data[0])])
     assert again == _oracle(data[:1])
 

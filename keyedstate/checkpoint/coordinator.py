@@ -502,7 +502,11 @@ class CheckpointCoordinator:
             raise CorruptCheckpointError(
                 f"no checkpoint in {storage.url} can be read: "
                 + "; ".join(unreadable[i] for i in sorted(unreadable, reverse=True))
-                + ". Restore from a savepoint (nothing was deleted)"
+                + ". Nothing was deleted. Put a good copy of the _metadata back, or restore "
+                "the job from a savepoint into a new checkpoint directory "
+                "(execution.state-recovery.path: the savepoint, execution.checkpointing.dir: "
+                "a directory no job uses; here the job's own checkpoints win over a restore "
+                "path), and keep this one for inspection (keyedstate checkpoints show)"
             )
         # A job that completed checkpoints but has none left lost them (deleted _metadata):
         # starting it from empty state would silently drop its state. Without the marker, a

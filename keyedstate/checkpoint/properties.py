@@ -30,6 +30,9 @@ STAGED = "staged"
 DRAINED = "drained"
 #: The snapshot the job's lineage started from ("" for empty state).
 RESTORED_FROM = "restored_from"
+#: The class of the job's function (``module.QualName``): named when another job is refused on
+#: the directory (:mod:`keyedstate.runtime.identity`); absent in older checkpoints.
+JOB_FUNCTION = "function"
 #: The job's configuration (JSON: dotted key -> value, storage options left out: they may hold
 #: credentials; :meth:`keyedstate.config.JobConfig.recorded`).
 JOB_CONFIG = "job_config"

@@ -50,15 +50,22 @@ from keyedstate.config import RestoreMode, parse_restore_mode
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
+    JobMismatchError,
     MaxParallelismMismatchError,
     NoCheckpointError,
     SerializationError,
     SnapshotClaimedError,
     UnsafePathError,
 )
-from keyedstate.serde import parse_type
+from keyedstate.serde import type_ddl, type_from_string
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.handles import KeyedStateHandle, SnapshotFormat, SnapshotKind, StreamHandle
+from keyedstate.storage.handles import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    SnapshotFormat,
+    SnapshotKind,
+    StreamHandle,
+)
 from keyedstate.storage.layout import (
     CHECKPOINT_DIR_PREFIX,
     CLAIM_MARKER_FILE,
@@ -109,16 +116,25 @@ def _check_not_claimed_by_other(snapshot: ResolvedSnapshot, job: CheckpointStora
         )
 
 
+def latest_readable_checkpoint(storage: CheckpointStorage
+                               ) -> tuple[str, CheckpointMetadata] | None:
+    """The relative ``_metadata`` path and content of the newest readable checkpoint in a
+    job's root (the one recovery restores), None if none; reads only."""
+    for checkpoint_id in reversed(storage.checkpoint_ids()):
+        path = storage.metadata_path(checkpoint_id)
+        try:
+            return path, storage.read_metadata(path)
+        except (CorruptCheckpointError, UnsafePathError, NoCheckpointError):
+            continue
+    return None
+
+
 def max_parallelism_of_job(storage: CheckpointStorage) -> int | None:
     """The max parallelism of the newest readable checkpoint in a job's root (None if none):
     a job whose max parallelism is not configured keeps the one its state was written with,
     as Flink does."""
-    for checkpoint_id in reversed(storage.checkpoint_ids()):
-        try:
-            return storage.read_metadata(storage.metadata_path(checkpoint_id)).max_parallelism
-        except (CorruptCheckpointError, UnsafePathError, NoCheckpointError):
-            continue
-    return None
+    latest = latest_readable_checkpoint(storage)
+    return None if latest is None else latest[1].max_parallelism
 
 
 def open_restore_snapshot(job: CheckpointStorage, restore_path: str, mode: RestoreMode | str,
@@ -131,8 +147,9 @@ def open_restore_snapshot(job: CheckpointStorage, restore_path: str, mode: Resto
     Step 1. Resolve ``restore_path`` (a checkpoint directory, ``chk-N``, savepoint, _metadata).
     Step 2. A configured ``max_parallelism`` must be the snapshot's
         (:class:`MaxParallelismMismatchError`, pointing to the way out); None adopts it. A
-        native snapshot must come from the job's ``backend`` and ``key_types``
-        (:class:`ConfigurationError`; a canonical savepoint changes backends).
+        native snapshot must come from the job's ``backend`` (:class:`ConfigurationError`; a
+        canonical savepoint changes backends); any snapshot must be keyed by the job's
+        ``key_types`` (:class:`JobMismatchError`, both named in Spark DDL).
     Step 3. No other job may have claimed it (:class:`SnapshotClaimedError`), in any mode: its
         owner deletes it once subsumed. CLAIM needs a native snapshot.
     Step 4. Every file exists with its recorded size, and on a local disk its recorded
@@ -163,14 +180,14 @@ def open_restore_snapshot(job: CheckpointStorage, restore_path: str, mode: Resto
                 f"canonical savepoint of it (keyedstate savepoint create --format canonical), "
                 f"which any backend restores"
             )
-        recorded, wanted = _key_types(metadata.key_types), _key_types(key_types or [])
-        if key_types and recorded and wanted and recorded != wanted:
-            raise ConfigurationError(
-                f"{where} was written with key types {metadata.key_types}, the job declares "
-                f"{list(key_types)}; keys are stored in their types' encoding, so key the job "
-                f"by columns of the same types (or migrate the state with the state processor "
-                f"API)"
-            )
+    # Any format: keys are stored (native) or written (canonical) in their types' encoding.
+    if key_types and metadata.key_types and not same_key_types(metadata.key_types, key_types):
+        raise JobMismatchError(
+            f"{where} is keyed by key types {ddl_types(metadata.key_types)}, the job by "
+            f"{ddl_types(key_types)}; keys are stored in their types' encoding, so key the job "
+            f"by columns of the same types (or migrate the state with the state processor "
+            f"API: SavepointReader / SavepointWriter)"
+        )
     # Step 3. Ownership.
     _check_not_claimed_by_other(snapshot, job)
     if mode is RestoreMode.CLAIM and metadata.format is not SnapshotFormat.NATIVE:
@@ -190,19 +207,30 @@ def open_restore_snapshot(job: CheckpointStorage, restore_path: str, mode: Resto
     return snapshot
 
 
-def _key_types(types: Sequence[str]) -> list[str] | None:
-    """Key types in one spelling (Spark DDL ``bigint`` and Arrow ``int64`` are one type), or
-    None when one of them can't be read here (the restore checks again, per key)."""
-    out = []
+def _parsed_types(types: Sequence[str]) -> list[pa.DataType | str]:
+    out: list[pa.DataType | str] = []
     for text in types:
         try:
-            out.append(str(parse_type(text)))
+            out.append(type_from_string(text))
         except SerializationError:
-            try:
-                out.append(str(pa.type_for_alias(text)))
-            except (ValueError, TypeError):
-                return None
+            out.append(text)  # unreadable here: compared as written
     return out
+
+
+def same_key_types(recorded: Sequence[str], job: Sequence[str]) -> bool:
+    """Whether two spellings of key types name the same types (Spark DDL ``bigint`` and
+    Arrow's ``int64``, as a canonical savepoint records it, are one type). True when a type
+    can't be read here: the restore checks again, per key."""
+    first, second = _parsed_types(recorded), _parsed_types(job)
+    if any(isinstance(t, str) for t in [*first, *second]):
+        return True
+    return first == second
+
+
+def ddl_types(types: Sequence[str]) -> list[str]:
+    """Key types in Spark DDL (``bigint``, ``string``), the job's spelling, whichever spelling
+    recorded them; a type that can't be read here as recorded."""
+    return [t if isinstance(t, str) else type_ddl(t) for t in _parsed_types(types)]
 
 
 def _write_marker(snapshot: ResolvedSnapshot, job: CheckpointStorage) -> None:

@@ -325,6 +325,7 @@ class GarbageReport:
 
 def _committed(storage: CheckpointStorage) -> dict[int, CheckpointMetadata]:
     committed: dict[int, CheckpointMetadata] = {}
+    unreadable: dict[int, str] = {}
     for checkpoint_id in storage.checkpoint_ids():
         path = storage.metadata_path(checkpoint_id)
         try:
@@ -332,12 +333,26 @@ def _committed(storage: CheckpointStorage) -> dict[int, CheckpointMetadata]:
         except NoCheckpointError:
             continue  # subsumed since the listing (a running job): no longer retained
         except (CorruptCheckpointError, UnsafePathError, UnsupportedFormatVersionError) as exc:
-            raise CorruptCheckpointError(
-                f"{storage.url_of(path)} can't be read ({exc}); gc needs every committed "
-                f"checkpoint to know what is referenced. Inspect it (keyedstate checkpoints "
-                f"show), start the job once (recovery sets corrupt checkpoints aside), or delete "
-                f"chk-{checkpoint_id} yourself"
-            ) from exc
+            unreadable[checkpoint_id] = f"{storage.url_of(path)} can't be read ({exc})"
+    if unreadable:
+        first = min(unreadable)
+        names = ", ".join(f"chk-{i}" for i in sorted(unreadable))
+        # The advice must work when followed: a job recovers here only from a readable
+        # checkpoint, and sets an unreadable one newer than it aside until it is subsumed.
+        if committed:
+            way = (f"then run the job until it completes a checkpoint "
+                   f"(execution.checkpointing.num-retained of them, if more than 1): recovery "
+                   f"restores chk-{max(committed)} and keeps {names} aside until a newer "
+                   f"checkpoint subsumes them, deleting them then")
+        else:
+            way = ("no checkpoint here is readable, so the job can't recover here either: "
+                   "restore it from a savepoint into a new checkpoint directory, and delete "
+                   "this one once it is of no more use")
+        raise CorruptCheckpointError(
+            f"{unreadable[first]}; gc needs every committed checkpoint to know what is "
+            f"referenced, so nothing was collected. Inspect it (keyedstate checkpoints show); "
+            f"{way}; or delete {names} yourself"
+        )
     return committed
 
 

@@ -29,6 +29,7 @@ from keyedstate.checkpoint.properties import (
     BATCH_ID,
     DRAINED,
     JOB_CONFIG,
+    JOB_FUNCTION,
     RESTORED_FROM,
     STAGED,
     TOKENS,
@@ -36,7 +37,7 @@ from keyedstate.checkpoint.properties import (
 )
 from keyedstate.checkpoint.stats import completed_stats, stats_properties, subtask_stats
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
-from keyedstate.errors import CheckpointProtocolError, ConfigurationError, JobDrainedError
+from keyedstate.errors import CheckpointProtocolError, JobDrainedError
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
 from keyedstate.runtime.startup import JobStart
 from keyedstate.runtime.subtask import MIN_WATERMARK, RestoreSource, decode_handle
@@ -88,19 +89,11 @@ def side_output_schemas(side_outputs: Mapping[str, pa.Schema], late_events: Late
             **({LATE_EVENTS_TAG: late_schema} if late_events is LateEvents.SIDE_OUTPUT else {})}
 
 
-def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str,
-                    restore_path: str | None) -> None:
-    """Refuse to continue a recovered job that is not the configured one: its checkpoints
-    started from another snapshot (:class:`ConfigurationError`), or it was stopped with drain
-    (:class:`JobDrainedError`)."""
-    restored_from = latest.metadata.properties.get(RESTORED_FROM, "")
-    if restored_from != (restore_path or ""):
-        raise ConfigurationError(
-            f"{checkpoint_dir} holds the checkpoints of a job started from "
-            f"{restored_from or 'empty state'}, not from "
-            f"{restore_path or 'empty state'}; start a job from a snapshot "
-            f"in a new checkpoint directory"
-        )
+def check_recovered(latest: CompletedCheckpoint, checkpoint_dir: str) -> None:
+    """Refuse to continue a recovered job that was stopped with drain
+    (:class:`JobDrainedError`). Which snapshot its lineage started from does not matter: a
+    job's own checkpoints win over the configured restore path (start-up logs a different
+    one as ignored; docs/restore-modes.md)."""
     if latest.metadata.properties.get(DRAINED) == "true":
         raise JobDrainedError(
             f"the job in {checkpoint_dir} was stopped with drain; start a new "
@@ -120,15 +113,20 @@ class ResumePoint:
     watermark: int
     #: the batch id the restored state covers, as recorded (-1: none)
     batch_id: int
+    #: the snapshot the job's lineage started from ("": empty state), which its checkpoints
+    #: record (:data:`~keyedstate.checkpoint.properties.RESTORED_FROM`): the recovered
+    #: checkpoint's, else the configured restore path
+    restored_from: str = ""
 
 
 def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
     """What the job ``start`` describes resumes from: its recovered latest checkpoint
     (checked by :func:`check_recovered`), else the snapshot it restores in NO_CLAIM / LEGACY
-    mode, else empty state; with the watermark and batch id they recorded."""
+    mode, else empty state; with the watermark and batch id they recorded, and the snapshot
+    the job's lineage started from (the recovered checkpoint's, else the restore path)."""
     latest = start.coordinator.latest_completed
     if start.recovered and latest is not None:
-        check_recovered(latest, config.checkpoint_dir, config.restore_path)
+        check_recovered(latest, config.checkpoint_dir)
         base, share, props = (RestoreSource.of(start.coordinator.storage, latest.metadata, own=True),
                               True, latest.metadata.properties)
     elif start.restored is not None:
@@ -136,16 +134,18 @@ def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
         base, share, props = (RestoreSource.of(snapshot.storage, snapshot.metadata, own=False),
                               False, snapshot.metadata.properties)
     else:
-        return ResumePoint(None, True, MIN_WATERMARK, -1)
+        return ResumePoint(None, True, MIN_WATERMARK, -1, config.restore_path or "")
+    origin = (props.get(RESTORED_FROM, "") if start.recovered
+              else config.restore_path or "")
     return ResumePoint(base, share, int(props.get(WATERMARK, MIN_WATERMARK)),
-                       int(props.get(BATCH_ID, -1)))
+                       int(props.get(BATCH_ID, -1)), origin)
 
 
 def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoint,
                    results: Sequence[Any], *, parallelism: int, batch_id: int, watermark: int,
                    watermark_delay_ms: int, drain: bool, key_columns: Sequence[str],
                    lineage: Mapping[str, str], extra: Mapping[str, str] | None = None,
-                   config: JobConfig | None = None,
+                   config: JobConfig | None = None, function: str = "",
                    ) -> tuple[CompletedCheckpoint, list[Any], int]:
     """Acknowledge every subtask's handle and complete ``pending``; returns the completed
     checkpoint, the results in subtask order and the watermark after the batch.
@@ -155,7 +155,8 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
     time less ``watermark_delay_ms``, never back. The checkpoint's properties record
     ``lineage`` (where the job started from), the batch id, the new watermark, each subtask's
     snapshot token, the staged outputs, whether the batch drained the job, the key columns,
-    the checkpoint's statistics and the job's history
+    the function's class (``function``, when given: who the job is,
+    :mod:`~keyedstate.runtime.identity`), the checkpoint's statistics and the job's history
     (:func:`~keyedstate.checkpoint.stats.stats_properties`), the job's ``config``
     (:meth:`~keyedstate.config.JobConfig.recorded`) when given, and ``extra``. Raises
     :class:`CheckpointProtocolError` unless there is exactly one result per subtask; the
@@ -194,8 +195,10 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
         **stats_properties(row, subtasks, None if previous is None else previous.metadata),
         **({JOB_CONFIG: json.dumps(config.recorded(), default=str)} if config else {}),
         **(extra or {}),
-        # Names the key columns for the state processor API and canonical savepoints.
+        # Names the key columns for the state processor API and canonical savepoints; with
+        # the function, who the job is (checked at its next start).
         PROP_KEY_COLUMNS: json.dumps(list(key_columns)),
+        **({JOB_FUNCTION: function} if function else {}),
     }
     completed = coordinator.complete(pending, properties=properties)
     return completed, ordered, watermark

@@ -36,6 +36,7 @@ from keyedstate.runtime.batch import (
 )
 from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
 from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
@@ -256,8 +257,10 @@ class LocalJob:
 
     Start-up is :func:`~keyedstate.runtime.startup.start_job`: a job recovers its own latest
     checkpoint (at another parallelism: rescaling), else starts from
-    ``execution.state-recovery.path`` in its claim mode, else from empty state; a job recovered
-    from checkpoints of another lineage or one stopped with drain is refused, as on Spark.
+    ``execution.state-recovery.path`` in its claim mode, else from empty state (its own
+    checkpoints win over a restore path); another job on the directory (other key columns,
+    key types or states: :mod:`~keyedstate.runtime.identity`) and a job stopped with drain are
+    refused, as on Spark.
     Snapshots are interchangeable with Spark's: a Spark job's savepoint restores here and one
     taken here restores on Spark (with ``keyedstate.state-recovery.source-positions: ignore``:
     a local job has no Spark source positions to carry). Batch ids continue those of the
@@ -302,12 +305,15 @@ class LocalJob:
         # Steps 0-3 (runtime/startup.py), then what the first batch resumes from.
         start = start_configured_job(self.storage, cfg, backend=self.backend.name,
                                      key_types=self.key_types,
-                                     on_restore=self._claim_properties, function=function)
+                                     on_restore=self._claim_properties, function=function,
+                                     key_columns=self.key_columns)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
         self.start_id = start.start_id
         self.key_serializer = KeySerializer(self.key_types)
         point = resume_point(start, cfg)
+        # A restart keeps the lineage its checkpoints record, whatever restore path it has.
+        self.lineage[RESTORED_FROM] = point.restored_from
         self.base: RestoreSource | None = point.base
         self.share_restored_files = point.share_restored_files
         self.watermark = point.watermark
@@ -405,7 +411,8 @@ class LocalJob:
                 self.coordinator, pending, rows, parallelism=cfg.parallelism,
                 batch_id=batch_id, watermark=self.watermark,
                 watermark_delay_ms=cfg.watermark_delay_ms, drain=drain,
-                key_columns=self.key_columns, lineage=self.lineage, config=cfg)
+                key_columns=self.key_columns, lineage=self.lineage, config=cfg,
+                function=function_name(self.function))
         except BaseException as exc:
             if not pending.is_completed:
                 self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")

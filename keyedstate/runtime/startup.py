@@ -5,6 +5,10 @@
 
 0. The checkpoint storage accepts the job's credentials and exists, so that a wrong key or a
    missing bucket fails the start, not the first checkpoint.
+0b. A directory holding checkpoints holds those of one job: the job starting must be that job
+   (:func:`~keyedstate.runtime.identity.check_same_job`: key types, key columns, states;
+   :class:`~keyedstate.errors.JobMismatchError` before anything is read further or written).
+   Its own checkpoints win over a restore path (a different one is logged as ignored).
 1. A new job (no completed checkpoint of its own) with a restore path: the snapshot is checked,
    reading only (:func:`~keyedstate.checkpoint.restore_modes.open_restore_snapshot`), and so
    are its states against the function's descriptors (:func:`~keyedstate.backends.base.
@@ -24,6 +28,7 @@ its source) stays with the runtime.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -31,16 +36,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 from keyedstate.backends.base.migration import check_restored_states
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, has_completed_checkpoints
+from keyedstate.checkpoint.properties import JOB_FUNCTION, RESTORED_FROM
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.restore_modes import (
     claim_snapshot,
+    latest_readable_checkpoint,
     max_parallelism_of_job,
     open_restore_snapshot,
 )
 from keyedstate.config import JobConfig, RestoreMode
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
 from keyedstate.runtime.declared import declared_states
+from keyedstate.processor.canonical import PROP_KEY_COLUMNS
 from keyedstate.runtime.function import KeyedProcessFunction
+from keyedstate.runtime.identity import check_same_job, function_name
 from keyedstate.state.descriptors import StateDescriptor
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata
@@ -77,7 +86,8 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
               restore_path: str | None, restore_mode: RestoreMode,
               storage_options: Mapping[str, Any] | None, on_restore: OnRestore,
               descriptors: Sequence[StateDescriptor] = (),
-              drop_states: Sequence[str] = ()) -> JobStart:
+              drop_states: Sequence[str] = (), key_columns: Sequence[str] | None = None,
+              function: str = "", allow_job_change: bool = False) -> JobStart:
     """Start a job whose checkpoints live in ``storage`` (steps in the module docstring).
 
     ``max_parallelism``: the configured one (None: adopted, step 2). ``restore_path`` is used
@@ -91,7 +101,10 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
     start). ``descriptors`` (the function's states) and ``drop_states`` are checked against
     the snapshot the job restores, before it is claimed
     (:class:`~keyedstate.errors.StateTypeMismatchError`, :class:`~keyedstate.errors.
-    ConfigurationError`).
+    ConfigurationError`). ``key_columns`` (None: not known) and ``function`` (the class name
+    its checkpoints record) identify the job: a directory holding another job's checkpoints
+    is refused (:class:`~keyedstate.errors.JobMismatchError`, step 0b) unless
+    ``allow_job_change``, and a claimed snapshot becomes a checkpoint naming them.
     """
     def check_states(metadata: CheckpointMetadata, where: str) -> None:
         kept = check_restored_states(metadata, descriptors, drop_states, where)
@@ -101,18 +114,33 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
 
     # Step 0. Credentials and location, before anything is read or written.
     storage.check_access()
+    # Step 0b. A directory's checkpoints are one job's: refuse another job before recovery
+    # (which deletes incomplete and subsumed checkpoints) touches anything.
+    own = has_completed_checkpoints(storage)
+    latest_own = latest_readable_checkpoint(storage) if own else None
+    if latest_own is not None:
+        path, metadata = latest_own
+        check_same_job(metadata, storage.url_of(path), key_types=key_types,
+                       key_columns=key_columns, states=[d.name for d in descriptors],
+                       drop_states=drop_states, function=function,
+                       allow_change=allow_job_change, directory=storage.url)
+        _log_ignored_restore_path(storage, metadata, restore_path)
     # Step 1. A new job started from a snapshot: check it (reads only), let the runtime act
     # on it, then claim it or keep it as the restore source.
     snapshot: ResolvedSnapshot | None = None
     restored: ResolvedSnapshot | None = None
-    if restore_path and not has_completed_checkpoints(storage):
+    if restore_path and not own:
         snapshot = open_restore_snapshot(storage, restore_path, restore_mode,
                                          max_parallelism=max_parallelism, backend=backend,
                                          key_types=key_types, storage_options=storage_options)
         check_states(snapshot.metadata, snapshot.storage.url_of(snapshot.metadata_path))
         properties = on_restore(snapshot)
         if restore_mode is RestoreMode.CLAIM:
-            claim_snapshot(snapshot, storage, dict(properties))
+            # The claimed checkpoint is this job's: it names this job, not the snapshot's.
+            identity = {**({PROP_KEY_COLUMNS: json.dumps(list(key_columns))}
+                           if key_columns is not None else {}),
+                        **({JOB_FUNCTION: function} if function else {})}
+            claim_snapshot(snapshot, storage, {**properties, **identity})
         else:
             # The backends restore it with share_restored_files=False: the job's first
             # snapshot references none of its files (it duplicates them).
@@ -135,12 +163,32 @@ def start_job(storage: CheckpointStorage, *, backend: str, key_types: Sequence[s
     return JobStart(coordinator, max_parallelism, recovered, restored)
 
 
+def _log_ignored_restore_path(storage: CheckpointStorage, latest: CheckpointMetadata,
+                              restore_path: str | None) -> None:
+    """A restart resumes the job's own checkpoints (Flink does too); a restore path other
+    than the one the job started from is ignored, which the log says, with the way to start
+    from it (docs/restore-modes.md, "Restarting a job started from a snapshot")."""
+    if not restore_path:
+        return
+    started_from = latest.properties.get(RESTORED_FROM, "")
+    if started_from.rstrip("/") == restore_path.rstrip("/"):
+        logger.info("%s holds the job's own checkpoints: resuming from them (the job started "
+                    "from %s)", storage.url, started_from)
+        return
+    logger.warning("restore path %s ignored: %s holds the job's own checkpoints (the job "
+                   "started from %s), and a job's own checkpoints win. To start from %s, "
+                   "give the job a new checkpoint directory", restore_path, storage.url,
+                   started_from or "empty state", restore_path)
+
+
 def start_configured_job(storage: CheckpointStorage, config: JobConfig, *, backend: str,
                          key_types: Sequence[str], on_restore: OnRestore,
-                         function: KeyedProcessFunction | None = None) -> JobStart:
+                         function: KeyedProcessFunction | None = None,
+                         key_columns: Sequence[str] | None = None) -> JobStart:
     """:func:`start_job` for a job configured by ``config`` (parallelism, max parallelism,
-    retained checkpoints, restore path and mode, storage options, states to drop) running
-    ``function`` (its declared states: :func:`~keyedstate.runtime.declared.declared_states`)."""
+    retained checkpoints, restore path and mode, storage options, states to drop, whether a
+    change of job is intended) running ``function`` (its declared states:
+    :func:`~keyedstate.runtime.declared.declared_states`) keyed by ``key_columns``."""
     descriptors = () if function is None else declared_states(function, key_types,
                                                               config.parallelism)
     return start_job(storage, backend=backend, key_types=key_types,
@@ -148,7 +196,9 @@ def start_configured_job(storage: CheckpointStorage, config: JobConfig, *, backe
                      parallelism=config.parallelism, max_parallelism=config.max_parallelism,
                      num_retained=config.num_retained, restore_path=config.restore_path,
                      restore_mode=config.restore_mode, storage_options=config.storage_options,
-                     on_restore=on_restore)
+                     on_restore=on_restore, key_columns=key_columns,
+                     function=function_name(function),
+                     allow_job_change=config.allow_job_change)
 
 
 def open_coordinator(storage: CheckpointStorage, *, backend: str, parallelism: int,

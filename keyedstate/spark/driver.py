@@ -63,6 +63,7 @@ from keyedstate.runtime.batch import (
     staged_outputs,
 )
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.startup import start_configured_job
 from keyedstate.runtime.subtask import (
@@ -252,6 +253,10 @@ class KeyedJobDriver:
         """Recover from the job's own checkpoints, else start from the configured snapshot in
         its restore mode (:mod:`keyedstate.checkpoint.restore_modes`), else from empty state.
 
+        Step 0b. A directory holding checkpoints: the job must be the one that wrote them
+            (key types, key columns, states; :class:`~keyedstate.errors.JobMismatchError`
+            unless ``keyedstate.state-recovery.allow-job-change``); its own checkpoints then
+            win over any restore path.
         Step 1. A new job with ``execution.state-recovery.path``: check the snapshot, reading
             only (max parallelism, not claimed by another job, every file's size and
             checksum); restore its source positions (:meth:`_resume_source`: Spark resumes
@@ -259,8 +264,8 @@ class KeyedJobDriver:
             it carries (a savepoint of a batch whose sinks had not committed); CLAIM then
             imports it as this job's first checkpoint.
         Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
-        Step 3. The job's own checkpoints: recover from the latest complete one (lineage
-            checked; a fall-back past a lost or corrupt ``_metadata`` is in the coordinator's
+        Step 3. The job's own checkpoints: recover from the latest complete one (drain
+            checked, its lineage kept; a fall-back past a lost or corrupt ``_metadata`` is in the coordinator's
             ``recovery_notes``). A job that completed checkpoints but has none left raises
             :class:`~keyedstate.errors.MissingCheckpointFileError` here, as the core runtime
             does; a gap in batch ids after a fall-back is refused per batch
@@ -286,7 +291,8 @@ class KeyedJobDriver:
         # (_on_restore) before it is claimed.
         start = start_configured_job(self.storage, cfg, backend=self.backend.name,
                                      key_types=self.key_types, on_restore=self._on_restore,
-                                     function=self.job.function)
+                                     function=self.job.function,
+                                     key_columns=self.job.stream.key_columns)
         self.max_parallelism = start.max_parallelism
         self.coordinator = start.coordinator
         self.start_id = start.start_id
@@ -294,6 +300,8 @@ class KeyedJobDriver:
         # LEGACY: the first checkpoint references none of the snapshot's files, the backends
         # duplicate them into this job's root instead).
         point = resume_point(start, cfg)
+        # A restart keeps the lineage its checkpoints record, whatever restore path it has.
+        self.lineage[RESTORED_FROM] = point.restored_from
         self.base = point.base
         self.share_restored_files = point.share_restored_files
         self.watermark = point.watermark
@@ -603,7 +611,7 @@ class KeyedJobDriver:
                 batch_id=batch_id, watermark=self.watermark,
                 watermark_delay_ms=self.config.watermark_delay_ms, drain=drain,
                 key_columns=self.job.stream.key_columns, lineage=self.lineage,
-                config=self.config,
+                config=self.config, function=function_name(self.job.function),
                 # The query the batch id belongs to: names the sinks' output, checked at
                 # restart.
                 extra={PROP_QUERY_ID: self.query_id()})

@@ -358,13 +358,25 @@ def test_two_jobs_writing_to_one_parquet_sink_path_keep_all_their_batches(spark,
                              pd.concat(pd.read_parquet(f) for f in mine).reset_index(drop=True))
 
 
-def test_restart_from_other_snapshot_into_used_directory_is_refused(spark, tmp_path):
+def test_another_job_on_a_checkpoint_directory_is_refused_at_start(spark, tmp_path):
+    """A function whose states share nothing with the directory's job is refused by start(),
+    naming the recorded job and the ways out, before anything is written; the directory's
+    own job then restarts, with a restore path (its own directory) or not: own checkpoints
+    win, and the restart resumes from them."""
+    from keyedstate.errors import JobMismatchError
+    from tests.spark.jobs import IdleCounts
+
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 1)
     run_job(spark, root, RunningTotals(), parallelism=2)
-    with pytest.raises(ConfigurationError, match="new checkpoint directory"):
-        run_job(spark, root, RunningTotals(), parallelism=2,
-                restore_path=os.path.join(root, "ckpt"))
+    ckpt = os.path.join(root, "ckpt")
+    before = sorted((d, f) for d, _, fs in os.walk(ckpt) for f in fs)
+    with pytest.raises(JobMismatchError, match=r"states \['totals'\].*allow-job-change"):
+        run_job(spark, root, IdleCounts(), parallelism=2)
+    assert sorted((d, f) for d, _, fs in os.walk(ckpt) for f in fs) == before
+    write_files(os.path.join(root, "input"), 1, first=1)
+    run_job(spark, root, RunningTotals(), parallelism=2, restore_path=ckpt)
+    check_against_pandas(root)
 
 
 def test_demo_end_to_end_with_savepoint_rescale_and_drain(spark, tmp_path):
