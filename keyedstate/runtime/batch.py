@@ -59,7 +59,8 @@ class StagedOutput:
     ``lineage`` names the sequence of batch ids the batch belongs to: a batch is identified by
     ``(lineage, batch id)``. The driver passes the Spark streaming query's id (a uuid, kept
     across restarts from one Spark checkpoint location and carried by savepoints; a new query's
-    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches are then told apart by their id alone.
+    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches
+    are then told apart by their id alone.
 
     ``parent_lineage`` and ``fork_batch_id``: a lineage that is a branch (a job restored from
     a snapshot into a new Spark checkpoint location) forks from batch ``fork_batch_id`` of

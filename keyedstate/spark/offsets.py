@@ -18,8 +18,9 @@ batch (:func:`capture`), and a job restored from it in a new checkpoint location
 location with the copy before Spark starts (:func:`seed`). The seeded location gets a query id
 of its own: the restored job is a new *branch* of the lineage (its batch ids after the fork
 may collide with batches the old query published after the snapshot, and a sink keyed by
-(query id, batch id) must not take them for replays); :class:`Branch` records the parent. Nothing here imports pyspark: the
-log is read and written as files, through fsspec (``s3a://`` is read as ``s3://``).
+(query id, batch id) must not take them for replays); :class:`Branch` records the parent.
+Nothing here imports pyspark: the log is read and written as files, through fsspec
+(``s3a://`` is read as ``s3://``).
 
 Spark's own stateful operators keep state under ``state/``: it is not carried (keyedstate
 holds the job's state); a query with such operators upstream of ``key_by`` restores only in
@@ -179,8 +180,8 @@ def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
     without offsets would be a new query). The batch is complete in keyedstate's state, so the
     copy records it as done even when Spark had not yet written ``commits/<batch_id>`` (a
     snapshot taken while the batch committed). Without ``with_query_id`` the query id is left
-    for the caller to write (:func:`seed`: a fresh one). Raises :class:`SourcePositionsError` when the log lacks the
-    batch's offsets."""
+    for the caller to write (:func:`seed`: a fresh one). Raises :class:`SourcePositionsError`
+    when the log lacks the batch's offsets."""
     if batch_id not in source.batches(OFFSETS):
         raise SourcePositionsError(
             f"{source.url} has no offsets of batch {batch_id}: a savepoint's copy of Spark's "
