@@ -123,6 +123,11 @@ class SnapshotExistsError(CheckpointError, FileExistsError):
     """The target directory already holds a savepoint; keyedstate never overwrites one."""
 
 
+class TargetNotEmptyError(KeyedStateError, FileExistsError):
+    """A command that writes a directory of its own (a savepoint, the demo's) was given one
+    that holds something it did not write there, or a file; nothing was written or deleted."""
+
+
 class JobDrainedError(CheckpointError, RuntimeError):
     """The job was stopped with drain (every timer fired); it takes no more input."""
 
