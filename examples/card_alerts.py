@@ -40,7 +40,6 @@ import datetime as dt
 import math
 import os
 import random
-import shutil
 import time
 from typing import Any, Iterator
 
@@ -58,9 +57,23 @@ from keyedstate.state.descriptors import (
 )
 
 if __package__:
-    from .harness import Report, publish, write_parquet_files
+    from .harness import (
+        Check,
+        Report,
+        add_directory_option,
+        prepare_directory,
+        publish,
+        write_parquet_files,
+    )
 else:  # run as a script: python examples/card_alerts.py
-    from harness import Report, publish, write_parquet_files  # type: ignore[no-redef]
+    from harness import (  # type: ignore[no-redef]
+        Check,
+        Report,
+        add_directory_option,
+        prepare_directory,
+        publish,
+        write_parquet_files,
+    )
 
 IDLE_MS = 30 * 60 * 1000
 WATERMARK_DELAY_MS = 5 * 60 * 1000
@@ -241,8 +254,8 @@ def _rounded(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def verify(transactions: list[Transaction], periods: pa.Table, alerts: pa.Table
-           ) -> dict[str, bool]:
-    """The job's outputs against the oracle; one verdict per check."""
+           ) -> dict[str, Check]:
+    """The job's outputs against the oracle; one verdict per check, by identifier."""
     want_periods, want_alerts = oracle(transactions)
     got_periods = list(zip(periods.column("card_id").to_pylist(),
                            epoch_ms(periods.column("first_transaction")),
@@ -255,8 +268,11 @@ def verify(transactions: list[Transaction], periods: pa.Table, alerts: pa.Table
                           alerts.column("merchant").to_pylist(),
                           alerts.column("average").to_pylist(),
                           alerts.column("max_amount").to_pylist()))
-    return {"period summaries match the oracle": _rounded(got_periods) == _rounded(want_periods),
-            "alerts match the oracle": _rounded(got_alerts) == _rounded(want_alerts)}
+    return {"period_summaries_match_oracle": Check(
+                _rounded(got_periods) == _rounded(want_periods),
+                "period summaries match the oracle"),
+            "alerts_match_oracle": Check(_rounded(got_alerts) == _rounded(want_alerts),
+                                         "alerts match the oracle")}
 
 
 # -- the two runtimes ------------------------------------------------------------------------
@@ -271,7 +287,7 @@ def job_config(directory: str) -> JobConfig:
 
 def _generate(directory: str, transactions: int, cards: int, files: int
               ) -> tuple[list[Transaction], list[str]]:
-    shutil.rmtree(directory, ignore_errors=True)
+    prepare_directory(directory)
     generated = list(generate_transactions(transactions, cards))
     paths = write_parquet_files(os.path.join(directory, "generated"), as_table(generated), files)
     return generated, paths
@@ -280,7 +296,8 @@ def _generate(directory: str, transactions: int, cards: int, files: int
 def run_local(directory: str, transactions: int = 20_000, cards: int = 500, files: int = 6
               ) -> Report:
     """The job with :class:`~keyedstate.runtime.local.LocalJob` (steps in the module
-    docstring), in ``directory`` (emptied first)."""
+    docstring), in ``directory`` (new, empty or an earlier
+    run's: :func:`~harness.prepare_directory`)."""
     generated, paths = _generate(directory, transactions, cards, files)
     report = Report(example="card_alerts", runtime="local", events=transactions)
     outputs: dict[str, list[pa.Table]] = {"main": [], "alerts": []}
@@ -309,7 +326,8 @@ def run_spark(spark: Any, directory: str, transactions: int = 20_000, cards: int
     """The job on Spark (steps in the module docstring): a file source over
     ``directory/input`` (one file per micro-batch), summaries to the
     :class:`~keyedstate.spark.sinks.ParquetSink` ``directory/output/periods``, alerts to
-    ``directory/output/alerts``; ``directory`` is emptied first."""
+    ``directory/output/alerts``; ``directory`` is new, empty or an
+    earlier run's (:func:`~harness.prepare_directory`)."""
     from keyedstate.spark import ParquetSink, key_by
 
     generated, paths = _generate(directory, transactions, cards, files)
@@ -351,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     as JSON; exit status 1 if the outputs differ from the oracle."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--runtime", choices=["local", "spark"], default="local")
-    parser.add_argument("--dir", default="./card-alerts", help="where everything goes")
+    add_directory_option(parser, "./card-alerts")
     parser.add_argument("--transactions", type=int, default=20_000)
     parser.add_argument("--cards", type=int, default=500)
     parser.add_argument("--files", type=int, default=6, help="input files, one batch each")

@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
@@ -44,9 +43,21 @@ from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 
 if __package__:
-    from .harness import publish, write_parquet_files
+    from .harness import (
+        Check,
+        add_directory_option,
+        prepare_directory,
+        publish,
+        write_parquet_files,
+    )
 else:  # run as a script: python examples/click_sessions.py
-    from harness import publish, write_parquet_files  # type: ignore[no-redef]
+    from harness import (  # type: ignore[no-redef]
+        Check,
+        add_directory_option,
+        prepare_directory,
+        publish,
+        write_parquet_files,
+    )
 
 GAP_MS = 30 * 60 * 1000
 WATERMARK_DELAY_MS = 5 * 60 * 1000
@@ -187,9 +198,9 @@ def _ms(column: pa.ChunkedArray) -> list[int]:
     return pc.divide(micros, 1000).to_pylist()
 
 
-def verify(events: list[Event], counts: pa.Table, sessions: pa.Table) -> dict[str, bool]:
+def verify(events: list[Event], counts: pa.Table, sessions: pa.Table) -> dict[str, Check]:
     """The job's outputs (every batch's ``counts``, every emitted session) against the
-    oracle; one verdict per check."""
+    oracle; one verdict per check, by identifier."""
     import pandas as pd
 
     expected_totals, expected_sessions = oracle(events)
@@ -210,8 +221,10 @@ def verify(events: list[Event], counts: pa.Table, sessions: pa.Table) -> dict[st
     want = expected_sessions[key].sort_values(key, ignore_index=True)
     sessions_ok = len(got) == len(want) and bool(
         (got.astype({"events": "int64"}) == want.astype({"events": "int64"})).all().all())
-    return {"totals match the oracle": totals_ok, "one count row per user and batch": once_ok,
-            "sessions match the oracle": sessions_ok}
+    return {"totals_match_oracle": Check(totals_ok, "totals match the oracle"),
+            "one_count_row_per_user_and_batch": Check(once_ok,
+                                                      "one count row per user and batch"),
+            "sessions_match_oracle": Check(sessions_ok, "sessions match the oracle")}
 
 
 # -- the two runtimes ------------------------------------------------------------------------
@@ -258,11 +271,11 @@ class DemoReport:
     savepoint: str = ""
     sessions: int = 0
     stats: list[dict[str, Any]] = field(default_factory=list)
-    checks: dict[str, bool] = field(default_factory=dict)
+    checks: dict[str, Check] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
-        return bool(self.checks) and all(self.checks.values())
+        return bool(self.checks) and all(c.passed for c in self.checks.values())
 
 
 def _config(directory: str, job: int, parallelism: int, restore: str | None = None
@@ -277,8 +290,9 @@ def _config(directory: str, job: int, parallelism: int, restore: str | None = No
 def run_local(directory: str, events: int, users: int, files: int,
               progress: RunProgress = QUIET) -> DemoReport:
     """The job with :class:`~keyedstate.runtime.local.LocalJob` (steps in the module
-    docstring), in ``directory`` (emptied first)."""
-    shutil.rmtree(directory, ignore_errors=True)
+    docstring), in ``directory`` (new, empty or an earlier run's:
+    :func:`~harness.prepare_directory`)."""
+    prepare_directory(directory)
     progress.phase("generate", 0)
     all_events = list(generate_events(events, users))
     paths = write_input(directory, all_events, files)
@@ -332,12 +346,13 @@ def run_spark(spark: Any, directory: str, events: int, users: int, files: int,
               progress: RunProgress = QUIET) -> DemoReport:
     """The job on Spark (steps in the module docstring): a file source over
     ``directory/input`` (one file per micro-batch), outputs to ``directory/output/`` through
-    :class:`~keyedstate.spark.sinks.ParquetSink`; ``directory`` is emptied first."""
+    :class:`~keyedstate.spark.sinks.ParquetSink`; ``directory`` is new, empty or an earlier
+    run's (:func:`~harness.prepare_directory`)."""
     from keyedstate.spark.api import key_by
     from keyedstate.spark.driver import BatchStats
     from keyedstate.spark.sinks import ParquetSink
 
-    shutil.rmtree(directory, ignore_errors=True)
+    prepare_directory(directory)
     progress.phase("generate", 0)
     all_events = list(generate_events(events, users))
     generated = write_input(directory, all_events, files)
@@ -393,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     report as JSON; exit status 1 if the outputs differ from the oracle."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runtime", choices=["local", "spark"], default="local")
-    parser.add_argument("--dir", default="./click-sessions", help="where everything goes")
+    add_directory_option(parser, "./click-sessions")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--users", type=int, default=10_000)
     parser.add_argument("--files", type=int, default=10, help="input files, one batch each")

@@ -35,7 +35,6 @@ import argparse
 import datetime as dt
 import os
 import random
-import shutil
 import time
 from typing import Any, Iterator
 
@@ -50,9 +49,23 @@ from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import MapStateDescriptor, StateTtlConfig
 
 if __package__:
-    from .harness import Report, publish, write_parquet_files
+    from .harness import (
+        Check,
+        Report,
+        add_directory_option,
+        prepare_directory,
+        publish,
+        write_parquet_files,
+    )
 else:  # run as a script: python examples/page_views.py
-    from harness import Report, publish, write_parquet_files  # type: ignore[no-redef]
+    from harness import (  # type: ignore[no-redef]
+        Check,
+        Report,
+        add_directory_option,
+        prepare_directory,
+        publish,
+        write_parquet_files,
+    )
 
 REDELIVERED = 0.1
 #: a redelivery repeats one of the last this many views
@@ -149,8 +162,8 @@ def oracle(views: list[View]) -> tuple[dict[tuple[str, str], tuple[int, int]],
     return visits, duplicates
 
 
-def verify(views: list[View], visits: pa.Table, duplicates: pa.Table) -> dict[str, bool]:
-    """The job's outputs against the oracle; one verdict per check."""
+def verify(views: list[View], visits: pa.Table, duplicates: pa.Table) -> dict[str, Check]:
+    """The job's outputs against the oracle; one verdict per check, by identifier."""
     want_visits, want_duplicates = oracle(views)
     rows = sorted(zip(visits.column("batch_id").to_pylist(), visits.column("user_id").to_pylist(),
                       visits.column("page").to_pylist(), visits.column("views").to_pylist(),
@@ -159,9 +172,11 @@ def verify(views: list[View], visits: pa.Table, duplicates: pa.Table) -> dict[st
     once = len({(b, user, page) for b, user, page, _, _ in rows}) == len(rows)
     got_duplicates = sorted(zip(duplicates.column("user_id").to_pylist(),
                                 duplicates.column("event_id").to_pylist()))
-    return {"current views per user and page match the oracle": current == want_visits,
-            "one row per user, page and batch": once,
-            "duplicates match the oracle": got_duplicates == sorted(want_duplicates)}
+    return {"current_views_match_oracle": Check(
+                current == want_visits, "current views per user and page match the oracle"),
+            "one_row_per_user_page_and_batch": Check(once, "one row per user, page and batch"),
+            "duplicates_match_oracle": Check(got_duplicates == sorted(want_duplicates),
+                                             "duplicates match the oracle")}
 
 
 def redelivered_across_the_restart(views: list[View], paths: list[str]) -> int:
@@ -182,7 +197,7 @@ def job_config(directory: str) -> JobConfig:
 
 def _generate(directory: str, views: int, users: int, files: int
               ) -> tuple[list[View], list[str]]:
-    shutil.rmtree(directory, ignore_errors=True)
+    prepare_directory(directory)
     generated = list(generate_views(views, users))
     paths = write_parquet_files(os.path.join(directory, "generated"), as_table(generated), files)
     return generated, paths
@@ -190,7 +205,8 @@ def _generate(directory: str, views: int, users: int, files: int
 
 def run_local(directory: str, views: int = 20_000, users: int = 300, files: int = 6) -> Report:
     """The job with :class:`~keyedstate.runtime.local.LocalJob` (steps in the module
-    docstring), in ``directory`` (emptied first)."""
+    docstring), in ``directory`` (new, empty or an earlier
+    run's: :func:`~harness.prepare_directory`)."""
     generated, paths = _generate(directory, views, users, files)
     report = Report(example="page_views", runtime="local", events=views)
     outputs: dict[str, list[pa.Table]] = {"main": [], "duplicates": []}
@@ -217,7 +233,8 @@ def run_spark(spark: Any, directory: str, views: int = 20_000, users: int = 300,
     """The job on Spark (steps in the module docstring): a file source over
     ``directory/input`` (one file per micro-batch), current rows to the
     :class:`~keyedstate.spark.sinks.ParquetSink` ``directory/output/visits``, redeliveries to
-    ``directory/output/duplicates``; ``directory`` is emptied first."""
+    ``directory/output/duplicates``; ``directory`` is new, empty or an
+    earlier run's (:func:`~harness.prepare_directory`)."""
     from keyedstate.spark import ParquetSink, key_by
 
     generated, paths = _generate(directory, views, users, files)
@@ -266,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     as JSON; exit status 1 if the outputs differ from the oracle."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--runtime", choices=["local", "spark"], default="local")
-    parser.add_argument("--dir", default="./page-views", help="where everything goes")
+    add_directory_option(parser, "./page-views")
     parser.add_argument("--views", type=int, default=20_000)
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--files", type=int, default=6, help="input files, one batch each")

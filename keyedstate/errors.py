@@ -145,6 +145,11 @@ class OutputPathError(KeyedStateError, FileExistsError):
     never replaces what it does not own. Choose a new path, or delete it yourself."""
 
 
+class TargetNotEmptyError(KeyedStateError, FileExistsError):
+    """A command that writes a directory of its own (a savepoint, the demo's) was given one
+    that holds something it did not write there, or a file; nothing was written or deleted."""
+
+
 class JobDrainedError(CheckpointError, RuntimeError):
     """The job was stopped with drain (every timer fired); it takes no more input."""
 

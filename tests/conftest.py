@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import uuid
 from typing import Any, Iterator
 
 import pytest
 
+import examples
 from keyedstate.testing.s3 import start_moto_server, stop_moto_server
+
+# The venv's editable install maps ``keyedstate_examples`` (what ``keyedstate demo`` imports) to
+# the main checkout's examples/; tests run from another checkout (a worktree) must run its own.
+sys.modules["keyedstate_examples"] = examples
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from click.testing import CliRunner
 
 from keyedstate.cli import main
@@ -22,7 +24,13 @@ def test_local_demo_json_matches_its_oracle(tmp_path):
                                        "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)  # the progress bars go to stderr
-    assert summary["verified"] is True and all(summary["checks"].values())
+    assert summary["verified"] is True
+    # Checks by stable identifier, each with its verdict and the sentence a person reads.
+    assert summary["checks"] == {
+        "totals_match_oracle": {"passed": True, "description": "totals match the oracle"},
+        "one_count_row_per_user_and_batch": {"passed": True,
+                                             "description": "one count row per user and batch"},
+        "sessions_match_oracle": {"passed": True, "description": "sessions match the oracle"}}
     assert list(summary["phase_seconds"]) == list(PHASES)
     assert summary["runtime"] == "local"
     # six files and the drain, parallelism 2, a savepoint, then 3
@@ -75,12 +83,57 @@ def test_demo_oracle_rejects_a_lost_a_doubled_and_a_wrong_output():
                          "session_end": at(list(expected["end"])),
                          "events": list(expected["events"]), "amount": list(expected["amount"])})
     assert all(verify(events, counts, sessions).values())
-    assert not verify(events, counts, sessions.slice(1))["sessions match the oracle"]
+    assert not verify(events, counts, sessions.slice(1))["sessions_match_oracle"].passed
     doubled = pa.concat_tables([counts, counts.slice(0, 1)])
-    assert not verify(events, doubled, sessions)["one count row per user and batch"]
+    assert not verify(events, doubled, sessions)["one_count_row_per_user_and_batch"].passed
     wrong = counts.set_column(1, "count", pa.array([c + 1 for c in counts["count"].to_pylist()]))
-    assert not verify(events, wrong, sessions)["totals match the oracle"]
-    assert not verify(events, counts.slice(1), sessions)["totals match the oracle"]
+    assert not verify(events, wrong, sessions)["totals_match_oracle"].passed
+    assert not verify(events, counts.slice(1), sessions)["totals_match_oracle"].passed
+
+
+SMALL_DEMO = ["--events", "2000", "--users", "100", "--files", "4", "--json"]
+
+
+def test_demo_refuses_a_directory_it_did_not_make_and_deletes_nothing(tmp_path):
+    mine = tmp_path / "d" / "mine.txt"
+    mine.parent.mkdir()
+    mine.write_text("keep me")
+    result = CliRunner().invoke(main, ["demo", "--local", "--dir", str(tmp_path / "d"),
+                                       *SMALL_DEMO])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1 and "TargetNotEmptyError" in text, text
+    assert "mine.txt" in text and ".keyedstate-demo" in text
+    assert mine.read_text() == "keep me" and os.listdir(tmp_path / "d") == ["mine.txt"]
+
+
+def test_demo_dir_dot_in_a_non_empty_working_directory_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "notes.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["demo", "--local", "--dir", ".", *SMALL_DEMO])
+    assert result.exit_code == 1 and "TargetNotEmptyError" in result.output
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_demo_reruns_in_its_own_directory_and_uses_an_empty_one(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for _ in range(2):  # the second run replaces the first run's content
+        result = CliRunner().invoke(main, ["demo", "--local", "--dir", str(tmp_path / "empty"),
+                                           *SMALL_DEMO])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["verified"] is True
+    assert os.path.isfile(tmp_path / "empty" / ".keyedstate-demo")
+    assert sorted(os.listdir(tmp_path / "empty" / "savepoints")) == ["savepoint-1"]
+
+
+def test_example_command_line_refuses_a_directory_it_did_not_make(tmp_path, capsys):
+    from examples.click_sessions import main as example
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "mine.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as exit_:
+        example(["--runtime", "local", "--dir", str(tmp_path / "d")])
+    assert exit_.value.code == 2 and "not empty" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "d") == ["mine.txt"]
 
 
 def test_demo_refuses_fewer_than_two_files(tmp_path):

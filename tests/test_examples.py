@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from examples import card_alerts, page_views
+from examples.harness import Check
 from keyedstate.serde import to_arrow_schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +72,7 @@ def test_card_alerts_verify_rejects_a_missing_or_changed_row():
     periods, alerts = card_alerts.oracle(transactions)
     assert alerts, "the input has no spike to alert on"
 
-    def verdicts(p: list, a: list) -> dict[str, bool]:
+    def verdicts(p: list, a: list) -> dict[str, Check]:
         return card_alerts.verify(transactions, _table(p, card_alerts.PERIODS_DDL),
                                   _table(a, card_alerts.ALERTS_DDL))
 
@@ -92,7 +93,7 @@ def test_page_views_verify_rejects_a_missing_or_changed_row():
     redelivered = [(user, event_id, by_id[event_id][2], by_id[event_id][3], 0)
                    for user, event_id in duplicates]
 
-    def verdicts(v: list, d: list) -> dict[str, bool]:
+    def verdicts(v: list, d: list) -> dict[str, Check]:
         return page_views.verify(views, _table(v, page_views.VISITS_DDL),
                                  _table(d, page_views.DUPLICATES_DDL))
 

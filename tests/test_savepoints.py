@@ -225,6 +225,34 @@ def test_damaged_savepoint_is_refused_before_anything_is_touched(tmp_path, backe
     assert files_under(str(tmp_path / "sp")) == before  # no claim marker either
 
 
+@pytest.mark.parametrize("how", ["altered", "missing"])
+@pytest.mark.parametrize("kind", ["savepoint", "checkpoint"])
+def test_checkpoints_show_of_a_damaged_snapshot_names_its_file_and_the_way_out(tmp_path, how,
+                                                                             kind):
+    from click.testing import CliRunner
+
+    from keyedstate.cli import main
+
+    op, _ = run_job(str(tmp_path / "job"), "rocksdb")
+    op.savepoint(str(tmp_path / "sp"))
+    op.close()
+    root = tmp_path / ("sp" if kind == "savepoint" else "job")
+    snap = resolve_snapshot(str(root))
+    victim = sorted((f for f in snap.metadata.files() if f.path.endswith(".sst")),
+                    key=lambda f: f.size)[-1]
+    _damage(str(root / victim.path), how)
+    result = CliRunner().invoke(main, ["checkpoints", "show", str(root)])
+    text = " ".join(result.output.split())
+    error = "MissingCheckpointFileError" if how == "missing" else "CorruptCheckpointError"
+    assert result.exit_code == 1 and error in text, text
+    assert str(root / victim.path) in text  # the snapshot's own file, no temporary copy
+    assert "keyedstate-inspect" not in text and "--no-state-sizes" in text
+    assert ("Copy the file back" in text) == (kind == "savepoint")
+    assert "restore from a checkpoint" not in text.lower()
+    assert CliRunner().invoke(main, ["checkpoints", "show", str(root),
+                                     "--no-state-sizes"]).exit_code == 0
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rescale_from_a_checkpoint_to_every_extreme(tmp_path, backend):
     op, expected = run_job(str(tmp_path / "job"), backend, parallelism=3, max_parallelism=8)

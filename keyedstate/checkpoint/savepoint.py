@@ -22,9 +22,12 @@ completed checkpoint, which is exactly its committed state: the job does not sto
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import shutil
 import time
-from typing import Any, Callable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
 
 import msgspec
 import xxhash
@@ -36,6 +39,7 @@ from keyedstate.errors import (
     CorruptCheckpointError,
     MissingCheckpointFileError,
     SnapshotExistsError,
+    TargetNotEmptyError,
 )
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.duplication import duplicate_object
@@ -99,7 +103,13 @@ def unique_files(metadata: CheckpointMetadata) -> list[StreamHandle]:
 
 # -- verification --------------------------------------------------------------------------------
 
-def _checksum_of(storage: CheckpointStorage, handle: StreamHandle) -> tuple[int, str]:
+#: What a damaged snapshot's error advises by default (a caller that knows better passes its
+#: own ``remedy`` to :func:`verify_snapshot_files`).
+RESTORE_ELSEWHERE = "Restore from another checkpoint or savepoint"
+
+
+def _checksum_of(storage: CheckpointStorage, handle: StreamHandle, remedy: str
+                 ) -> tuple[int, str]:
     h = xxhash.xxh64()
     size = 0
     try:
@@ -108,30 +118,31 @@ def _checksum_of(storage: CheckpointStorage, handle: StreamHandle) -> tuple[int,
                 h.update(chunk)
                 size += len(chunk)
     except FileNotFoundError as exc:
-        raise _missing(storage, handle) from exc
+        raise _missing(storage, handle, remedy) from exc
     return size, h.hexdigest()
 
 
-def _missing(storage: CheckpointStorage, handle: StreamHandle) -> MissingCheckpointFileError:
+def _missing(storage: CheckpointStorage, handle: StreamHandle, remedy: str
+             ) -> MissingCheckpointFileError:
+    copy_back = (", or copy the missing file back" if remedy == RESTORE_ELSEWHERE else "")
     return MissingCheckpointFileError(
         f"{storage.url_of(handle.path)} is missing; the snapshot is incomplete (a file was "
-        f"deleted or the directory copied partly). Restore from another checkpoint or "
-        f"savepoint, or copy the missing file back"
+        f"deleted or the directory copied partly). {remedy}{copy_back}"
     )
 
 
 def _altered(storage: CheckpointStorage, handle: StreamHandle, size: int,
-             checksum: str | None) -> CorruptCheckpointError:
+             checksum: str | None, remedy: str) -> CorruptCheckpointError:
     found = f"{size} bytes" + ("" if checksum is None else f" with checksum {checksum}")
     return CorruptCheckpointError(
         f"{storage.url_of(handle.path)} is altered: {found}, the snapshot recorded "
-        f"{handle.size} bytes with checksum {handle.checksum}. Restore from another "
-        f"checkpoint or savepoint"
+        f"{handle.size} bytes with checksum {handle.checksum}. {remedy}"
     )
 
 
 def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None = None, *,
-                          checksums: bool | None = None) -> None:
+                          checksums: bool | None = None,
+                          remedy: str = RESTORE_ELSEWHERE) -> None:
     """Check every object of ``snapshot`` before anything is touched: it exists and has its
     recorded size and, with ``checksums``, its recorded XXH64.
 
@@ -142,7 +153,7 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
     restore, before any state is used (``docs/object-storage.md``).
 
     Raises :class:`MissingCheckpointFileError` or :class:`CorruptCheckpointError` naming the
-    first bad file; reads only. Hashed files are noted on ``snapshot.storage``
+    first bad file and ending with ``remedy`` (what to do about it); reads only. Hashed files are noted on ``snapshot.storage``
     (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.note_verified`): the restores
     that hard-link them then check their sizes only.
     """
@@ -157,9 +168,9 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
         for handle in files:
             found = sizes[handle.path]
             if found is None:
-                raise _missing(storage, handle)
+                raise _missing(storage, handle, remedy)
             if found != handle.size:
-                raise _altered(storage, handle, found, None)
+                raise _altered(storage, handle, found, None, remedy)
             done += handle.size
             if progress:
                 progress(done, total)
@@ -167,9 +178,9 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
     done = 0
 
     def check(handle: StreamHandle) -> StreamHandle:
-        size, checksum = _checksum_of(storage, handle)
+        size, checksum = _checksum_of(storage, handle, remedy)
         if (size, checksum) != (handle.size, handle.checksum):
-            raise _altered(storage, handle, size, checksum)
+            raise _altered(storage, handle, size, checksum, remedy)
         return handle
 
     threads = 1 if storage.is_local else storage.transfer.threads
@@ -261,12 +272,106 @@ def _savepoint_path(handle: KeyedStateHandle, kind: str, stream: StreamHandle) -
 
 
 def check_savepoint_target(target: CheckpointStorage) -> None:
-    """Raise :class:`SnapshotExistsError` if ``target`` already holds a snapshot."""
-    if target.exists(METADATA_FILE):
+    """The one rule for where a snapshot is written (native and canonical savepoints, from
+    every API and the command line): ``target`` must not exist yet, or be an empty directory
+    (on an object store: a prefix without objects). Reads only.
+
+    Raises :class:`SnapshotExistsError` if it holds a snapshot (a ``_metadata``) and
+    :class:`TargetNotEmptyError` if it holds anything else (another job's checkpoint
+    directory, an interrupted write's files, anything) or is a file: a savepoint written there
+    would mix with files keyedstate did not write, which a later write or a clean-up on failure
+    could replace or delete."""
+    fs, root = target.fs, target.root
+    if not target.call(f"checking {target.url}", lambda: fs.exists(root)):
+        return
+    if target.call(f"checking {target.url}", lambda: fs.isfile(root)):
+        raise TargetNotEmptyError(
+            f"{target.url} is a file; a savepoint is a directory of its own. Choose a new "
+            f"directory")
+    listed = target.call(f"listing {target.url}",
+                         lambda: fs.ls(root, detail=False, refresh=True))
+    # An object store may list a folder's own marker object: it is not content.
+    entries = sorted(str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed
+                     if str(p).rstrip("/") != root.rstrip("/"))
+    if not entries:
+        return
+    if METADATA_FILE in entries:
         raise SnapshotExistsError(
             f"{target.url_of(METADATA_FILE)} exists: {target.url} already holds a savepoint, and "
             f"keyedstate never overwrites one. Choose a new directory (or delete that savepoint "
             f"yourself if you no longer need it)"
+        )
+    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3
+                                      else "")
+    raise TargetNotEmptyError(
+        f"{target.url} is not empty ({shown}); a savepoint is written only into a new or empty "
+        f"directory, so that nothing in it is replaced or deleted. Choose a new directory (a "
+        f"directory an interrupted savepoint left behind: delete it yourself first)"
+    )
+
+
+def _first_missing_dir(storage: CheckpointStorage) -> str | None:
+    """On a local disk, the outermost directory of ``storage``'s root that does not exist yet
+    (what a write into it creates); None if the root exists or elsewhere (no directories)."""
+    if not storage.is_local:
+        return None
+    path, missing = os.path.abspath(storage.root), None
+    while not os.path.lexists(path):
+        missing, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+@contextmanager
+def new_snapshot_target(target: CheckpointStorage) -> Iterator[None]:
+    """Write a snapshot into ``target`` inside this block: on entry the target is checked
+    (:func:`check_savepoint_target`: new or empty); if the block raises, everything under it is
+    deleted again (it was empty, so all of it is this write's), and on a local disk the
+    directories the write created too, so a failed write leaves the target as it found it.
+
+    Two writers racing for one new target are not told apart: don't point two at once at the
+    same directory."""
+    check_savepoint_target(target)
+    created = _first_missing_dir(target)
+    try:
+        yield
+    except BaseException:
+        _discard(target, created)
+        raise
+
+
+def _discard(target: CheckpointStorage, created: str | None) -> None:
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+    elif target.is_local:
+        root = target.root
+        for name in os.listdir(root) if os.path.isdir(root) else []:
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
+    else:
+        target.delete(target.list_files())
+
+
+def check_outside_source(source: ResolvedSnapshot, target: CheckpointStorage) -> None:
+    """Refuse (:class:`ConfigurationError`) a ``target`` that is the source snapshot's own
+    directory or lies inside it: deleting the source (a subsumed checkpoint, ``gc``, a claimed
+    savepoint) would delete the savepoint too."""
+    src, dst = root_url(source.storage).rstrip("/"), root_url(target).rstrip("/")
+    if dst == src:
+        raise ConfigurationError(
+            f"{target.url} is the source snapshot's own directory; write the savepoint to a new "
+            f"directory"
+        )
+    if dst.startswith(src + "/"):
+        raise ConfigurationError(
+            f"{target.url} lies inside the source snapshot's own directory {src}: removing that "
+            f"snapshot (or the job's clean-up of it) would remove the savepoint too. Write the "
+            f"savepoint to a directory of its own"
         )
 
 
@@ -276,15 +381,22 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
     """Write a native savepoint of ``source`` (a resolved checkpoint or savepoint) into the
     directory ``target``; returns the absolute path or URL of its ``_metadata``.
 
-    Step 1. Refuse, before writing anything: a ``target`` holding a savepoint
-        (:class:`SnapshotExistsError`), a canonical ``source`` (its files are not a backend's
-        native files) and a ``target`` that is the source's own root.
-    Step 2. Plan: every file of subtask i goes to ``sub-<i>/<its file name>``.
-    Step 3. Duplicate every file (:func:`duplicate_file`; sizes checked), then let
+    Step 1. Refuse, before writing anything: a ``target`` that is the source's own root or
+        lies inside it, a canonical ``source`` (its files are not a backend's native files),
+        and a ``target`` that is neither new nor empty (:func:`check_savepoint_target`:
+        :class:`SnapshotExistsError`, :class:`TargetNotEmptyError`).
+    Step 2. Verify the source's files (:func:`verify_snapshot_files`, as a restore does: on a
+        local disk every file against its size and XXH64, on an object store its size), so a
+        damaged source fails here, naming the file, not when the savepoint is restored.
+    Step 3. Plan: every file of subtask i goes to ``sub-<i>/<its file name>``.
+    Step 4. Duplicate every file (:func:`duplicate_file`; sizes checked), then let
         ``attach`` add the job context it carries.
-    Step 4. Write ``_metadata`` (kind savepoint, format native, the handles' paths rewritten)
-        atomically: the savepoint exists exactly when this returns. An interrupted run leaves
-        files without ``_metadata``, which a retry into the same target replaces.
+    Step 5. Write ``_metadata`` (kind savepoint, format native, the handles' paths rewritten)
+        atomically: the savepoint exists exactly when this returns. If any step after the
+        refusals fails, everything written under ``target`` is deleted again, and the
+        directories the write created (:func:`new_snapshot_target`); only a killed process
+        leaves files without ``_metadata``, and the target is then refused until the user
+        deletes them.
 
     The source must stay as it is while this runs (a running job: hold off subsumption, as
     :meth:`keyedstate.spark.driver.KeyedJobDriver.savepoint` does).
@@ -292,34 +404,32 @@ def write_native_savepoint(source: ResolvedSnapshot, target: str,
     storage = CheckpointStorage(target, storage_options)
     metadata = source.metadata
     # Step 1. Refusals.
-    check_savepoint_target(storage)
+    check_outside_source(source, storage)
     if metadata.format is not SnapshotFormat.NATIVE:
         raise ConfigurationError(
             f"{source.storage.url_of(source.metadata_path)} is a {metadata.format} savepoint; a "
             f"native savepoint is made from a checkpoint or a native savepoint. Copy the "
             f"directory instead, or restore it and take a native savepoint of that job"
         )
-    if root_url(storage) == root_url(source.storage):
-        raise ConfigurationError(
-            f"{target} is the source snapshot's own directory; write the savepoint to a new "
-            f"directory"
-        )
-    # Step 2. Plan the layout.
-    handles, mapping = relocate_handles(metadata, _savepoint_path)
-    sizes = {f.path: f.size for f in unique_files(metadata)}
-    # Step 3. Duplicate (the store copies; bytes through this process are counted).
-    stats = TransferStats()
-    duplicate_all(source.storage, storage, mapping, sizes, progress, stats)
-    attached = attach_context(attach, storage)
-    # Step 4. Commit, with what it cost.
-    properties = portable_properties(metadata.properties)
-    properties.update(attached)
-    properties[SAVEPOINT_OF] = source.storage.url_of(source.metadata_path)
-    properties.update(stats.to_properties())
-    savepoint = msgspec.structs.replace(
-        metadata, timestamp_ms=time.time_ns() // 1_000_000, handles=handles,
-        kind=SnapshotKind.SAVEPOINT, format=SnapshotFormat.NATIVE, properties=properties)
-    return storage.url_of(storage.write_metadata(savepoint, METADATA_FILE))
+    with new_snapshot_target(storage):
+        # Step 2. Verify the source: a savepoint of damaged files would fail only when restored.
+        verify_snapshot_files(source, progress)
+        # Step 3. Plan the layout.
+        handles, mapping = relocate_handles(metadata, _savepoint_path)
+        sizes = {f.path: f.size for f in unique_files(metadata)}
+        # Step 4. Duplicate (the store copies; bytes through this process are counted).
+        stats = TransferStats()
+        duplicate_all(source.storage, storage, mapping, sizes, progress, stats)
+        attached = attach_context(attach, storage)
+        # Step 5. Commit, with what it cost.
+        properties = portable_properties(metadata.properties)
+        properties.update(attached)
+        properties[SAVEPOINT_OF] = source.storage.url_of(source.metadata_path)
+        properties.update(stats.to_properties())
+        savepoint = msgspec.structs.replace(
+            metadata, timestamp_ms=time.time_ns() // 1_000_000, handles=handles,
+            kind=SnapshotKind.SAVEPOINT, format=SnapshotFormat.NATIVE, properties=properties)
+        return storage.url_of(storage.write_metadata(savepoint, METADATA_FILE))
 
 
 def create_native_savepoint(source_snapshot_path: str, target: str,

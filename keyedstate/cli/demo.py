@@ -22,14 +22,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from keyedstate.cli.output import human_bytes
+from keyedstate.cli.output import human_bytes, reported_errors
+from keyedstate_examples.harness import DIRECTORY_HELP
 
 console = Console(stderr=True)
 
 
 @click.command()
 @click.option("--dir", "directory", default="./keyedstate-demo", show_default=True,
-              type=click.Path(file_okay=False), help="Where input, outputs and checkpoints go.")
+              type=click.Path(file_okay=False), help=DIRECTORY_HELP)
 @click.option("--events", default=400_000, show_default=True, type=click.IntRange(min=1),
               help="Events to generate.")
 @click.option("--users", default=20_000, show_default=True, type=click.IntRange(min=1),
@@ -44,11 +45,20 @@ def demo(directory: str, events: int, users: int, files: int, in_process: bool,
     """Run the main job: a click stream with running totals and session windows.
 
     Shows one progress bar per phase (generate, run p=2, savepoint, restart p=3, drain,
-    verify), then a summary; ``--events`` scales it up."""
+    verify), then a summary; ``--events`` scales it up. With ``--json``, the summary as one
+    JSON object (its ``checks``: ``{"<id>": {"passed": ..., "description": ...}}``).
+
+    ``--dir`` is refused (TargetNotEmptyError, exit status 1, before anything runs) unless it
+    is new, empty, or an earlier run's (it holds ``.keyedstate-demo``, whose content is
+    deleted and written anew)."""
     if files < 2:
         raise click.BadParameter("at least 2 (half before the savepoint, half after)",
                                  param_hint="--files")
     from keyedstate_examples import click_sessions as sessions
+    from keyedstate_examples.harness import check_directory
+
+    with reported_errors():
+        check_directory(directory)
 
     spark = None
     if not in_process:
@@ -144,7 +154,8 @@ def _summary_table(title: str, report: Any, summary: dict[str, Any]) -> Table:
     rows += [("sessions emitted", f"{report.sessions:,}"), ("savepoint", report.savepoint)]
     rows += [(f"time: {name}", f"{seconds:.1f} s")
              for name, seconds in summary["phase_seconds"].items()]
-    rows += [(name, "yes" if ok else "NO") for name, ok in report.checks.items()]
+    rows += [(check.description, "yes" if check.passed else "NO")
+             for check in report.checks.values()]
     for name, value in rows:
         table.add_row(name, value)
     return table

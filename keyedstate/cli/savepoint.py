@@ -35,7 +35,12 @@ def savepoint_create(checkpoint_dir: str, target: str, fmt: str, as_json: bool,
     """Write a savepoint of a retained checkpoint to TARGET. CHECKPOINT_DIR is a job's
     checkpoint directory (its latest checkpoint), a chk-N folder, or a savepoint. A Spark
     job's savepoint carries its source positions and any output of its batch the sinks had
-    not committed (a job restored from it commits that output first)."""
+    not committed (a job restored from it commits that output first).
+
+    TARGET must be new or an empty directory, outside CHECKPOINT_DIR; anything else is
+    refused before a file is written. The source's files are verified first (on a local disk
+    against their checksums, on an object store their sizes); if the command fails, it
+    deletes what it wrote under TARGET (and TARGET, if it created it)."""
     import time
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
@@ -50,7 +55,7 @@ def savepoint_create(checkpoint_dir: str, target: str, fmt: str, as_json: bool,
         source = resolve_snapshot(checkpoint_dir, options)
         attach = carry(source, options)
         if fmt == "native":
-            with Progress(TextColumn("duplicating files"), BarColumn(), DownloadColumn(),
+            with Progress(TextColumn("verifying, then duplicating files"), BarColumn(), DownloadColumn(),
                           console=stderr, transient=True) as bar:
                 task = bar.add_task("files", total=None)
                 url = write_native_savepoint(

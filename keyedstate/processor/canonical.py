@@ -42,7 +42,12 @@ from keyedstate.backends.base.migration import recorded_value_type, resolve_rest
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.savepoint import Attach, attach_context
+from keyedstate.checkpoint.savepoint import (
+    Attach,
+    attach_context,
+    check_outside_source,
+    new_snapshot_target,
+)
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
@@ -67,7 +72,6 @@ from keyedstate.processor.canonical_layout import (
     canonical_handle,
     canonical_metadata,
     carried_properties,
-    check_target,
     key_columns_of,
     key_types_of,
     remove_unreferenced,
@@ -177,19 +181,21 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
     columns (default: the names the source records, else ``key``, ``key_1`` ...). Entries
     whose TTL ran out by ``time_provider``'s clock (default: wall clock) are left out.
 
-    Step 1. Refuse a ``target`` holding a savepoint (:class:`SnapshotExistsError`) and bad
-        key column names, before anything is written.
+    Step 1. Refuse, before anything is written: a ``target`` inside the source's directory,
+        bad key column names, and a ``target`` that is neither new nor empty
+        (:func:`~keyedstate.checkpoint.savepoint.check_savepoint_target`).
     Step 2. Per split: restore the source's key groups of the split into a temporary backend
         (the source's own for a native snapshot, heap for a canonical one; files verified as
         they are read) and write one Parquet file per state and one for timers.
-    Step 3. Delete files of an interrupted earlier write into ``target``, let ``attach`` add
-        the job context it carries, then write ``_metadata`` atomically: the savepoint exists exactly when this returns. On any
-        failure the files written so far are deleted.
+    Step 3. Let ``attach`` add the job context it carries, then write ``_metadata``
+        atomically: the savepoint exists exactly when this returns. On any failure everything
+        written under ``target`` is deleted, and the directories the write created
+        (:func:`~keyedstate.checkpoint.savepoint.new_snapshot_target`).
     """
     storage = CheckpointStorage(target, storage_options)
     metadata = source.metadata
     # Step 1. Refusals.
-    check_target(storage)
+    check_outside_source(source, storage)
     parallelism = splits or metadata.parallelism
     check_parallelism(parallelism, metadata.max_parallelism)
     key_types = key_types_of(metadata)
@@ -198,39 +204,37 @@ def write_canonical_savepoint(source: ResolvedSnapshot, target: str,
     for meta in states.values():  # checks the names and that every type can be rebuilt
         state_schema(meta, names, key_types)
     dirs = state_dir_names(states)
-    work = tempfile.mkdtemp(prefix="keyedstate-canonical-", dir=worker_dir(local_dir))
-    written: list[str] = []
     handles: list[KeyedStateHandle] = []
     clock = time_provider or SystemTimeProvider()
-    try:
-        # Step 2. One split at a time.
-        for index in range(parallelism):
-            rng = KeyGroupRange.of_operator(metadata.max_parallelism, parallelism, index)
-            with open_snapshot_range(source, rng, subtask_index=index, time_provider=clock,
-                                     local_dir=work) as backend:
-                files = write_split(backend, storage, states, dirs, names, key_types, work)
-            written.extend(f.path for f in files.values())
-            handles.append(canonical_handle(index, rng, metadata.checkpoint_id,
-                                            states.values(), files))
-            if progress is not None:
-                progress(index + 1, parallelism)
-        # Step 3. Commit (files of an interrupted earlier write into the target go first).
-        remove_unreferenced(storage, written)
-        properties = carried_properties(metadata.properties)
-        properties[PROP_SOURCE] = source.storage.url_of(source.metadata_path)
-        properties[PROP_SOURCE_BACKEND] = metadata.properties.get(PROP_SOURCE_BACKEND,
-                                                                  metadata.backend)
-        properties.update(attach_context(attach, storage))
-        savepoint = canonical_metadata(
-            checkpoint_id=metadata.checkpoint_id, max_parallelism=metadata.max_parallelism,
-            key_types=[str(t) for t in key_types], key_columns=names, handles=handles,
-            properties=properties)
-        return storage.url_of(storage.write_metadata(savepoint, METADATA_FILE))
-    except BaseException:
-        storage.delete(written)
-        raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with new_snapshot_target(storage):
+        work = tempfile.mkdtemp(prefix="keyedstate-canonical-", dir=worker_dir(local_dir))
+        try:
+            written: list[str] = []
+            # Step 2. One split at a time.
+            for index in range(parallelism):
+                rng = KeyGroupRange.of_operator(metadata.max_parallelism, parallelism, index)
+                with open_snapshot_range(source, rng, subtask_index=index, time_provider=clock,
+                                         local_dir=work) as backend:
+                    files = write_split(backend, storage, states, dirs, names, key_types, work)
+                written.extend(f.path for f in files.values())
+                handles.append(canonical_handle(index, rng, metadata.checkpoint_id,
+                                                states.values(), files))
+                if progress is not None:
+                    progress(index + 1, parallelism)
+            # Step 3. Commit.
+            remove_unreferenced(storage, written)
+            properties = carried_properties(metadata.properties)
+            properties[PROP_SOURCE] = source.storage.url_of(source.metadata_path)
+            properties[PROP_SOURCE_BACKEND] = metadata.properties.get(PROP_SOURCE_BACKEND,
+                                                                      metadata.backend)
+            properties.update(attach_context(attach, storage))
+            savepoint = canonical_metadata(
+                checkpoint_id=metadata.checkpoint_id, max_parallelism=metadata.max_parallelism,
+                key_types=[str(t) for t in key_types], key_columns=names, handles=handles,
+                properties=properties)
+            return storage.url_of(storage.write_metadata(savepoint, METADATA_FILE))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,7 +550,7 @@ __all__ = [
     "CANONICAL_BACKEND", "carried_properties", "PROP_KEY_COLUMNS", "PROP_SOURCE",
     "PROP_SOURCE_BACKEND", "ROW_GROUP_ROWS", "STATES_DIR", "TIMERS_DIR", "TIMERS_ENTRY",
     "CanonicalRange", "ParquetFileWriter", "canonical_handle", "canonical_metadata",
-    "check_target", "key_columns_of", "key_types_of", "open_snapshot_range",
+    "key_columns_of", "key_types_of", "open_snapshot_range",
     "read_range_tables", "remove_unreferenced", "restore_canonical", "snapshot_states",
     "split_file_name", "state_dir_names", "write_canonical_savepoint",
 ]

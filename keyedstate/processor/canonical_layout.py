@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from keyedstate.checkpoint.properties import SAVEPOINT_OF, portable_properties
-from keyedstate.errors import ConfigurationError, CorruptCheckpointError, SnapshotExistsError
+from keyedstate.errors import ConfigurationError, CorruptCheckpointError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical_schema import (
     CANONICAL_FORMAT_VERSION,
@@ -122,15 +122,6 @@ def split_file_name(key_group_range: KeyGroupRange) -> str:
             f"{uuid.uuid4().hex[:12]}.parquet")
 
 
-def check_target(storage: CheckpointStorage) -> None:
-    """Raise :class:`SnapshotExistsError` if ``storage`` already holds a snapshot."""
-    if storage.exists(METADATA_FILE):
-        raise SnapshotExistsError(
-            f"{storage.url_of(METADATA_FILE)} exists: {storage.url} already holds a savepoint, "
-            f"and keyedstate never overwrites one. Choose a new directory"
-        )
-
-
 # --------------------------------------------------------------------------------------------
 # writing files
 # --------------------------------------------------------------------------------------------
@@ -170,8 +161,9 @@ class ParquetFileWriter:
 
 def remove_unreferenced(storage: CheckpointStorage, referenced: Iterable[str]) -> list[str]:
     """Delete files under ``states/`` and ``timers/`` of a savepoint being written that it does
-    not reference (a failed task attempt's, an interrupted earlier write's), so a reader of the
-    directory sees exactly the savepoint's files; call it before ``_metadata`` is written."""
+    not reference (a failed Spark task attempt's: the target was empty when the write began,
+    so nothing else is there), so a reader of the directory sees exactly the savepoint's
+    files; call it before ``_metadata`` is written."""
     keep = set(referenced)
     doomed = [p for d in (STATES_DIR, TIMERS_DIR) for p in storage.list_files(d)
               if p not in keep]

@@ -50,10 +50,12 @@ from typing import Any, Callable, Mapping
 from keyedstate.backends import backend_names, load_backend
 from keyedstate.checkpoint.properties import BATCH_ID, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
-from keyedstate.checkpoint.savepoint import unique_files
+from keyedstate.checkpoint.savepoint import unique_files, verify_snapshot_files
 from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
+    KeyedStateError,
+    MissingCheckpointFileError,
     NoCheckpointError,
     UnsafePathError,
     UnsupportedFormatVersionError,
@@ -62,6 +64,7 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import (
     CheckpointMetadata,
     SnapshotFormat,
+    SnapshotKind,
     StreamHandle,
 )
 from keyedstate.storage.layout import (
@@ -267,7 +270,7 @@ def show(path: str, storage_options: Mapping[str, Any] | None = None, *,
     elif metadata.format is not SnapshotFormat.NATIVE:
         how = "not computed for a canonical savepoint: its files are per state (see files)"
     else:
-        sizes, how = compute_state_sizes(snapshot)
+        sizes, how = _state_sizes_naming_damage(snapshot)
     infos = {s.name: s for h in metadata.handles for s in h.states}
     names = sorted(set(infos) | set(sizes or {}))
     out["states"] = [{
@@ -297,6 +300,36 @@ def compute_state_sizes(snapshot: ResolvedSnapshot) -> tuple[dict[str, int], str
         for state, size in backend.state_sizes(snapshot.storage, handle).items():
             sizes[state] += size
     return dict(sizes), f"computed: {backend.state_sizes_method}"
+
+
+def _state_sizes_naming_damage(snapshot: ResolvedSnapshot) -> tuple[dict[str, int], str]:
+    """:func:`compute_state_sizes`; if that fails, the snapshot's files are verified
+    (:func:`~keyedstate.checkpoint.savepoint.verify_snapshot_files`, as a restore does) so
+    that a damaged file is named as the snapshot's own file, not as the temporary copy the
+    backend opened, with what works from there. Any other failure passes unchanged."""
+    try:
+        return compute_state_sizes(snapshot)
+    except KeyedStateError as failure:
+        try:
+            verify_snapshot_files(snapshot, remedy=_remedy(snapshot))
+        except (CorruptCheckpointError, MissingCheckpointFileError) as damage:
+            raise damage from failure
+        raise
+
+
+def _remedy(snapshot: ResolvedSnapshot) -> str:
+    """What works with a damaged snapshot, for :func:`show`'s error."""
+    where = snapshot.storage.url_of(snapshot.metadata_path)
+    if snapshot.metadata.kind is SnapshotKind.SAVEPOINT:
+        way_out = ("Copy the file back from where the savepoint was copied from, if it was; "
+                   "otherwise restore from another savepoint or a retained checkpoint of the "
+                   "job")
+    else:
+        way_out = ("Restore from another retained checkpoint (keyedstate checkpoints list DIR) "
+                   "or a savepoint")
+    return (f"The {snapshot.metadata.kind} {where} can't be restored, nor its per-state sizes "
+            f"computed. {way_out}; keyedstate checkpoints show --no-state-sizes shows the "
+            f"rest without reading its files")
 
 
 # -- garbage -------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import pyarrow as pa
 from keyedstate.backends.base.backend import meta_info_of
 from keyedstate.backends.base.migration import recorded_value_type, resolve_restored
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
+from keyedstate.checkpoint.savepoint import check_savepoint_target, new_snapshot_target
 from keyedstate.errors import ConfigurationError, KeyedStateError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange, check_max_parallelism, check_parallelism
 from keyedstate.processor.canonical import (
@@ -48,7 +49,6 @@ from keyedstate.processor.canonical import (
     canonical_handle,
     canonical_metadata,
     carried_properties,
-    check_target,
     key_columns_of,
     key_types_of,
     remove_unreferenced,
@@ -444,13 +444,15 @@ class SavepointWriter:
 
     def write(self, path: str, *, storage_options: dict[str, Any] | None = None) -> str:
         """Write the canonical savepoint into the directory ``path``; returns the path or URL
-        of its ``_metadata``. A ``path`` holding a savepoint raises
-        :class:`SnapshotExistsError` before anything runs. Each state and the timers are one
-        Spark job (one task per split); files no task reported (failed attempts) are deleted,
-        then ``_metadata`` is written, atomically; on failure the files written so far are
-        deleted."""
+        of its ``_metadata``. ``path`` must be new or an empty directory
+        (:func:`~keyedstate.checkpoint.savepoint.check_savepoint_target`:
+        :class:`SnapshotExistsError` if it holds a savepoint, :class:`TargetNotEmptyError` if
+        anything else), checked before anything runs. Each state and the timers are one Spark
+        job (one task per split); files no task reported (failed attempts) are deleted, then
+        ``_metadata`` is written, atomically; on failure everything written under ``path`` is
+        deleted, and the directories the write created."""
         storage = CheckpointStorage(path, storage_options)
-        check_target(storage)
+        check_savepoint_target(storage)
         if self._spark is None:
             raise ConfigurationError("nothing to write: add a state with with_state() first")
         splits = self.splits or min(self.max_parallelism,
@@ -458,7 +460,7 @@ class SavepointWriter:
         dirs = state_dir_names(self._states)
         files: dict[int, dict[str, StreamHandle]] = {i: {} for i in range(splits)}
         written: list[str] = []
-        try:
+        with new_snapshot_target(storage):
             jobs = [(p, f"{STATES_DIR}/{dirs[name]}", name) for name, p in self._states.items()]
             if self._timers is not None:
                 jobs.append((self._timers, TIMERS_DIR, TIMERS_ENTRY))
@@ -467,8 +469,8 @@ class SavepointWriter:
                     written.append(row["path"])
                     files[row["split"]][entry] = StreamHandle(row["path"], row["size"],
                                                               row["checksum"])
-            # Files of failed task attempts (and of an interrupted earlier write) go, so a
-            # reader of the directory sees exactly the savepoint's files.
+            # Files of failed task attempts go, so a reader of the directory sees exactly the
+            # savepoint's files.
             remove_unreferenced(storage, written)
             metas = [p.meta for p in self._states.values() if p.meta is not None]
             handles = [canonical_handle(i, KeyGroupRange.of_operator(
@@ -478,9 +480,6 @@ class SavepointWriter:
                 key_types=self.key_type_strings, key_columns=self.key_columns, handles=handles,
                 properties={**self._properties, PROP_SOURCE: "SavepointWriter"})
             return storage.url_of(storage.write_metadata(metadata, METADATA_FILE))
-        except BaseException:
-            storage.delete(written)
-            raise
 
 
 __all__ = ["SavepointReader", "SavepointWriter"]

@@ -38,10 +38,15 @@ import time
 from typing import Any
 
 from keyedstate.config import JobConfig, LateEvents
-from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.layout import METADATA_FILE
 from keyedstate.testing.chaos import drills
-from keyedstate.testing.chaos.driver import build_job, check_job_dir, log_event, run_job, via_marker
+from keyedstate.testing.chaos.driver import (
+    build_job,
+    check_job_dir,
+    clear_unfinished_savepoint,
+    log_event,
+    run_job,
+    via_marker,
+)
 from keyedstate.testing.chaos.driver_faults import DriverFaults, boundary_crash_id
 from keyedstate.testing.chaos.plan import MAX_PARALLELISM, Job, Plan
 from keyedstate.testing.chaos.workload import (
@@ -76,7 +81,7 @@ def end_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
     target = plan.savepoint_dir(job.index)
 
     def taken() -> bool:
-        return CheckpointStorage(target, plan.storage_options).exists(METADATA_FILE)
+        return clear_unfinished_savepoint(target, plan.storage_options)
 
     # Step 1.
     stopping = time.time()

@@ -121,8 +121,8 @@ class SinkSavepoint:
 
     def take(self, batch_id: int, at: str) -> None:
         if (at != self.job.sink_at or batch_id != self.batch or self.driver is None
-                or self._taking or CheckpointStorage(self.target, self.plan.storage_options)
-                .exists(METADATA_FILE)):
+                or self._taking
+                or clear_unfinished_savepoint(self.target, self.plan.storage_options)):
             return
         self._taking = True
         try:
@@ -133,6 +133,17 @@ class SinkSavepoint:
                       at=at, seconds=time.time() - started)
         finally:
             self._taking = False
+
+
+def clear_unfinished_savepoint(target: str, storage_options: Any) -> bool:
+    """Whether ``target`` holds a finished savepoint; if it holds only what a killed savepoint
+    run left (files, no ``_metadata``), delete them first, as an operator would: a savepoint is
+    written only into a new or empty target, so a retry needs it empty."""
+    storage = CheckpointStorage(target, storage_options)
+    if storage.exists(METADATA_FILE):
+        return True
+    storage.delete(storage.list_files())
+    return False
 
 
 def via_marker(job: Job, via: str) -> str:
