@@ -77,18 +77,16 @@ def _argv(command: str, p: Paths, kind: str) -> list[str]:
 
 _ALL_FAIL = dict.fromkeys(KINDS, FAIL)
 _READS_METADATA_ONLY = {"metadata": OK, "other_job": OK, "damaged": OK}
-_CONCURRENT = ("lands with the savepoint work that verifies copied files and names the "
-               "damaged snapshot file (checkpoints show names a temporary copy)")
 
-#: command -> kind -> OK (exit 0, nothing written), FAIL (typed error naming the path, nothing
-#: written) or an xfail reason. The commands that read only ``_metadata`` files (list,
+#: command -> kind -> OK (exit 0, nothing written) or FAIL (typed error naming the path,
+#: nothing written). The commands that read only ``_metadata`` files (list,
 #: transfer, report, gc) don't read data files: a damaged one is found by those that do.
 EXPECTED: dict[str, dict[str, str]] = {
     "checkpoints list": {**_ALL_FAIL, **_READS_METADATA_ONLY},
-    "checkpoints show": {**_ALL_FAIL, "metadata": OK, "other_job": OK, "damaged": _CONCURRENT},
+    "checkpoints show": {**_ALL_FAIL, "metadata": OK, "other_job": OK, "damaged": FAIL},
     "checkpoints transfer": {**_ALL_FAIL, **_READS_METADATA_ONLY},
     "checkpoints report": {**_ALL_FAIL, "metadata": OK, "damaged": OK},
-    "savepoint create": {**_ALL_FAIL, "metadata": OK, "other_job": OK, "damaged": _CONCURRENT},
+    "savepoint create": {**_ALL_FAIL, "metadata": OK, "other_job": OK, "damaged": FAIL},
     "gc": {**_ALL_FAIL, "other_job": OK, "damaged": OK},
     "gc --apply": {**_ALL_FAIL, "other_job": OK, "damaged": OK},
     "state read": {**_ALL_FAIL, "metadata": OK},
@@ -155,11 +153,7 @@ def _cases() -> list[object]:
     cases = []
     for command, kinds in EXPECTED.items():
         for kind in KINDS:
-            expected = kinds[kind]
-            marks = ([pytest.mark.xfail(reason=expected, strict=False)]
-                     if expected not in (OK, FAIL) else [])
-            cases.append(pytest.param(command, kind, expected, marks=marks,
-                                      id=f"{command}-{kind}"))
+            cases.append(pytest.param(command, kind, kinds[kind], id=f"{command}-{kind}"))
     return cases
 
 

@@ -292,6 +292,7 @@ TYPED_PROPERTIES: Mapping[str, Callable[[str], Any]] = {
     props.STAGED: _json_of(dict[str, list[str]]),
     props.DRAINED: _bool,
     props.RESTORED_FROM: lambda v: v or None,  # "": the lineage started from empty state
+    props.JOB_FUNCTION: str,
     props.JOB_CONFIG: _json_of(dict[str, Any]),
     props.CHECKPOINT_HISTORY: _history,
     props.SUBTASK_STATS: _subtask_stats,
