@@ -34,7 +34,6 @@ from keyedstate.storage.handles import (
     StateMetaInfo,
     StreamHandle,
 )
-from keyedstate.storage.layout import METADATA_FILE
 
 #: The handles' backend name: Parquet files, restored into any backend.
 CANONICAL_BACKEND = "canonical"

@@ -46,8 +46,8 @@ from keyedstate.checkpoint.restore_modes import (
 )
 from keyedstate.config import JobConfig, RestoreMode
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
-from keyedstate.runtime.declared import declared_states
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
+from keyedstate.runtime.declared import declared_states
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.identity import check_same_job, function_name
 from keyedstate.state.descriptors import StateDescriptor
