@@ -11,7 +11,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check install bench lint clean
+.PHONY: demo test check install bench lint docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: lint
 check: lint
 	$(PY) -m pytest -q -m "not spark and not s3 and not chaos and not slow" $(PYTEST_ARGS)
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	@echo "the docs site: site/index.html (or: $(PY) -m mkdocs serve)"
+
 bench: $(STAMP)
 	$(VENV)/bin/keyedstate bench --help
 
@@ -40,4 +44,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check keyedstate tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site

@@ -218,10 +218,13 @@ class JobConfig:
 
     @property
     def effective_max_parallelism(self) -> int:
+        """The configured max parallelism, else Flink's default for ``parallelism`` (a job
+        restored from a snapshot without one adopts the snapshot's at start)."""
         return self.max_parallelism or compute_default_max_parallelism(self.parallelism)
 
     @property
     def watermark_delay_ms(self) -> int:
+        """``watermark_delay`` in milliseconds."""
         return int(self.watermark_delay / dt.timedelta(milliseconds=1))
 
     @classmethod
@@ -265,6 +268,7 @@ class JobConfig:
         return out
 
     def replace(self, **changes: Any) -> JobConfig:
+        """A copy with ``changes`` (field names) applied and checked as at construction."""
         return dataclasses.replace(self, **changes)
 
 

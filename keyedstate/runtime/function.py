@@ -84,21 +84,31 @@ class TimerService:
         self._context = context
 
     def current_watermark(self) -> int:
+        """The event-time watermark the batch runs at (epoch ms): the largest event time of the
+        batches before, minus ``keyedstate.watermark.delay``."""
         return self._context.watermark
 
     def current_processing_time(self) -> int:
+        """The processing time of this batch (epoch ms)."""
         return self._context.processing_time
 
     def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        """Fire ``on_timer`` for the current key (and ``namespace``) once the watermark reaches
+        ``timestamp`` (ms); registering the same timer twice keeps one."""
         self._context.backend.timer_service.register_event_time_timer(timestamp, namespace)
 
     def delete_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        """Delete the current key's event-time timer at ``timestamp`` (and ``namespace``), if any."""
         self._context.backend.timer_service.delete_event_time_timer(timestamp, namespace)
 
     def register_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        """Fire ``on_timer`` for the current key (and ``namespace``) at the first batch whose
+        processing time reaches ``timestamp`` (ms); registering the same timer twice keeps one."""
         self._context.backend.timer_service.register_processing_time_timer(timestamp, namespace)
 
     def delete_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        """Delete the current key's processing-time timer at ``timestamp`` (and ``namespace``), if
+        any."""
         self._context.backend.timer_service.delete_processing_time_timer(timestamp, namespace)
 
 
@@ -127,6 +137,7 @@ class Context:
 
     @property
     def current_watermark(self) -> int:
+        """The event-time watermark the batch runs at (epoch ms); ``timer_service`` has it too."""
         return self.watermark
 
     def get_state(self, descriptor: StateDescriptor[S]) -> S:

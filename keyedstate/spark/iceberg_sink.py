@@ -146,6 +146,7 @@ class IcebergSink(Sink):
 
     @property
     def table_name(self) -> str:
+        """The table identifier, dotted (``namespace.table``)."""
         return ".".join(self.identifier)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -153,10 +153,12 @@ class SavepointReader:
 
     @property
     def max_parallelism(self) -> int:
+        """The snapshot's max parallelism (its number of key groups)."""
         return self.metadata.max_parallelism
 
     @property
     def state_names(self) -> list[str]:
+        """Names of the states the snapshot holds."""
         return list(self.states)
 
     def _splits(self, splits: int | None) -> int:

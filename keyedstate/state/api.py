@@ -88,7 +88,8 @@ class ListState(State, Generic[V]):
 
 class MapState(State, Generic[K, V]):
     @abstractmethod
-    def get(self, key: K) -> V | None: ...
+    def get(self, key: K) -> V | None:
+        """The value under map key ``key``, or None when absent or expired."""
 
     @abstractmethod
     def get_many(self, keys: BatchKeys, user_keys: Sequence[K]) -> list[V | None]:
@@ -101,28 +102,35 @@ class MapState(State, Generic[K, V]):
         ``keys``' key ``i``."""
 
     @abstractmethod
-    def put(self, key: K, value: V) -> None: ...
+    def put(self, key: K, value: V) -> None:
+        """Map ``key`` to ``value`` (replacing an earlier value)."""
 
     @abstractmethod
-    def put_all(self, mapping: dict[K, V]) -> None: ...
+    def put_all(self, mapping: dict[K, V]) -> None:
+        """Put every entry of ``mapping``."""
 
     @abstractmethod
-    def remove(self, key: K) -> None: ...
+    def remove(self, key: K) -> None:
+        """Remove map key ``key`` (nothing if absent)."""
 
     @abstractmethod
-    def contains(self, key: K) -> bool: ...
+    def contains(self, key: K) -> bool:
+        """Whether map key ``key`` has a live (unexpired) value."""
 
     @abstractmethod
     def items(self) -> Iterator[tuple[K, V]]:
         """Live entries (expired ones left out); order is unspecified."""
 
     def keys(self) -> Iterator[K]:
+        """Live map keys (expired ones left out); order is unspecified."""
         return (k for k, _ in self.items())
 
     def values(self) -> Iterator[V]:
+        """Live values (expired ones left out); order is unspecified."""
         return (v for _, v in self.items())
 
     def is_empty(self) -> bool:
+        """Whether the map has no live entry."""
         return next(iter(self.items()), None) is None
 
 
@@ -132,7 +140,8 @@ class ReducingState(State, Generic[V]):
         """The reduced value, or None when nothing was added."""
 
     @abstractmethod
-    def add(self, value: V) -> None: ...
+    def add(self, value: V) -> None:
+        """Reduce ``value`` into the state with the descriptor's reduce function."""
 
     @abstractmethod
     def get_many(self, keys: BatchKeys) -> list[V | None]:
@@ -150,7 +159,8 @@ class AggregatingState(State, Generic[V]):
         """``get_result`` of the accumulator, or None when nothing was added."""
 
     @abstractmethod
-    def add(self, value: V) -> None: ...
+    def add(self, value: V) -> None:
+        """Add ``value`` to the accumulator with the descriptor's aggregate function."""
 
     @abstractmethod
     def get_many(self, keys: BatchKeys) -> list[Any]:

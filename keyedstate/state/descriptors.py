@@ -77,6 +77,7 @@ class StateTtlConfig:
 
     @property
     def ttl_ms(self) -> int:
+        """The time to live in milliseconds."""
         return int(self.ttl / _dt.timedelta(milliseconds=1))
 
 
@@ -115,6 +116,7 @@ class StateDescriptor(Generic[S]):
 
     @property
     def user_key_serializer(self) -> TypeSerializer | None:
+        """The serializer of map keys (map state only; None for other kinds)."""
         return None
 
     def __repr__(self) -> str:
@@ -153,6 +155,7 @@ class MapStateDescriptor(StateDescriptor[MapState[Any, Any]]):
 
     @property
     def user_key_serializer(self) -> TypeSerializer:
+        """The serializer of this map's keys (from its key type)."""
         return self._user_key_serializer
 
 

@@ -217,6 +217,7 @@ class RocksDBOptions:
         return opts
 
     def write_options(self) -> rocksdict.WriteOptions:
+        """rocksdict write options of these settings (the WAL as ``disable_wal`` says)."""
         opts = rocksdict.WriteOptions()
         # A property at runtime, though rocksdict's stub declares a method.
         setattr(opts, "disable_wal", self.disable_wal)  # noqa: B010
