@@ -18,7 +18,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[test,spark,connect,s3,delta,iceberg,bench]"
+	$(PY) -m pip install --quiet -e ".[test,spark,connect,s3,delta,iceberg,bench,metrics]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -32,6 +32,8 @@ NOT_IN_MATRIX = {
     "bench": "takes no snapshot path (its --out is a file it writes, dir_okay=False)",
     "chaos": "starts Spark; its --dir is a fresh run directory of its own",
     "demo": "its --dir rule is the demo's own (tests/test_cli.py); --events below",
+    "metrics serve": "serves until interrupted; its path check is metrics show's "
+                     "(tests/test_metrics.py)",
 }
 
 OK, FAIL = "ok", "fail"
@@ -72,6 +74,7 @@ def _argv(command: str, p: Paths, kind: str) -> list[str]:
         "state read": ["state", "read", source, "--state", "count",
                        *(["--out", target] if target else [])],
         "storage check": ["storage", "check", source],
+        "metrics show": ["metrics", "show", source],
     }[command]
 
 
@@ -92,6 +95,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     "state read": {**_ALL_FAIL, "metadata": OK},
     "storage check": {**dict.fromkeys(KINDS, OK), "missing": FAIL, "file": FAIL,
                       "metadata": FAIL},
+    "metrics show": {**_ALL_FAIL, **_READS_METADATA_ONLY},
 }
 
 

@@ -14,6 +14,7 @@ from keyedstate.cli.chaos import chaos
 from keyedstate.cli.checkpoints import checkpoints
 from keyedstate.cli.demo import demo
 from keyedstate.cli.gc import gc
+from keyedstate.cli.metrics import metrics
 from keyedstate.cli.savepoint import savepoint
 from keyedstate.cli.state import state_group
 from keyedstate.cli.storage import storage
@@ -32,6 +33,7 @@ main.add_command(savepoint)
 main.add_command(gc)
 main.add_command(state_group)
 main.add_command(storage)
+main.add_command(metrics)
 main.add_command(chaos)
 
 __all__ = ["main"]
