@@ -46,6 +46,15 @@ class SourcePositions(StrEnum):
     IGNORE = "ignore"
 
 
+class OnRollback(StrEnum):
+    """What a job restored into a new Spark checkpoint location does when a sink already holds
+    batches of the snapshot's lineage after the snapshot's batch (docs/sinks.md, "Restarts,
+    restores and rollbacks")."""
+
+    REFUSE = "refuse"
+    BRANCH = "branch"
+
+
 class LateEvents(StrEnum):
     DROP = "drop"
     SIDE_OUTPUT = "side-output"
@@ -82,6 +91,12 @@ class JobConfig:
     source_positions: SourcePositions = field(
         default=SourcePositions.RESTORE,
         metadata=_key("keyedstate.state-recovery.source-positions"))
+    #: A restore into a new Spark checkpoint location over sinks that already hold batches of
+    #: the snapshot's lineage after its batch (a rollback): ``refuse`` (the default) fails the
+    #: start with SinkRollbackError; ``branch`` writes the restored job's batches beside them,
+    #: under its own lineage. docs/sinks.md, "Restarts, restores and rollbacks"
+    on_rollback: OnRollback = field(default=OnRollback.REFUSE,
+                                    metadata=_key("keyedstate.sinks.on-rollback"))
     #: States of the restored snapshot to drop (no descriptor asks for them any more); a state
     #: no descriptor asks for is otherwise kept, never deleted silently. A list of names, or
     #: one string of comma-separated names. docs/schema-evolution.md, "Added and removed states"
@@ -138,6 +153,13 @@ class JobConfig:
             raise ConfigurationError(
                 f"keyedstate.state-recovery.source-positions {self.source_positions!r} is not "
                 f"one of {[p.value for p in SourcePositions]}"
+            ) from None
+        try:
+            object.__setattr__(self, "on_rollback", OnRollback(str(self.on_rollback).lower()))
+        except ValueError:
+            raise ConfigurationError(
+                f"keyedstate.sinks.on-rollback {self.on_rollback!r} is not one of "
+                f"{[r.value for r in OnRollback]}"
             ) from None
         drop = self.drop_states
         if isinstance(drop, str):

@@ -86,6 +86,14 @@ class SourcePositionsError(ConfigurationError):
     query than the one the checkpoints cover. Starting would skip or double input."""
 
 
+class SinkRollbackError(ConfigurationError):
+    """A job restored from a snapshot into a new Spark checkpoint location would roll a sink
+    back: the sink already holds batches of the snapshot's lineage after the snapshot's batch
+    (the old job went on after it). Raised at start, before anything is restored or written;
+    the message names the sink, those batches and the ways out (another path or table, or
+    ``keyedstate.sinks.on-rollback: branch``)."""
+
+
 class OutputSchemaError(KeyedStateError, TypeError):
     """Rows a function emitted do not match the declared output schema."""
 

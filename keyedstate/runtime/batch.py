@@ -59,12 +59,20 @@ class StagedOutput:
     ``lineage`` names the sequence of batch ids the batch belongs to: a batch is identified by
     ``(lineage, batch id)``. The driver passes the Spark streaming query's id (a uuid, kept
     across restarts from one Spark checkpoint location and carried by savepoints; a new query's
-    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches are then told apart by their id alone."""
+    batch ids start again at 0), as its checkpoint records it. ``""`` means unknown: batches
+    are then told apart by their id alone.
+
+    ``parent_lineage`` and ``fork_batch_id``: a lineage that is a branch (a job restored from
+    a snapshot into a new Spark checkpoint location) forks from batch ``fork_batch_id`` of
+    ``parent_lineage``; sinks record them with the batch so that readers can tell branches
+    apart. ``""`` and -1 for a lineage that is no branch."""
 
     storage: CheckpointStorage
     paths: list[str]
     schema: pa.Schema
     lineage: str = ""
+    parent_lineage: str = ""
+    fork_batch_id: int = -1
 
     def urls(self) -> list[str]:
         return [self.storage.url_of(p) for p in self.paths]
@@ -202,11 +210,14 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
 
 
 def staged_outputs(storage: CheckpointStorage, properties: Mapping[str, str],
-                   schemas: Mapping[str, pa.Schema], lineage: str = "") -> dict[str, StagedOutput]:
+                   schemas: Mapping[str, pa.Schema], lineage: str = "",
+                   parent_lineage: str = "", fork_batch_id: int = -1
+                   ) -> dict[str, StagedOutput]:
     """Every output of ``schemas`` a checkpoint's batch staged in ``storage``
     (``properties[STAGED]``); an output without rows has no files."""
     staged = json.loads(properties.get(STAGED, "{}"))
-    return {tag: StagedOutput(storage, staged.get(tag, []), schema, lineage=lineage)
+    return {tag: StagedOutput(storage, staged.get(tag, []), schema, lineage=lineage,
+                              parent_lineage=parent_lineage, fork_batch_id=fork_batch_id)
             for tag, schema in schemas.items()}
 
 

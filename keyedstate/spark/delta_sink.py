@@ -27,6 +27,7 @@ from keyedstate.spark.sinks import (
     COMMIT_LINEAGE,
     Sink,
     app_id_of,
+    branch_properties,
     check_partition_columns,
     staged_batches,
 )
@@ -88,6 +89,26 @@ class DeltaSink(Sink):
         if table is not None:
             self._check(table, schema)
 
+    def describe(self) -> str:
+        return f"DeltaSink at {self.table_uri}"
+
+    def batches_after(self, lineage: str, batch_id: int) -> list[int] | None:
+        """Batches of ``lineage`` after ``batch_id`` in the table: none when its application
+        transaction for the lineage is at or below ``batch_id``; otherwise the batch ids the
+        table's history records for the lineage (``commitInfo``), and at least the
+        transaction's version (history may have been cleaned up)."""
+        table = self._table()
+        if table is None:
+            return []
+        done = table.transaction_version(app_id_of(lineage))
+        if done is None or done <= batch_id:
+            return []
+        found = {done}
+        for commit in table.history():
+            if commit.get(COMMIT_LINEAGE) == lineage and COMMIT_BATCH_ID in commit:
+                found.add(int(commit[COMMIT_BATCH_ID]))
+        return sorted(b for b in found if b > batch_id)
+
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         """Step 1. No rows: nothing to commit.
         Step 2. The table exists and its transaction for the lineage covers ``batch_id``:
@@ -111,7 +132,8 @@ class DeltaSink(Sink):
         # Step 3.
         properties = deltalake.CommitProperties(
             app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)],
-            custom_metadata={COMMIT_LINEAGE: staged.lineage, COMMIT_BATCH_ID: str(batch_id)})
+            custom_metadata={COMMIT_LINEAGE: staged.lineage, COMMIT_BATCH_ID: str(batch_id),
+                             **branch_properties(staged)})
         reader = pa.RecordBatchReader.from_batches(staged.schema, staged_batches(staged))
         deltalake.write_deltalake(
             table if table is not None else self.table_uri, reader, mode="append",

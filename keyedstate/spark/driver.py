@@ -41,6 +41,7 @@ from keyedstate.checkpoint.stats import CompletedCheckpointStats, history_of
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
+    OnRollback,
     SourcePositions,
 )
 from keyedstate.errors import (
@@ -50,6 +51,7 @@ from keyedstate.errors import (
     JobDrainedError,
     KeyedStateError,
     NoCheckpointError,
+    SinkRollbackError,
     SourcePositionsError,
     TransientStorageError,
 )
@@ -76,10 +78,14 @@ from keyedstate.spark.connect import task_slots
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
     OFFSETS,
+    PROP_FORK_BATCH_ID,
+    PROP_PARENT_QUERY_ID,
     PROP_QUERY_ID,
     PROP_SPARK_CHECKPOINT_LOCATION,
+    Branch,
     OffsetLog,
     seed,
+    seeded_branch,
 )
 from keyedstate.spark.query import StopGate
 from keyedstate.spark.routing import route
@@ -281,6 +287,8 @@ class KeyedJobDriver:
         self.lineage = {RESTORED_FROM: cfg.restore_path or "",
                         PROP_SPARK_CHECKPOINT_LOCATION: self.spark_checkpoint_location}
         self._query_id: str | None = None
+        self._branch: Branch | None = None
+        self._branch_read = False
         self._resumed_batch = -1
         # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
         # (_on_restore) before it is claimed.
@@ -355,7 +363,13 @@ class KeyedJobDriver:
                 return batch
         carried = source_log_of(snap, self.config.storage_options) if location else None
         if carried is not None:
-            seed(self._offset_log(), carried, batch)
+            parent = carried.query_id() or ""
+            target = self._offset_log()
+            if target.query_id() is None or seeded_branch(target, parent, batch) is not None:
+                # A new branch of the snapshot's lineage (the seed gives it a query id of
+                # its own): the sinks must not hold the parent's batches after the fork.
+                self._check_rollback(snap, parent, batch)
+            seed(target, carried, batch)
             return batch
         raise SourcePositionsError(
             f"{where} holds the state after Spark batch {batch} of query "
@@ -371,13 +385,59 @@ class KeyedJobDriver:
             f"or reprocessing is intended"
         )
 
+    def _check_rollback(self, snap: ResolvedSnapshot, parent: str, batch: int) -> None:
+        """Step 1, before the source positions are seeded: refuse a restore into a new
+        Spark checkpoint location over sinks that already hold batches of the snapshot's
+        query ``parent`` after its batch ``batch`` (the old job went on after the snapshot:
+        a rollback), unless ``keyedstate.sinks.on-rollback`` is ``branch``. The restored job
+        is a new lineage either way (:func:`~keyedstate.spark.offsets.seed`), so nothing of
+        its output is ever taken for a replay of those batches; the refusal keeps a sink from
+        holding two branches that a reader of everything would mix. Reads only."""
+        held = {}
+        for sinks in self.job.sinks.values():
+            for sink in sinks:
+                batches = sink.batches_after(parent, batch)
+                if batches:
+                    held[sink.describe()] = batches
+        if not held:
+            return
+        where = snap.storage.url_of(snap.metadata_path)
+        found = "; ".join(f"{name}: batches {_batch_list(ids)}" for name, ids in held.items())
+        if self.config.on_rollback is OnRollback.BRANCH:
+            log.info("%s covers batch %d of query %s, whose later batches the sinks already "
+                     "hold (%s); the restored job writes its batches beside them as a new "
+                     "branch (keyedstate.sinks.on-rollback: branch)", where, batch, parent,
+                     found)
+            return
+        raise SinkRollbackError(
+            f"{where} holds the state after batch {batch} of query {parent}, but the sinks "
+            f"already hold later batches of that query: {found}. Restored into the new Spark "
+            f"checkpoint location {self.spark_checkpoint_location}, the job rolls back: its "
+            f"batches after {batch} are new output beside those, not replays of them. Nothing "
+            f"was restored or written. Write to another path or table, or set "
+            f"keyedstate.sinks.on-rollback=branch (JobConfig(on_rollback='branch')) to write "
+            f"the restored job's batches as a new branch under a query id of its own (see "
+            f"docs/sinks.md, 'Restarts, restores and rollbacks', for how readers select a "
+            f"branch)"
+        )
+
     def _claim_properties(self, snap: ResolvedSnapshot, batch_id: int) -> dict[str, str]:
         """Properties of the checkpoint a claimed snapshot becomes: this job's lineage, not
         drained (a drained job's savepoint starts a new job), the batch id it covers in this
-        job's offset log (:meth:`_resume_source`)."""
-        query_id = snap.metadata.properties.get(PROP_QUERY_ID, "") if batch_id >= 0 else ""
+        job's offset log (:meth:`_resume_source`) and that log's query (the snapshot's, or
+        a new branch's with its parent)."""
+        if batch_id < 0:
+            return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
+                    PROP_QUERY_ID: ""}
         return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
-                PROP_QUERY_ID: query_id}
+                **self._query_properties()}
+
+    def _query_properties(self) -> dict[str, str]:
+        """What each checkpoint records of the query its batch ids belong to: the query id
+        and, for a branch, its parent query and fork batch."""
+        branch = self.branch()
+        return {PROP_QUERY_ID: self.query_id(),
+                **(branch.properties() if branch is not None else {})}
 
     def _commit_carried_output(self, snap: ResolvedSnapshot) -> None:
         """Commit the output a snapshot carries: staged output of its batch whose sinks were
@@ -421,6 +481,15 @@ class KeyedJobDriver:
             self._query_id = (self._offset_log().query_id() or ""
                               if self.spark_checkpoint_location else "")
         return self._query_id
+
+    def branch(self) -> Branch | None:
+        """The branch this job's query is (its Spark checkpoint location was seeded from a
+        snapshot), None for a query Spark started itself."""
+        if not self._branch_read:
+            self._branch = (self._offset_log().branch() if self.spark_checkpoint_location
+                            else None)
+            self._branch_read = True
+        return self._branch
 
     def _offset_log(self) -> OffsetLog:
         """Spark's offset log of this job (its Spark checkpoint location, which must be set)."""
@@ -606,7 +675,7 @@ class KeyedJobDriver:
                 config=self.config,
                 # The query the batch id belongs to: names the sinks' output, checked at
                 # restart.
-                extra={PROP_QUERY_ID: self.query_id()})
+                extra=self._query_properties())
         except BaseException as exc:
             if not pending.is_completed:
                 self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
@@ -648,7 +717,9 @@ class KeyedJobDriver:
         if LATE_EVENTS_TAG in staged or LATE_EVENTS_TAG in self.job.sinks:
             # A late-events sink also commits batches without late rows (no files).
             schemas[LATE_EVENTS_TAG] = self._late_schema()
-        outputs = staged_outputs(storage, props, schemas, lineage=props.get(PROP_QUERY_ID, ""))
+        outputs = staged_outputs(storage, props, schemas, lineage=props.get(PROP_QUERY_ID, ""),
+                                 parent_lineage=props.get(PROP_PARENT_QUERY_ID, ""),
+                                 fork_batch_id=int(props.get(PROP_FORK_BATCH_ID, -1)))
         for output, sinks in self.job.sinks.items():
             for sink in sinks:
                 sink.commit(spark, batch_id, outputs[output])
@@ -820,6 +891,14 @@ def _for_connect_client(failure: KeyedStateError, exc: BaseException) -> KeyedSt
         return BatchFailedError(f"{failure}\n{task.encode()}", batch_id=task.batch_id,
                                 subtask=task.subtask, key=task.key)
     return failure
+
+
+def _batch_list(ids: list[int]) -> str:
+    """Batch ids for a message: ``3, 4, 5``; the first and last few of a long list."""
+    shown = [str(i) for i in ids]
+    if len(shown) > 8:
+        shown = [*shown[:4], f"... ({len(ids) - 6} more)", *shown[-2:]]
+    return ", ".join(shown)
 
 
 def _is_transient_failure(exc: BaseException) -> bool:

@@ -25,6 +25,7 @@ from keyedstate.spark.sinks import (
     COMMIT_LINEAGE,
     Sink,
     app_id_of,
+    branch_properties,
     check_partition_columns,
     staged_batches,
 )
@@ -68,6 +69,20 @@ def committed_batch_id(table: Table, lineage: str) -> int | None:
         if batch_id is not None:
             return int(batch_id)
     return None
+
+
+def batches_of(table: Table, lineage: str) -> list[int]:
+    """Every batch of ``lineage`` among the current snapshot and its ancestors, ascending."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    found = set()
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        summary = snapshot.summary
+        if summary is not None and summary.get(COMMIT_LINEAGE) == lineage:
+            batch_id = summary.get(COMMIT_BATCH_ID)
+            if batch_id is not None:
+                found.add(int(batch_id))
+    return sorted(found)
 
 
 class IcebergSink(Sink):
@@ -155,6 +170,17 @@ class IcebergSink(Sink):
         if table is not None:
             self._check(table, schema)
 
+    def describe(self) -> str:
+        return f"IcebergSink table {self.table_name}"
+
+    def batches_after(self, lineage: str, batch_id: int) -> list[int] | None:
+        """Batches of ``lineage`` after ``batch_id`` in the current snapshot's ancestry
+        (:func:`batches_of`)."""
+        table = self._table()
+        if table is None:
+            return []
+        return [b for b in batches_of(table, app_id_of(lineage)) if b > batch_id]
+
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         """Step 1. No rows: nothing to commit.
         Step 2. The table exists and its newest snapshot of the lineage holds ``batch_id`` or
@@ -185,7 +211,8 @@ class IcebergSink(Sink):
         else:
             rows = read_staged(staged)
         table.append(rows, snapshot_properties={COMMIT_LINEAGE: lineage,
-                                                COMMIT_BATCH_ID: str(batch_id)})
+                                                COMMIT_BATCH_ID: str(batch_id),
+                                                **branch_properties(staged)})
 
     def _table(self) -> Table | None:
         """The table as of now, None if there is none yet."""

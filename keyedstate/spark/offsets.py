@@ -8,13 +8,19 @@ Structured Streaming keeps a query's source positions in its checkpoint location
     commits/<B>           batch B is done (written after ``foreachBatch`` returned)
     sources/<n>/...       per-source logs (the file source's list of seen files, the rate
                           source's start time)
+    keyedstate-branch.json  keyedstate's own: the location was seeded from a snapshot
+                          (:class:`Branch`: its query id, the parent query id, the fork batch)
 
 A batch id means something only within one such log. A keyedstate checkpoint records the batch
 it covers; for it to be restored with Flink's guarantee (the source resumes exactly after the
 snapshot's batch), the log must come along. So a savepoint carries a copy of the log up to its
 batch (:func:`capture`), and a job restored from it in a new checkpoint location seeds that
-location with the copy before Spark starts (:func:`seed`). Nothing here imports pyspark: the
-log is read and written as files, through fsspec (``s3a://`` is read as ``s3://``).
+location with the copy before Spark starts (:func:`seed`). The seeded location gets a query id
+of its own: the restored job is a new *branch* of the lineage (its batch ids after the fork
+may collide with batches the old query published after the snapshot, and a sink keyed by
+(query id, batch id) must not take them for replays); :class:`Branch` records the parent.
+Nothing here imports pyspark: the log is read and written as files, through fsspec
+(``s3a://`` is read as ``s3://``).
 
 Spark's own stateful operators keep state under ``state/``: it is not carried (keyedstate
 holds the job's state); a query with such operators upstream of ``key_by`` restores only in
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -46,6 +53,13 @@ PROP_SOURCE_LOG = "spark_source_log"
 PROP_QUERY_ID = "spark_query_id"
 #: ``_metadata`` property: the Spark checkpoint location (offset log) of the query.
 PROP_SPARK_CHECKPOINT_LOCATION = "spark_checkpoint_location"
+#: ``_metadata`` properties of a branch's checkpoints: the parent query id and the fork batch.
+PROP_PARENT_QUERY_ID = "spark_parent_query_id"
+PROP_FORK_BATCH_ID = "spark_fork_batch_id"
+#: keyedstate's file in a seeded Spark checkpoint location (:class:`Branch`); Spark reads only
+#: ``metadata``, ``offsets``, ``commits``, ``sources`` and ``state`` there.
+BRANCH_FILE = "keyedstate-branch.json"
+BRANCH_FORMAT_VERSION = 1
 
 
 def _storage(location: str, storage_options: Mapping[str, Any] | None) -> CheckpointStorage:
@@ -60,6 +74,48 @@ def _is_log_file(relative: str) -> bool:
     """Hadoop writes a hidden ``.<name>.crc`` beside each file on a local disk; it is
     optional on read, and a copy never needs it (a stale one would fail the read)."""
     return not any(part.startswith(".") for part in relative.split("/"))
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A query seeded from a snapshot: ``query_id`` (fresh, its own lineage) forks from batch
+    ``fork_batch_id`` of query ``parent_query_id``. Stored as :data:`BRANCH_FILE`, a versioned
+    JSON object decoded by :meth:`decode` alone."""
+
+    query_id: str
+    parent_query_id: str
+    fork_batch_id: int
+    #: the copy of the log it was seeded from (a savepoint's, or the parent's location)
+    seeded_from: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps({"version": BRANCH_FORMAT_VERSION, "query_id": self.query_id,
+                           "parent_query_id": self.parent_query_id,
+                           "fork_batch_id": self.fork_batch_id,
+                           "seeded_from": self.seeded_from}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, where: str) -> Branch:
+        """The branch in ``data`` (the file at ``where``); :class:`SourcePositionsError` for a
+        file of another version or shape."""
+        try:
+            raw = json.loads(data.decode())
+            if raw.get("version") != BRANCH_FORMAT_VERSION:
+                raise ValueError(f"version {raw.get('version')!r}, expected "
+                                 f"{BRANCH_FORMAT_VERSION}")
+            return cls(str(raw["query_id"]), str(raw["parent_query_id"]),
+                       int(raw["fork_batch_id"]), str(raw.get("seeded_from", "")))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SourcePositionsError(
+                f"{where} is not a keyedstate branch record this version reads ({exc}); it "
+                f"was written by another keyedstate version or changed by hand. Start the "
+                f"restored job with a new, empty spark_checkpoint_location"
+            ) from exc
+
+    def properties(self) -> dict[str, str]:
+        """The ``_metadata`` properties naming the parent (recorded by each checkpoint)."""
+        return {PROP_PARENT_QUERY_ID: self.parent_query_id,
+                PROP_FORK_BATCH_ID: str(self.fork_batch_id)}
 
 
 @dataclass(frozen=True)
@@ -87,6 +143,13 @@ class OffsetLog:
             return None
         return str(json.loads(self.storage.read(QUERY_METADATA).decode().strip())["id"])
 
+    def branch(self) -> Branch | None:
+        """The branch record of a location seeded from a snapshot (:func:`seed`), None
+        for a query Spark started itself."""
+        if not self.storage.exists(BRANCH_FILE):
+            return None
+        return Branch.decode(self.storage.read(BRANCH_FILE), self.storage.url_of(BRANCH_FILE))
+
     def last_committed(self) -> int:
         """The last batch Spark recorded as done, -1 if none."""
         committed = self.batches(COMMITS)
@@ -108,7 +171,7 @@ class OffsetLog:
 
 
 def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
-             folder: str = "") -> None:
+             folder: str = "", *, with_query_id: bool = True) -> None:
     """Copy ``source``'s log up to ``batch_id`` into ``target`` (under ``folder``).
 
     Copied: every source log, ``offsets`` and ``commits`` of batches up to ``batch_id`` (a
@@ -116,8 +179,9 @@ def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
     resumes after ``batch_id`` and plans again), and the query id last (a location with it and
     without offsets would be a new query). The batch is complete in keyedstate's state, so the
     copy records it as done even when Spark had not yet written ``commits/<batch_id>`` (a
-    snapshot taken while the batch committed). Raises :class:`SourcePositionsError` when the
-    log lacks the batch's offsets."""
+    snapshot taken while the batch committed). Without ``with_query_id`` the query id is left
+    for the caller to write (:func:`seed`: a fresh one). Raises :class:`SourcePositionsError`
+    when the log lacks the batch's offsets."""
     if batch_id not in source.batches(OFFSETS):
         raise SourcePositionsError(
             f"{source.url} has no offsets of batch {batch_id}: a savepoint's copy of Spark's "
@@ -136,7 +200,7 @@ def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
         template = (source.storage.read(f"{COMMITS}/{committed[-1]}") if committed
                     else b'v1\n{"nextBatchWatermarkMs":0}')
         target.write(f"{prefix}{COMMITS}/{batch_id}", template)
-    if source.storage.exists(QUERY_METADATA):
+    if with_query_id and source.storage.exists(QUERY_METADATA):
         target.write(prefix + QUERY_METADATA, source.storage.read(QUERY_METADATA))
 
 
@@ -157,27 +221,60 @@ def _batch_file(relative: str, folder: str, up_to: int) -> bool:
     return head == folder and name.isdigit() and int(name) <= up_to
 
 
-def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> None:
+def seeded_branch(location: OffsetLog, parent: str, batch_id: int) -> Branch | None:
+    """The branch ``location`` was seeded as from batch ``batch_id`` of query ``parent``
+    (:func:`seed`), None if it was not (empty, or another query's location)."""
+    branch = location.branch()
+    if (branch is None or branch.query_id != location.query_id()
+            or branch.parent_query_id != parent or branch.fork_batch_id != batch_id):
+        return None
+    return branch
+
+
+def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> Branch | None:
     """Make ``location`` (a new job's Spark checkpoint location) resume exactly after
     ``batch_id`` by copying ``carried`` (a snapshot's copy of the log, or the location of the
-    job that wrote it) into it, up to that batch (:func:`copy_log`).
+    job that wrote it) into it, up to that batch (:func:`copy_log`), as a new branch: the
+    location's query id is a fresh one, and :data:`BRANCH_FILE` records it with the parent
+    (``carried``'s query id) and the fork batch ``batch_id``. Returns the branch (None: the
+    location is the parent query's own, step 1).
 
-    Idempotent: a location already seeded from the same copy (a start that crashed before the
-    first checkpoint; Spark may have planned batches after ``batch_id`` since, none of them
-    done) is left as it is; one without the query's ``metadata`` (empty, or a seed cut short:
-    ``metadata`` is written last) is written again. A location holding another query's log
-    raises :class:`SourcePositionsError`: Spark would resume from positions the state does not
-    match."""
+    Step 1. A location already seeded as this branch (its branch record names the same parent
+        and fork batch and its query id; a start that crashed before the first checkpoint:
+        Spark may have planned batches after ``batch_id`` since, none of them done) is left
+        as it is; so is the parent query's own location, not past ``batch_id`` (no branch:
+        the parent query goes on there).
+    Step 2. A location holding a query's ``metadata`` otherwise raises
+        :class:`SourcePositionsError`: Spark would resume from positions the state does not
+        match.
+    Step 3. Copy the log (empty location, or a seed cut short: ``metadata`` is written last),
+        then the branch record, then ``metadata`` with the fresh id.
+    """
+    parent = carried.query_id() or ""
     current = location.query_id()
+    # Step 1.
     if current is not None:
-        if current == carried.query_id() and location.last_committed() <= batch_id:
-            return
+        if location.last_committed() <= batch_id:
+            branch = seeded_branch(location, parent, batch_id)
+            if branch is not None:
+                return branch
+            if current == parent:
+                return None  # the parent's own location (named otherwise): its query goes on
+        # Step 2.
         raise SourcePositionsError(
             f"the Spark checkpoint location {location.url} holds another query's source "
             f"positions (query {current}, batches done up to {location.last_committed()}), "
-            f"not those of the restored snapshot (query {carried.query_id()}, batch "
+            f"not those of the restored snapshot (query {parent or '?'}, batch "
             f"{batch_id}); start the restored job with a new, empty spark_checkpoint_location"
         )
-    copy_log(carried, batch_id, location.storage)
+    # Step 3.
+    branch = Branch(query_id=str(uuid.uuid4()), parent_query_id=parent,
+                    fork_batch_id=batch_id, seeded_from=carried.url)
+    copy_log(carried, batch_id, location.storage, with_query_id=False)
+    # metadata last: a location with metadata is a seeded one. The branch record before it.
+    location.storage.write(BRANCH_FILE, branch.encode())
+    location.storage.write(QUERY_METADATA, json.dumps({"id": branch.query_id}).encode())
     log.info("seeded the Spark checkpoint location %s from %s: the query resumes after "
-             "batch %d", location.url, carried.url, batch_id)
+             "batch %d as query %s, a branch of query %s", location.url, carried.url,
+             batch_id, branch.query_id, parent or "(unknown)")
+    return branch

@@ -5,6 +5,13 @@ crashed after the checkpoint commit re-commits on restart), so it must be idempo
 batch's lineage and id (:class:`StagedOutput`): the built-in :class:`ParquetSink` publishes a
 batch once and skips a replay; a :class:`CallbackSink` passes the batch id to user code, which
 must be idempotent by it (Spark's ``foreachBatch`` contract).
+
+A job restored from a snapshot into a new Spark checkpoint location is a new lineage, a
+*branch* forking from the snapshot's batch of the snapshot's lineage
+(:class:`keyedstate.spark.offsets.Branch`); each built-in sink records the parent with every
+batch of a branch, and tells the driver at start which batches of the parent it already holds
+after the fork (:meth:`Sink.batches_after`): a rollback, refused unless
+``keyedstate.sinks.on-rollback: branch``. docs/sinks.md, "Restarts, restores and rollbacks".
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import shutil
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -53,6 +61,9 @@ UNKNOWN_LINEAGE_APP_ID = "keyedstate"
 #: naming the batch a table version holds.
 COMMIT_LINEAGE = "keyedstate.lineage"
 COMMIT_BATCH_ID = "keyedstate.batch_id"
+#: ... and, for a batch of a branch, the lineage it forks from and the fork batch
+COMMIT_PARENT_LINEAGE = "keyedstate.parent_lineage"
+COMMIT_FORK_BATCH_ID = "keyedstate.fork_batch_id"
 
 
 class Sink(ABC):
@@ -70,6 +81,19 @@ class Sink(ABC):
     @abstractmethod
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         """Make the batch's output visible; idempotent by ``(staged.lineage, batch_id)``."""
+
+    def batches_after(self, lineage: str, batch_id: int) -> list[int] | None:
+        """The batches of ``lineage`` after ``batch_id`` the destination already holds
+        (committed, visible to readers), ascending; None when the sink can't tell (the
+        default: a user's sink). Called by ``start()`` on a job restored from a snapshot of
+        batch ``batch_id`` of ``lineage`` into a new Spark checkpoint location, before it
+        restores or writes anything: a non-empty answer is a rollback over published
+        output. Reads only."""
+        return None
+
+    def describe(self) -> str:
+        """The sink and its destination, for messages."""
+        return type(self).__name__
 
 
 class CallbackSink(Sink):
@@ -89,6 +113,16 @@ class CallbackSink(Sink):
 
         df = spark.createDataFrame(read_staged(staged), schema=to_spark_schema(staged.schema))
         self.fn(df, batch_id)
+
+
+def branch_properties(staged: StagedOutput) -> dict[str, str]:
+    """What a table sink records with a batch of a branch besides its lineage and batch id
+    (Delta ``commitInfo``, Iceberg snapshot summary): the parent lineage and the fork batch;
+    nothing for a lineage that is no branch."""
+    if not staged.parent_lineage:
+        return {}
+    return {COMMIT_PARENT_LINEAGE: staged.parent_lineage,
+            COMMIT_FORK_BATCH_ID: str(staged.fork_batch_id)}
 
 
 def app_id_of(lineage: str) -> str:
@@ -158,6 +192,20 @@ class ParquetSink(Sink):
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None) -> None:
         self.path = path.rstrip("/")
         self.storage_options = storage_options or {}
+
+    def describe(self) -> str:
+        return f"ParquetSink at {self.path}"
+
+    def batches_after(self, lineage: str, batch_id: int) -> list[int] | None:
+        """Batches of ``lineage`` after ``batch_id`` published in :attr:`path` (a
+        ``<lineage>-batch-<B>`` directory with its ``_SUCCESS``; a crashed commit's parts
+        without it are not published)."""
+        if not lineage:
+            return None
+        target = CheckpointStorage(self.path, self.storage_options)
+        return sorted(batch.batch_id for batch in _batch_dirs(target)
+                      if batch.lineage == lineage and batch.batch_id > batch_id
+                      and target.exists(f"{batch.name}/{SUCCESS_FILE}"))
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         if not staged.paths:
@@ -263,9 +311,90 @@ def _part_name(n: int) -> str:
 
 
 def _manifest(staged: StagedOutput, batch_id: int, files: dict[str, int]) -> bytes:
-    return json.dumps({"lineage": staged.lineage, "batch_id": batch_id,
-                       "files": [{"name": k, "size": v} for k, v in sorted(files.items())]}
-                      ).encode()
+    """A batch's ``_SUCCESS``: lineage, batch id, (for a branch) the parent lineage and the
+    fork batch, and the parts with their sizes."""
+    manifest: dict[str, Any] = {"lineage": staged.lineage, "batch_id": batch_id}
+    if staged.parent_lineage:
+        manifest.update(parent_lineage=staged.parent_lineage,
+                        fork_batch_id=staged.fork_batch_id)
+    manifest["files"] = [{"name": k, "size": v} for k, v in sorted(files.items())]
+    return json.dumps(manifest).encode()
+
+
+@dataclass(frozen=True)
+class _BatchDir:
+    name: str
+    lineage: str
+    batch_id: int
+
+
+def _batch_dirs(target: CheckpointStorage) -> list[_BatchDir]:
+    """The batch directories in a ParquetSink's path (one listing, not recursive)."""
+    try:
+        entries = target.call(f"listing {target.root}",
+                              lambda: target.fs.ls(target.root, detail=False))
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        match = BATCH_DIR_PATTERN.match(name)
+        if match:
+            found.append(_BatchDir(name, match["lineage"] or "", int(match["batch_id"])))
+    return found
+
+
+@dataclass(frozen=True)
+class PublishedBatch:
+    """One complete batch of a :class:`ParquetSink` (its ``_SUCCESS`` exists), as its
+    manifest describes it; ``parts`` are the URLs of the parts the manifest lists."""
+
+    lineage: str
+    batch_id: int
+    parent_lineage: str
+    fork_batch_id: int
+    parts: list[str]
+    #: the batch's directory and its parts' names, relative to the sink's path
+    directory: str = ""
+    files: tuple[str, ...] = ()
+
+
+def published_batches(path: str, storage_options: dict[str, Any] | None = None, *,
+                      lineage: str | None = None) -> list[PublishedBatch]:
+    """The complete batches in a :class:`ParquetSink`'s ``path`` (of ``lineage`` only, if
+    given), by lineage and batch id: those whose ``_SUCCESS`` exists, each with the parts its
+    manifest lists. What a reader on an object store reads to see whole batches only (parts
+    of a batch being committed, or of a crashed commit, are left out); on a local disk the
+    same as listing ``path``."""
+    target = CheckpointStorage(path.rstrip("/"), storage_options)
+    batches = []
+    for found in sorted(_batch_dirs(target), key=lambda b: (b.lineage, b.batch_id)):
+        if lineage is not None and found.lineage != lineage:
+            continue
+        manifest_path = f"{found.name}/{SUCCESS_FILE}"
+        if not target.exists(manifest_path):
+            continue
+        manifest = json.loads(target.read(manifest_path).decode())
+        files = tuple(str(f["name"]) for f in manifest["files"])
+        batches.append(PublishedBatch(
+            lineage=found.lineage, batch_id=found.batch_id,
+            parent_lineage=str(manifest.get("parent_lineage", "")),
+            fork_batch_id=int(manifest.get("fork_batch_id", -1)),
+            parts=[target.url_of(f"{found.name}/{f}") for f in files],
+            directory=found.name, files=files))
+    return batches
+
+
+def read_published(path: str, storage_options: dict[str, Any] | None = None, *,
+                   lineage: str | None = None) -> pa.Table:
+    """Every row of the complete batches in a :class:`ParquetSink`'s ``path``
+    (:func:`published_batches`; of ``lineage`` only, if given), read through fsspec with
+    ``storage_options``; an empty table when there is none."""
+    target = CheckpointStorage(path.rstrip("/"), storage_options)
+    tables = [pq.read_table(pa.BufferReader(target.read(f"{batch.directory}/{name}")))
+              for batch in published_batches(path, storage_options, lineage=lineage)
+              for name in batch.files]
+    return pa.concat_tables(tables) if tables else pa.table({})
 
 
 def _list_local(directory: str) -> list[str]:

@@ -341,7 +341,9 @@ def test_restore_that_fails_before_its_first_checkpoint_starts_again_from_the_se
 def test_older_checkpoint_restored_in_a_new_location_resumes_after_its_own_batch(spark,
                                                                                tmp_path):
     """The old job went on after the checkpoint: the new location is seeded only up to the
-    checkpoint's batch, so the batch after it is processed again from that state."""
+    checkpoint's batch, so the batch after it is processed again from that state (into
+    another sink: over the old job's batch 2 it would be a rollback, tests/spark/
+    test_rollback.py)."""
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 3)
     start(spark, root, num_retained=2).stop()
@@ -350,10 +352,13 @@ def test_older_checkpoint_restored_in_a_new_location_resumes_after_its_own_batch
     older = resolve_snapshot(os.path.join(root, "ckpt", f"chk-{ids[0]}"))
     assert older.metadata.properties["batch_id"] == "1"
     query = start(spark, root, ckpt="ckpt-2", location="spark-2",
-                  restore_path=os.path.join(root, "ckpt", f"chk-{ids[0]}"))
+                  restore_path=os.path.join(root, "ckpt", f"chk-{ids[0]}"),
+                  sink=ParquetSink(os.path.join(root, "out-2")))
     query.stop()
     assert [s.batch_id for s in query.stats] == [2]
-    check_against_pandas(root)
+    old = pd.read_parquet(os.path.join(root, "out"))
+    check_against_pandas(root, pd.concat([old[old.batch_id <= 1],
+                                          pd.read_parquet(os.path.join(root, "out-2"))]))
 
 
 def test_restore_without_source_positions_is_refused_unless_told_to_ignore_them(spark, tmp_path):

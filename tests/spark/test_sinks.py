@@ -25,6 +25,8 @@ from keyedstate.spark.sinks import (
     ParquetSink,
     StagedOutput,
     batch_dir_name,
+    published_batches,
+    read_published,
 )
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
@@ -309,6 +311,59 @@ def test_object_store_commit_writes_success_last_and_completes_a_crashed_batch(
     manifest = json.loads(fs.cat(f"{root}/{name}/{SUCCESS_FILE}"))
     assert [f["name"] for f in manifest["files"]] == [f"part-0000{n}.parquet" for n in range(3)]
     assert len(pd.read_parquet(f"{url}/out", storage_options=options)) == 15
+
+
+@pytest.mark.s3
+def test_readers_on_an_object_store_see_only_whole_batches_through_the_manifests(
+        s3_bucket, tmp_path, monkeypatch):
+    """On S3 parts appear one by one and a crashed commit's parts stay until the replay:
+    ``published_batches`` / ``read_published`` list and read only batches whose ``_SUCCESS``
+    exists, and only the parts it lists; a plain reader of the path sees the partial batch."""
+    url, options = s3_bucket
+    storage = CheckpointStorage(f"{url}/ckpt", options)
+    sink = ParquetSink(f"{url}/out", options)
+    branch = str(uuid.UUID(int=2))
+    sink.commit(None, 0, stage(storage, 0, 2))
+    branched = stage(storage, 1, 1, lineage=branch)
+    sink.commit(None, 1, StagedOutput(branched.storage, branched.paths, SCHEMA, branch,
+                                      parent_lineage=LINEAGE, fork_batch_id=0))
+    with monkeypatch.context() as crash:
+        crash_before_publish(crash)
+        with pytest.raises(Crash):
+            sink.commit(None, 1, stage(storage, 1, 3))  # parts written, no _SUCCESS
+    assert len(pd.read_parquet(f"{url}/out", storage_options=options)) == 30, \
+        "a plain reader sees the partial batch"
+    batches = published_batches(f"{url}/out", options)
+    assert [(b.lineage, b.batch_id, b.parent_lineage, b.fork_batch_id, len(b.parts))
+            for b in batches] == [(LINEAGE, 0, "", -1, 2), (branch, 1, LINEAGE, 0, 1)]
+    assert all(p.startswith(f"{url}/out/") for b in batches for p in b.parts)
+    assert len(read_published(f"{url}/out", options)) == 15
+    assert read_published(f"{url}/out", options, lineage=branch).column("batch_id"
+                                                                        ).to_pylist() == [1] * 5
+    # the part URLs as pyarrow reads them through fsspec
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options)
+    urls = [p[len("s3://"):] for b in batches for p in b.parts]
+    assert ds.dataset(urls, filesystem=fs, format="parquet").count_rows() == 15
+    sink.commit(None, 1, stage(storage, 1, 3))  # the replay completes it
+    assert len(read_published(f"{url}/out", options)) == 30
+
+
+def test_a_parquet_sink_tells_which_batches_of_a_lineage_it_holds_after_a_batch(tmp_path):
+    storage = CheckpointStorage(str(tmp_path / "ckpt"))
+    sink = ParquetSink(str(tmp_path / "out"))
+    assert sink.batches_after(LINEAGE, 0) == []  # no path yet
+    for batch_id in (0, 2, 3):
+        sink.commit(None, batch_id, stage(storage, batch_id, 1))
+    sink.commit(None, 4, stage(storage, 4, 1, lineage=str(uuid.UUID(int=3))))
+    with pytest.MonkeyPatch.context() as crash:
+        crash_before_publish(crash)
+        with pytest.raises(Crash):
+            sink.commit(None, 5, stage(storage, 5, 1))  # never published
+    assert sink.batches_after(LINEAGE, 0) == [2, 3]
+    assert sink.batches_after(LINEAGE, 3) == []
+    assert sink.batches_after("", 0) is None
 
 
 # -- readers and callbacks (Spark) ---------------------------------------------------------------

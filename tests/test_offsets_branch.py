@@ -1,0 +1,61 @@
+"""Seeding a Spark checkpoint location from a snapshot's offset log makes a new branch: a
+fresh query id, the parent and fork batch recorded beside it; seeding again finds the same
+branch. Files only, no Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from keyedstate.errors import SourcePositionsError
+from keyedstate.spark.offsets import BRANCH_FILE, Branch, OffsetLog, seed
+
+PARENT = "11111111-2222-3333-4444-555555555555"
+
+
+def parent_log(root: str, batches: int) -> OffsetLog:
+    """A Spark checkpoint location as Spark leaves it after ``batches`` batches."""
+    for folder in ("offsets", "commits", "sources/0"):
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+    for b in range(batches):
+        for folder in ("offsets", "commits", "sources/0"):
+            with open(os.path.join(root, folder, str(b)), "w") as f:
+                f.write(f"v1\n{{\"batch\": {b}}}")
+    with open(os.path.join(root, "metadata"), "w") as f:
+        f.write(json.dumps({"id": PARENT}))
+    return OffsetLog.at(root)
+
+
+def test_a_seeded_location_is_a_branch_with_a_query_id_of_its_own(tmp_path):
+    parent = parent_log(str(tmp_path / "parent"), 5)
+    location = OffsetLog.at(str(tmp_path / "new"))
+    branch = seed(location, parent, 2)
+    assert branch is not None and branch.query_id != PARENT
+    assert location.query_id() == branch.query_id
+    assert (branch.parent_query_id, branch.fork_batch_id) == (PARENT, 2)
+    assert location.branch() == branch
+    assert location.batches("offsets") == [0, 1, 2] and location.last_committed() == 2
+    # a start that crashed before its first checkpoint finds its own seed again
+    assert seed(location, parent, 2) == branch
+    assert location.query_id() == branch.query_id
+    # another fork of the same parent is another query's location
+    with pytest.raises(SourcePositionsError, match="new, empty spark_checkpoint_location"):
+        seed(location, parent, 1)
+
+
+def test_the_parents_own_location_is_no_branch(tmp_path):
+    parent = parent_log(str(tmp_path / "parent"), 3)
+    assert seed(parent, parent, 2) is None
+    assert parent.query_id() == PARENT and parent.branch() is None
+
+
+def test_a_branch_record_of_another_version_is_refused(tmp_path):
+    location = OffsetLog.at(str(tmp_path / "new"))
+    seed(location, parent_log(str(tmp_path / "parent"), 2), 1)
+    with open(os.path.join(str(tmp_path / "new"), BRANCH_FILE), "w") as f:
+        f.write(json.dumps({"version": 99}))
+    with pytest.raises(SourcePositionsError, match="version 99"):
+        location.branch()
+    assert Branch.decode(Branch("q", "p", 3).encode(), "x") == Branch("q", "p", 3)
