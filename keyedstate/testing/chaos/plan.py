@@ -57,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.testing.chaos.workload import definition_change
 
 MODES = ("NO_CLAIM", "CLAIM", "LEGACY")
 #: where the driver dies (``driver`` faults)
@@ -106,6 +107,25 @@ class Job:
     spark_location: str = FIRST_LOCATION
     #: restore this job's savepoint without its ``context/`` in a new location (refused)
     positions_drill: bool = False
+    #: a rollback: this job restores the previous job's older retained checkpoint (the batch
+    #: before its last) into a fresh Spark checkpoint location, feeding the same sinks with
+    #: ``on_rollback="branch"``, and reads that job's last file again
+    rollback: bool = False
+
+
+@dataclass
+class Branch:
+    """A lineage branch of the run, as the plan makes them: the jobs of one Spark query (one
+    Spark checkpoint location, continued by restarts and restores in place); a job in a fresh
+    location (a restore into a new location, a rollback) starts a branch of the branch before
+    it, forking from batch ``fork`` (-1: the first branch)."""
+
+    index: int
+    parent: int | None
+    fork: int
+    jobs: list[int]
+    #: ``(batch id, input file or None for a drain)`` of the branch's own batches, in order
+    batches: list[tuple[int, int | None]]
 
 
 @dataclass
@@ -128,6 +148,10 @@ class Plan:
     restart_parallelism: list[int] = field(default_factory=list)
     #: a second job writing into the soak's output path after job ``after_job`` ended
     second_job: dict[str, Any] | None = None
+    #: same-session restarts with a changed definition: the query stops after each of these
+    #: input files and the same driver starts the job again (same checkpoint directory, same
+    #: Spark checkpoint location) with the next definition (``workload.Definition``)
+    redefine_after: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,6 +207,64 @@ class Plan:
         """The batch that reads the job's last file (a drain comes after it)."""
         return self.batch_of_file(job.end_file)
 
+    def first_file(self, job: Job) -> int:
+        """The first input file the job reads (a rollback reads the previous job's last file
+        again)."""
+        if job.index == 0:
+            return 0
+        previous = self.jobs[job.index - 1]
+        return previous.end_file if job.rollback else previous.end_file + 1
+
+    def job_batches(self, job: Job) -> list[tuple[int, int | None]]:
+        """``(batch id, file)`` of the batches the job runs: its files' and its drain."""
+        first = self.batch_of_file(self.first_file(job))
+        last = self.end_batch(job) + (1 if job.stop == "drain" and job.index < len(self.jobs) - 1
+                                      else 0)
+        if job.index == len(self.jobs) - 1:
+            last = self.last_batch()
+        return [(b, f) for b, f in self.schedule() if first <= b <= last]
+
+    def fork_batch(self, job: Job) -> int:
+        """The batch of the snapshot ``job`` starts from (-1: none): the previous job's last
+        batch, or for a rollback the one before its last file's."""
+        if job.index == 0:
+            return -1
+        previous = self.jobs[job.index - 1]
+        return self.job_batches(previous)[-1][0] - (1 if job.rollback else 0)
+
+    def definition_of_file(self, file: int) -> int:
+        """The definition in force when input file ``file`` is read: one more per
+        same-session restart with a changed definition before it."""
+        return sum(1 for f in self.redefine_after if f < file)
+
+    def definitions(self) -> dict[int, int]:
+        """Batch id -> the definition in force (a drain: that of the batch before it)."""
+        out: dict[int, int] = {}
+        current = 0
+        for batch, file in self.schedule():
+            if file is not None:
+                current = self.definition_of_file(file)
+            out[batch] = current
+        return out
+
+    def branches(self) -> list[Branch]:
+        """The lineage branches (:class:`Branch`), parents first."""
+        branches: list[Branch] = []
+        of_job: dict[int, int] = {}
+        for job in self.jobs:
+            previous = self.jobs[job.index - 1] if job.index else None
+            if previous is not None and not job.rollback \
+                    and job.spark_location == previous.spark_location:
+                branch = branches[of_job[previous.index]]
+                branch.jobs.append(job.index)
+                branch.batches += self.job_batches(job)
+            else:
+                branch = Branch(len(branches), None if previous is None else of_job[previous.index],
+                                self.fork_batch(job), [job.index], self.job_batches(job))
+                branches.append(branch)
+            of_job[job.index] = branch.index
+        return branches
+
     def last_batch(self) -> int:
         return self.batch_of_file(self.batches - 1)
 
@@ -218,8 +300,12 @@ class Plan:
         for prev, job in zip(self.jobs, self.jobs[1:]):
             if job.spark_location != prev.spark_location:
                 add("fresh-location")
+            if job.rollback:
+                add("rollback")
         if self.second_job:
             add("second-job")
+        for n in range(1, len(self.redefine_after) + 1):
+            add(f"redefine:{definition_change(n)}")
         return dict(sorted(points.items()))
 
 
@@ -355,7 +441,41 @@ def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: 
         kind, k = fault["id"]
         fault["batch"] = plan.batch_of_file(fault["file"])
         fault["id"] = f"{kind}-{k:03d}-b{fault['batch']}"
+    # Step 7. Same-session restarts with a changed definition and rollbacks (drawn after
+    # everything older: a seed keeps its faults, jobs and boundaries).
+    _draw_redefines(rng, plan, 3 * faults_per_kind)
+    _draw_rollbacks(rng, plan, faults_per_kind)
     return plan
+
+
+def _draw_redefines(rng: random.Random, plan: Plan, count: int) -> None:
+    """``count`` same-session restarts with a changed definition, after files inside jobs
+    (not a job's last file: the query stops between two batches of one job)."""
+    ends = {j.end_file for j in plan.jobs}
+    inside = [f for f in range(plan.batches) if f not in ends]
+    plan.redefine_after = sorted(rng.sample(inside, min(count, len(inside))))
+
+
+def _draw_rollbacks(rng: random.Random, plan: Plan, count: int) -> None:
+    """``count`` rollbacks: a job ended by a ``stop`` or ``sink`` (the savepoint's output is
+    committed; a crash's is carried, a drain's job can't start again), whose last file no
+    per-file fault sits on (its batch runs again in the branch), is followed by a job
+    restoring its older retained checkpoint (``num_retained`` 2, set) into a fresh Spark
+    checkpoint location (made fresh, with its positions drill, where the plan had kept the
+    location)."""
+    busy = {f["file"] for f in plan.executor_faults + plan.driver_faults + plan.storage_faults}
+    eligible = [j for j in plan.jobs[:-1] if j.stop in ("stop", "sink") and j.end_file not in busy]
+    for job in sorted(rng.sample(eligible, min(count, len(eligible))), key=lambda j: j.index):
+        job.num_retained = 2
+        following = plan.jobs[job.index + 1]
+        following.rollback = True
+        if following.spark_location == job.spark_location:
+            fresh = f"{FIRST_LOCATION}-{following.index:03d}-rollback"
+            for later in plan.jobs[following.index:]:
+                if later.spark_location != job.spark_location:
+                    break
+                later.spark_location = fresh
+            job.positions_drill = True
 
 
 def _drill(rng: random.Random) -> dict[str, Any]:
