@@ -55,7 +55,6 @@ from keyedstate.storage.layout import (
     COMPLETED_MARKER_FILE,
     METADATA_FILE,
     SPARK_OFFSETS_DIR,
-    checkpoint_dir_name,
     commit_marker,
     staging_dir,
 )
@@ -212,15 +211,12 @@ class ChaosSink(ParquetSink):
 def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int,
                definition: int | None = None) -> JobConfig:
     """The job's configuration under ``definition`` (default: the one its first batch runs
-    with): a rollback restores the previous job's older retained checkpoint, in branch
-    mode; a definition without ``buckets`` drops it."""
+    with): a rollback restores the savepoint before the previous job's, in branch mode; a
+    definition without ``buckets`` drops it."""
     if definition is None:
         definition = plan.definition_of_file(plan.first_file(job))
-    previous = None
-    if job.rollback:
-        previous = older_checkpoint(plan, plan.jobs[job.index - 1])
-    elif job.index > 0:
-        previous = plan.savepoint_dir(job.index - 1)
+    source = plan.restored_from(job)
+    previous = None if source is None else plan.savepoint_dir(source)
     return JobConfig(
         checkpoint_dir=plan.job_dir(job.index), backend=plan.backend, parallelism=parallelism,
         max_parallelism=MAX_PARALLELISM, num_retained=job.num_retained,
@@ -230,16 +226,6 @@ def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int,
         local_dir=os.path.join(run_dir, "local"), storage_options=plan.storage_options,
         drop_states=Definition.of(definition).drop_states(),
         on_rollback=OnRollback.BRANCH if job.rollback else OnRollback.REFUSE)
-
-
-def older_checkpoint(plan: Plan, job: Job) -> str:
-    """The older of ``job``'s two retained checkpoints (what a rollback restores)."""
-    storage = CheckpointStorage(plan.job_dir(job.index), plan.storage_options)
-    ids = storage.checkpoint_ids()
-    if len(ids) < 2:
-        raise RuntimeError(f"job {job.index} retained {ids}, not two checkpoints: nothing to "
-                           f"roll back to")
-    return f"{plan.job_dir(job.index)}/{checkpoint_dir_name(ids[-2])}"
 
 
 def spark_location(run_dir: str, job: Job) -> str:
@@ -419,8 +405,8 @@ def rollback_check(spark: Any, plan: Plan, run_dir: str, job: Job) -> dict[str, 
     """The rollback ``job`` started exactly as planned but without ``on_rollback="branch"``:
     it must be refused with :class:`~keyedstate.errors.SinkRollbackError` at start, before
     anything is restored or written (docs/sinks.md): no file in its checkpoint directory or
-    its new Spark checkpoint location, nothing changed in the sinks, the older checkpoint not
-    claimed. Returns ``outcome`` (``refused``, ``started``, ``other-error``), ``error``,
+    its new Spark checkpoint location, nothing changed in the sinks, the savepoint not
+    claimed (the savepoint). Returns ``outcome`` (``refused``, ``started``, ``other-error``), ``error``,
     ``left``, ``sinks_changed``, ``claimed``, ``restore_path``, ``violation``."""
     from keyedstate.errors import SinkRollbackError
 
@@ -458,15 +444,20 @@ def rollback_check(spark: Any, plan: Plan, run_dir: str, job: Job) -> dict[str, 
 
 def _housekeeping(plan: Plan, index: int) -> None:
     """The operator's part: delete job directories and savepoints two jobs back (the
-    current job restored from the previous savepoint; nothing older is needed)."""
-    if index < 2:
-        return
-    for url in (plan.job_dir(index - 2), plan.savepoint_dir(index - 2)):
-        storage = CheckpointStorage(url, plan.storage_options)
-        try:
-            storage.fs.rm(storage.root, recursive=True)
-        except FileNotFoundError:
-            pass
+    current job restored from the previous savepoint; nothing older is needed), but a
+    savepoint a rollback restores, until that rollback ran."""
+    doomed = {index - 2}
+    if index >= 1 and plan.jobs[index - 1].rollback:
+        doomed.add(index - 3)  # kept for the rollback that just ran
+    if index < len(plan.jobs) and plan.jobs[index].rollback:
+        doomed.discard(index - 2)
+    for k in sorted(d for d in doomed if d >= 0):
+        for url in (plan.job_dir(k), plan.savepoint_dir(k)):
+            storage = CheckpointStorage(url, plan.storage_options)
+            try:
+                storage.fs.rm(storage.root, recursive=True)
+            except FileNotFoundError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,9 +107,10 @@ class Job:
     spark_location: str = FIRST_LOCATION
     #: restore this job's savepoint without its ``context/`` in a new location (refused)
     positions_drill: bool = False
-    #: a rollback: this job restores the previous job's older retained checkpoint (the batch
-    #: before its last) into a fresh Spark checkpoint location, feeding the same sinks with
-    #: ``on_rollback="branch"``, and reads that job's last file again
+    #: a rollback: this job restores the savepoint before the previous job's (the previous
+    #: job went on after it in the same Spark location) into a fresh Spark checkpoint
+    #: location, feeding the same sinks with ``on_rollback="branch"``, and reads the previous
+    #: job's files again
     rollback: bool = False
 
 
@@ -207,13 +208,17 @@ class Plan:
         """The batch that reads the job's last file (a drain comes after it)."""
         return self.batch_of_file(job.end_file)
 
-    def first_file(self, job: Job) -> int:
-        """The first input file the job reads (a rollback reads the previous job's last file
-        again)."""
+    def restored_from(self, job: Job) -> int | None:
+        """The index of the job whose savepoint ``job`` restores (None: the first job)."""
         if job.index == 0:
-            return 0
-        previous = self.jobs[job.index - 1]
-        return previous.end_file if job.rollback else previous.end_file + 1
+            return None
+        return job.index - 2 if job.rollback else job.index - 1
+
+    def first_file(self, job: Job) -> int:
+        """The first input file the job reads (a rollback reads the previous job's files
+        again)."""
+        source = self.restored_from(job)
+        return 0 if source is None else self.jobs[source].end_file + 1
 
     def job_batches(self, job: Job) -> list[tuple[int, int | None]]:
         """``(batch id, file)`` of the batches the job runs: its files' and its drain."""
@@ -225,12 +230,10 @@ class Plan:
         return [(b, f) for b, f in self.schedule() if first <= b <= last]
 
     def fork_batch(self, job: Job) -> int:
-        """The batch of the snapshot ``job`` starts from (-1: none): the previous job's last
-        batch, or for a rollback the one before its last file's."""
-        if job.index == 0:
-            return -1
-        previous = self.jobs[job.index - 1]
-        return self.job_batches(previous)[-1][0] - (1 if job.rollback else 0)
+        """The batch of the savepoint ``job`` starts from (-1: none): the last batch (a drain
+        included) of the job that took it."""
+        source = self.restored_from(job)
+        return -1 if source is None else self.job_batches(self.jobs[source])[-1][0]
 
     def definition_of_file(self, file: int) -> int:
         """The definition in force when input file ``file`` is read: one more per
@@ -457,18 +460,54 @@ def _draw_redefines(rng: random.Random, plan: Plan, count: int) -> None:
 
 
 def _draw_rollbacks(rng: random.Random, plan: Plan, count: int) -> None:
-    """``count`` rollbacks: a job ended by a ``stop`` or ``sink`` (the savepoint's output is
-    committed; a crash's is carried, a drain's job can't start again), whose last file no
-    per-file fault sits on (its batch runs again in the branch), is followed by a job
-    restoring its older retained checkpoint (``num_retained`` 2, set) into a fresh Spark
-    checkpoint location (made fresh, with its positions drill, where the plan had kept the
-    location)."""
-    busy = {f["file"] for f in plan.executor_faults + plan.driver_faults + plan.storage_faults}
-    eligible = [j for j in plan.jobs[:-1] if j.stop in ("stop", "sink") and j.end_file not in busy]
-    for job in sorted(rng.sample(eligible, min(count, len(eligible))), key=lambda j: j.index):
-        job.num_retained = 2
+    """``count`` rollbacks. A job ``i`` ended by a ``stop`` or ``sink`` (its output committed;
+    a crash's last batch is carried by a savepoint the rollback leaves unused, a drain would
+    shift the branch's batch ids), restored from the savepoint before it in the same Spark
+    location and not ``CLAIM`` (the query went on after that savepoint, which stays its
+    owner's), is followed by a job restoring that older savepoint into a fresh Spark
+    checkpoint location: it reads job ``i``'s files again as a new branch. Where no job
+    qualifies as drawn, one that ends by a stop or sink is made to (``NO_CLAIM``, the
+    previous job's location); the job after it moves to a fresh location, with its positions
+    drill, where the plan had kept it."""
+
+    def qualifies(job: Job) -> bool:
+        return (0 < job.index < len(plan.jobs) - 1 and job.stop in ("stop", "sink")
+                and job.restore_mode != "CLAIM"
+                and job.spark_location == plan.jobs[job.index - 1].spark_location)
+
+    chosen: list[Job] = []
+    for _ in range(count):
+        taken = {j.index + d for j in chosen for d in (-1, 0, 1)}
+        eligible = [j for j in plan.jobs if qualifies(j) and j.index not in taken]
+        if not eligible:
+            eligible = [j for j in plan.jobs if 0 < j.index < len(plan.jobs) - 1
+                        and j.stop in ("stop", "sink") and j.index not in taken
+                        and j.index + 1 not in {c.index for c in chosen}]
+            if not eligible:
+                break
+            # Keep a crash's next job as drawn (a CLAIM there is the sharpest replay edge).
+            eligible = [j for j in eligible if plan.jobs[j.index - 1].stop != "crash"] \
+                or eligible
+            job = rng.choice(eligible)
+            if job.restore_mode == "CLAIM":
+                job.restore_mode = "NO_CLAIM"
+            previous = plan.jobs[job.index - 1]
+            if job.spark_location != previous.spark_location:
+                moved = job.spark_location
+                for later in plan.jobs[job.index:]:
+                    if later.spark_location != moved:
+                        break
+                    later.spark_location = previous.spark_location
+                previous.positions_drill = False
+        else:
+            job = rng.choice(eligible)
+        chosen.append(job)
+    for job in chosen:
         following = plan.jobs[job.index + 1]
         following.rollback = True
+        if following.restore_mode == "CLAIM" and \
+                plan.jobs[job.index - 1].savepoint_format != "native":
+            following.restore_mode = "NO_CLAIM"  # CLAIM builds on a native snapshot
         if following.spark_location == job.spark_location:
             fresh = f"{FIRST_LOCATION}-{following.index:03d}-rollback"
             for later in plan.jobs[following.index:]:
