@@ -19,7 +19,8 @@ from keyedstate.cli.output import EXIT_FAILED, json_option, stderr
               help="Spark master; executor kills need local-cluster[E,C,M].")
 @click.option("--faults-per-kind", type=int, default=None,
               help="Faults of each kind (worker, executor, driver, abort; storage: of each "
-                   "of its 3 points; savepoint: of each of the 4 job ends) [default: batches / "
+                   "of its 3 points; savepoint: of each of the 4 job ends; rollbacks; 3 "
+                   "same-session restarts with a changed definition) [default: batches / "
                    "10; needs 9 per fault + 2 batches].")
 @click.option("--rows", "rows_per_batch", default=120, show_default=True,
               help="Input rows per batch.")
@@ -74,6 +75,9 @@ def _print(report: object) -> None:
              ("positions drills (refused / run)",
               f"{r['drills'].get('positions', {}).get('refused')} / "
               f"{r['drills'].get('positions', {}).get('count')}"),
+             ("lineage branches (rows, violations)",
+              ", ".join(f"{b['branch']}: {b['rows']}, {b['violations']}"
+                        for b in eo.get("branches", []))),
              ("job ends (planned: taken by)",
               ", ".join(f"{b['planned']}: {b['via']}" for b in r.get("boundaries", []))),
              ("second job in the shared output path",

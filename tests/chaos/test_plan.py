@@ -25,7 +25,8 @@ pytestmark = pytest.mark.chaos
 #: every edge a plan of at least one fault per kind draws
 EDGES = {"fresh-location", "positions-drill", "savepoint:crash", "savepoint:drain",
          "savepoint:stop", "second-job", "storage:listener", "storage:marker-write",
-         "storage:staging-delete"}
+         "storage:staging-delete", "rollback", "redefine:evolve-stats", "redefine:switch-ttl",
+         "redefine:toggle-buckets"}
 
 
 def _points(plan: Plan) -> set[str]:
@@ -54,7 +55,11 @@ def test_a_long_plan_counts_and_spreads_its_faults():
     for point in STORAGE_POINTS:
         assert points[f"storage:{point}"] == 50
     assert points["storage:marker-write:absorbed"] == points["storage:marker-write:outlasting"]
-    assert points["fresh-location"] == points["positions-drill"] == 100
+    # Every other boundary moves to a fresh location, and so does every rollback.
+    assert 100 <= points["fresh-location"] == points["positions-drill"] <= 100 + 50
+    assert points["rollback"] == 50
+    assert sum(n for p, n in points.items() if p.startswith("redefine:")) == 150
+    assert points["redefine:evolve-stats"] == 1 and points["redefine:switch-ttl"] == 75
 
 
 @pytest.mark.parametrize("seed", range(12))

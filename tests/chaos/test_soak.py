@@ -8,8 +8,13 @@ sink-commit marker (outlasting the commit retries: the query restarts), the stag
 a listener; five jobs, ended by a crash between checkpoint and sink commit (savepoint taken
 offline by the CLI, then CLAIM in the same Spark location), a stop, a savepoint from inside the
 main sink's commit, a drain (then a fresh Spark location: positions seeded from the savepoint);
-two positions drills, three corruption drills (none after the drain); a second job writing
-into the soak's output path after the first job.
+positions drills, three corruption drills (none after the drain); a second job writing
+into the soak's output path after the first job. The edges drawn after those: three
+same-session restarts with a changed definition (after files 6, 10 and 12: the stats type
+evolved, TTL of last_seen switched off, buckets dropped), and a rollback: the job after the
+sink end restores the savepoint the sink's job started from (batch 3) into a fresh Spark
+location, first refused without ``on_rollback="branch"``, then a branch beside the parent's
+batches 4-5; three lineage branches, each judged on its own.
 
 Run on each backend (about 2.5 minutes each on 2 shared cores). The long run (500 batches, 50
 faults of each kind) is the same command with other numbers; its figures are in
@@ -44,6 +49,14 @@ def test_the_ci_plan_draws_the_sharpest_edges():
     marker = next(f for f in plan.storage_faults if f["point"] == "marker-write")
     assert marker["times"] == 4, "outlasts the commit retries"
     assert [f["point"] for f in plan.driver_faults] == ["commit-step-6"]
+    # The new operations: every definition change, a rollback, restores into new locations.
+    points = plan.planned_points()
+    assert {"redefine:evolve-stats", "redefine:switch-ttl", "redefine:toggle-buckets",
+            "rollback", "fresh-location"} <= set(points)
+    rollback = next(j for j in plan.jobs if j.rollback)
+    assert plan.jobs[rollback.index - 1].stop == "sink"
+    assert plan.fork_batch(rollback) == 3 and plan.first_file(rollback) == 4
+    assert [(b.parent, b.fork) for b in plan.branches()] == [(None, -1), (0, 3), (1, 10)]
 
 
 @pytest.mark.parametrize("backend", ["rocksdb", "heap"])
@@ -72,6 +85,14 @@ def test_shortened_soak_passes(tmp_path, backend):
         ("crash", "cli"), ("stop", "stop"), ("sink:main-before", "sink"), ("drain", "drain")]
     assert report["boundaries"][0]["carries_output"] is True
     assert report["drills"]["positions"] == {"count": 2, "refused": 2}
+    # Rollback: refused without the option, nothing left; a branch forking at batch 3.
+    assert report["boundaries"][2]["rollback"] == {"check": "refused", "fork_batches": [3]}
+    branches = eo["branches"]
+    assert [(b["parent"], b["fork_batch"]) for b in branches] == [(None, -1), (0, 3), (1, 10)]
+    assert all(b["lineage"] and b["rows"] > 0 and b["violations"] == 0 for b in branches)
+    assert len({b["lineage"] for b in branches}) == 3 and not eo["lineage_problems"]
+    assert report["definitions"]["done_after_files"] == [6, 10, 12]
+    assert report["state"]["definition"] == 3
     assert report["drills"]["count"] == 3 and not report["drills"]["violations"]
     # Two jobs, one output path: exactly its own rows for each (ParquetSink names a batch by
     # its Spark query id since 2d83c89; before, each job replaced the other's batches 0-1).

@@ -161,7 +161,9 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
         result.batches = [dmg.batch_id]
     else:
         result.batches = [dmg.batch_id, nxt] if drill["replay"] else [nxt]
-    cfg = job_config(plan, run_dir, job, rng.randint(1, 4)).replace(
+    # The definition in force at the job's end (no definition changes at a job's last file).
+    definition = plan.definition_of_file(job.end_file)
+    cfg = job_config(plan, run_dir, job, rng.randint(1, 4), definition).replace(
         checkpoint_dir=root, restore_mode="NO_CLAIM", storage_options={},
         local_dir=os.path.join(run_dir, "local"))
     out = os.path.join(scratch, "out")
@@ -169,7 +171,8 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     try:
         static = spark.read.schema(INPUT_DDL).parquet(
             os.path.join(generated, input_file_name(_file(plan, result.batches[0]))))
-        driver = build_job(static, None, out, None).driver(cfg, spark_location(run_dir, job))
+        driver = build_job(static, None, out, None, definition=definition).driver(
+            cfg, spark_location(run_dir, job))
         latest = driver.coordinator.latest_completed
         result.restored_checkpoint = latest.checkpoint_id if latest is not None else None
         result.recovery_notes = list(driver.coordinator.recovery_notes)
@@ -189,7 +192,10 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
         return result.to_json()
     from keyedstate.testing.chaos.oracle import compare_main
 
-    expected = [r for b in processed for r in oracle_rows(generated, b, plan.schedule())]
+    # Every branch of the run agrees on the state at each batch (a rollback reruns one batch
+    # with the same file and definition), so the run's schedule gives the batch's rows.
+    expected = [r for b in processed
+                for r in oracle_rows(generated, b, plan.schedule(), plan.definitions())]
     comparison = compare_main(expected, os.path.join(out, "main"))
     if comparison.violations:
         result.outcome = "silent-wrong"
@@ -222,15 +228,17 @@ def positions_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     copy_job_dir(plan.savepoint_dir(job.index), plan.storage_options, savepoint)
     shutil.rmtree(os.path.join(savepoint, CONTEXT_DIR))
     written = {name: os.path.join(scratch, name) for name in ("ckpt", "spark", "out")}
-    cfg = job_config(plan, run_dir, following, following.parallelism).replace(
+    definition = plan.definition_of_file(job.end_file)
+    cfg = job_config(plan, run_dir, following, following.parallelism, definition).replace(
         checkpoint_dir=written["ckpt"], restore_path=savepoint, storage_options={},
-        local_dir=os.path.join(run_dir, "local"))
+        local_dir=os.path.join(run_dir, "local"), on_rollback="refuse")
     result: dict[str, Any] = {"outcome": "refused", "mode": following.restore_mode,
                               "format": job.savepoint_format, "error": ""}
     try:
         static = spark.read.schema(INPUT_DDL).parquet(
             os.path.join(run_dir, "generated", input_file_name(0)))
-        build_job(static, None, written["out"], None).driver(cfg, written["spark"])
+        build_job(static, None, written["out"], None, definition=definition).driver(
+            cfg, written["spark"])
         result["outcome"] = "started"
     except SourcePositionsError as exc:
         result["error"] = _error_text(exc)
@@ -248,20 +256,23 @@ def positions_drill(spark: Any, plan: Any, run_dir: str, job: Any,
     return result
 
 
-_oracle_cache: dict[tuple[str, tuple[tuple[int, int | None], ...] | None],
+_oracle_cache: dict[tuple[str, tuple[tuple[int, int | None], ...] | None,
+                          tuple[tuple[int, int], ...] | None],
                     tuple[Any, dict[int, list[dict[str, Any]]]]] = {}
 
 
 def oracle_rows(generated: str, batch: int,
-                schedule: list[tuple[int, int | None]] | None = None) -> list[dict[str, Any]]:
-    """The oracle's main output of one batch (one oracle kept per input and schedule,
-    advanced as asked; without a schedule batch ``b`` reads file ``b``)."""
+                schedule: list[tuple[int, int | None]] | None = None,
+                definitions: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """The oracle's main output of one batch (one oracle kept per input, schedule and
+    definitions, advanced as asked; without a schedule batch ``b`` reads file ``b``)."""
     from keyedstate.testing.chaos.oracle import Oracle
 
-    key = (generated, tuple(schedule) if schedule is not None else None)
+    key = (generated, tuple(schedule) if schedule is not None else None,
+           tuple(sorted(definitions.items())) if definitions else None)
     entry = _oracle_cache.get(key)
     if entry is None or entry[0].state.batch_id >= batch and batch not in entry[1]:
-        entry = (Oracle(generated, schedule), {})
+        entry = (Oracle(generated, schedule, definitions), {})
         _oracle_cache[key] = entry
     oracle, rows = entry
     while oracle.state.batch_id < batch:

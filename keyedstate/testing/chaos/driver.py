@@ -13,13 +13,21 @@ Spark checkpoint location), and:
    in this process only;
 2. restarts the query in this process after an injected abort or a storage error that outlasted
    the commit retries, at a new parallelism;
-3. at a job boundary (:mod:`keyedstate.testing.chaos.boundary`): ends the job as planned (a savepoint
+3. stops the query after each planned file of a same-session restart with a changed
+   definition (``plan.redefine_after``) and starts the job again in this process (same
+   SparkSession, same checkpoint directory and Spark checkpoint location) with the next
+   definition (:class:`~keyedstate.testing.chaos.workload.Definition`; a dropped state goes
+   through ``drop_states``); ``progress.json`` records how far the job got (``segment``);
+4. at a job boundary (:mod:`keyedstate.testing.chaos.boundary`): ends the job as planned (a savepoint
    at the stop, after a drain, from inside the sink commit, or offline after a crash), runs a
    corruption drill on a copy of the job's checkpoint directory and a positions drill on a copy
    of the savepoint, checks the directory (:func:`check_job_dir`: gc, then no orphan and no
    missing file), runs the second job if it is due, and moves on to the next job, which
    restores the savepoint in its mode;
-4. after the last job: reads the final state with the state processor API
+5. before a rollback job (``Job.rollback``) first runs it without ``on_rollback="branch"``:
+   it must be refused with :class:`~keyedstate.errors.SinkRollbackError`, leaving nothing
+   behind (:func:`rollback_check`), then with it;
+6. after the last job: reads the final state with the state processor API
    (:class:`~keyedstate.spark.processor.SavepointReader`) into ``final/``.
 
 Everything it does is appended to ``events.jsonl`` (one JSON object per line).
@@ -38,7 +46,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, RestoreMode
+from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, OnRollback, RestoreMode
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import (
@@ -65,7 +73,10 @@ from keyedstate.testing.chaos.workload import (
     PLAN_FILE,
     WATERMARK_DELAY_MS,
     ChaosFunction,
+    Definition,
     claim_marker,
+    input_file_name,
+    marker_path,
     publish_input,
 )
 
@@ -203,20 +214,29 @@ class ChaosSink(ParquetSink):
         with open(os.path.join(directory, f"{self.output}-b{batch_id}-{uuid.uuid4().hex}.json"),
                   "w") as f:
             json.dump({"batch_id": batch_id, "output": self.output, "rows": len(rows),
-                       "sha256": digest, "time": time.time()}, f)
+                       "lineage": staged.lineage, "sha256": digest, "time": time.time()}, f)
 
 
 # -- one job -------------------------------------------------------------------------------------
 
-def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int) -> JobConfig:
-    previous = plan.savepoint_dir(job.index - 1) if job.index > 0 else None
+def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int,
+               definition: int | None = None) -> JobConfig:
+    """The job's configuration under ``definition`` (default: the one its first batch runs
+    with): a rollback restores the savepoint before the previous job's, in branch mode; a
+    definition without ``buckets`` drops it."""
+    if definition is None:
+        definition = plan.definition_of_file(plan.first_file(job))
+    source = plan.restored_from(job)
+    previous = None if source is None else plan.savepoint_dir(source)
     return JobConfig(
         checkpoint_dir=plan.job_dir(job.index), backend=plan.backend, parallelism=parallelism,
         max_parallelism=MAX_PARALLELISM, num_retained=job.num_retained,
         restore_path=previous, restore_mode=RestoreMode(job.restore_mode or "NO_CLAIM"),
         watermark_column="ts", watermark_delay=dt.timedelta(milliseconds=WATERMARK_DELAY_MS),
         late_events=LateEvents.SIDE_OUTPUT, tolerable_failed_checkpoints=TOLERABLE_FAILED,
-        local_dir=os.path.join(run_dir, "local"), storage_options=plan.storage_options)
+        local_dir=os.path.join(run_dir, "local"), storage_options=plan.storage_options,
+        drop_states=Definition.of(definition).drop_states(),
+        on_rollback=OnRollback.BRANCH if job.rollback else OnRollback.REFUSE)
 
 
 def spark_location(run_dir: str, job: Job) -> str:
@@ -224,10 +244,10 @@ def spark_location(run_dir: str, job: Job) -> str:
 
 
 def build_job(df: Any, run_dir: str | None, out_dir: str, faults: DriverFaults | None,
-              savepoint: SinkSavepoint | None = None) -> Any:
+              savepoint: SinkSavepoint | None = None, definition: int = 0) -> Any:
     from keyedstate.spark.api import key_by
 
-    job = key_by(df, "key").process(ChaosFunction(run_dir), OUTPUT_DDL)
+    job = key_by(df, "key").process(ChaosFunction(run_dir, definition), OUTPUT_DDL)
     job.sink(ChaosSink(os.path.join(out_dir, "main"), "main", run_dir or out_dir, faults, False,
                        savepoint))
     job.sink(ChaosSink(os.path.join(out_dir, "late"), "late", run_dir or out_dir, faults, True,
@@ -247,23 +267,31 @@ def _injected_fault(exc: BaseException) -> str | None:
 def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, Any],
             faults: DriverFaults) -> Any:
     """Run ``job`` until every input file of its batches is processed; restart the query
-    after each injected abort or storage error. Returns the finished :class:`KeyedQuery`."""
+    after each injected abort or storage error, and after each file of a same-session
+    restart with a changed definition (``progress["segment"]``: the files up to the
+    segment's last are published, the query runs them and stops, the next segment starts
+    with the next definition). Returns the finished :class:`KeyedQuery`."""
     from keyedstate.spark.query import KeyedQuery
 
     input_dir = os.path.join(run_dir, "input")
-    publish_input(os.path.join(run_dir, "generated"), input_dir, job.end_file)
     location = spark_location(run_dir, job)
+    first = plan.first_file(job)
+    segments = [f for f in plan.redefine_after if first <= f < job.end_file] + [job.end_file]
     while True:
+        segment = min(progress.get("segment", 0), len(segments) - 1)
+        up_to = segments[segment]
+        definition = plan.definition_of_file(up_to)
+        publish_input(os.path.join(run_dir, "generated"), input_dir, up_to)
         parallelism = progress["parallelism"] or job.parallelism
-        cfg = job_config(plan, run_dir, job, parallelism)
+        cfg = job_config(plan, run_dir, job, parallelism, definition)
         events = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
                   .parquet(input_dir))
         started = time.time()
         hook = SinkSavepoint(plan, run_dir, job) if job.stop == "sink" else None
         # KeyedProcessJob.start, with the driver in hand before the first batch runs (the
         # sink savepoint and the listeners need it).
-        driver = build_job(events, run_dir, os.path.join(run_dir, "out"), faults, hook).driver(
-            cfg, location)
+        driver = build_job(events, run_dir, os.path.join(run_dir, "out"), faults, hook,
+                           definition).driver(cfg, location)
         if hook is not None:
             hook.driver = driver
         # A listener that fails (an injected storage error) keeps the later ones from running.
@@ -277,13 +305,26 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
         query = KeyedQuery(events.writeStream.foreachBatch(driver.process_batch)
                            .option("checkpointLocation", location)
                            .trigger(availableNow=True).start(), driver)
+        branch = driver.branch()
         log_event(run_dir, "query-start", job=job.index, parallelism=parallelism,
                   restore_mode=job.restore_mode, start_s=time.time() - started,
-                  spark_location=job.spark_location,
+                  spark_location=job.spark_location, definition=definition,
+                  segment=segment, query_id=driver.query_id(),
+                  parent_query_id=branch.parent_query_id if branch else None,
+                  fork_batch_id=branch.fork_batch_id if branch else None,
                   recovery_notes=query.driver.coordinator.recovery_notes)
         try:
             query.await_termination()
-            return query
+            if segment == len(segments) - 1:
+                return query
+            # A same-session restart with a changed definition: a plain stop, then the same
+            # driver starts the job again with the next definition.
+            query.stop()
+            progress["segment"] = segment + 1
+            write_progress(run_dir, progress)
+            log_event(run_dir, "redefine", job=job.index, after_file=up_to,
+                      after_batch=driver.last_batch_id,
+                      definition=plan.definition_of_file(up_to + 1))
         except Exception as exc:
             fault = _injected_fault(exc)
             if fault is None:
@@ -362,17 +403,72 @@ def read_final_state(spark: Any, plan: Plan, run_dir: str, job: Job) -> None:
               states=sorted(frames))
 
 
+def rollback_marker(job: Job) -> str:
+    return f"rollback-check-{job.index:03d}"
+
+
+def _files_under(path: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(folder, name), path)
+                  for folder, _, names in os.walk(path) for name in names)
+
+
+def rollback_check(spark: Any, plan: Plan, run_dir: str, job: Job) -> dict[str, Any]:
+    """The rollback ``job`` started exactly as planned but without ``on_rollback="branch"``:
+    it must be refused with :class:`~keyedstate.errors.SinkRollbackError` at start, before
+    anything is restored or written (docs/sinks.md): no file in its checkpoint directory or
+    its new Spark checkpoint location, nothing changed in the sinks, the savepoint not
+    claimed (the savepoint). Returns ``outcome`` (``refused``, ``started``, ``other-error``), ``error``,
+    ``left``, ``sinks_changed``, ``claimed``, ``restore_path``, ``violation``."""
+    from keyedstate.errors import SinkRollbackError
+
+    cfg = job_config(plan, run_dir, job, job.parallelism).replace(on_rollback="refuse")
+    assert cfg.restore_path is not None
+    out = os.path.join(run_dir, "out")
+    sinks_before = _files_under(out)
+    static = spark.read.schema(INPUT_DDL).parquet(
+        os.path.join(run_dir, "generated", input_file_name(0)))
+    result: dict[str, Any] = {"outcome": "refused", "error": "",
+                              "restore_path": cfg.restore_path}
+    try:
+        build_job(static, run_dir, out, None,
+                  definition=plan.definition_of_file(plan.first_file(job))).driver(
+            cfg, spark_location(run_dir, job))
+        result["outcome"] = "started"
+    except SinkRollbackError as exc:
+        result["error"] = str(exc).splitlines()[0][:600]
+    except Exception as exc:  # noqa: BLE001 - judged by the verdict
+        result["outcome"] = "other-error"
+        result["error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
+    checkpoint_dir = plan.job_dir(job.index)
+    location = spark_location(run_dir, job)
+    result["left"] = (
+        [f"checkpoint dir: {p}"
+         for p in CheckpointStorage(checkpoint_dir, plan.storage_options).list_files()]
+        + [f"spark location: {p}" for p in _files_under(location)])[:20]
+    result["sinks_changed"] = sinks_before != _files_under(out)
+    restored = CheckpointStorage(cfg.restore_path, plan.storage_options)
+    result["claimed"] = restored.exists(CLAIM_MARKER_FILE)
+    result["violation"] = (result["outcome"] != "refused" or bool(result["left"])
+                           or result["sinks_changed"] or result["claimed"])
+    return result
+
+
 def _housekeeping(plan: Plan, index: int) -> None:
     """The operator's part: delete job directories and savepoints two jobs back (the
-    current job restored from the previous savepoint; nothing older is needed)."""
-    if index < 2:
-        return
-    for url in (plan.job_dir(index - 2), plan.savepoint_dir(index - 2)):
-        storage = CheckpointStorage(url, plan.storage_options)
-        try:
-            storage.fs.rm(storage.root, recursive=True)
-        except FileNotFoundError:
-            pass
+    current job restored from the previous savepoint; nothing older is needed), but a
+    savepoint a rollback restores, until that rollback ran."""
+    doomed = {index - 2}
+    if index >= 1 and plan.jobs[index - 1].rollback:
+        doomed.add(index - 3)  # kept for the rollback that just ran
+    if index < len(plan.jobs) and plan.jobs[index].rollback:
+        doomed.discard(index - 2)
+    for k in sorted(d for d in doomed if d >= 0):
+        for url in (plan.job_dir(k), plan.savepoint_dir(k)):
+            storage = CheckpointStorage(url, plan.storage_options)
+            try:
+                storage.fs.rm(storage.root, recursive=True)
+            except FileNotFoundError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,7 +502,12 @@ def main(argv: list[str] | None = None) -> int:
         job = plan.jobs[progress["job"]]
         _housekeeping(plan, job.index)
         log_event(run_dir, "job-start", job=job.index, restore_mode=job.restore_mode,
-                  spark_location=job.spark_location)
+                  spark_location=job.spark_location, rollback=job.rollback)
+        if job.rollback and not os.path.exists(marker_path(run_dir, rollback_marker(job))):
+            with faults.pause():
+                result = rollback_check(spark, plan, run_dir, job)
+            log_event(run_dir, "rollback-check", job=job.index, **result)
+            claim_marker(run_dir, rollback_marker(job))
         if job.index == len(plan.jobs) - 1:
             run_job(spark, plan, run_dir, job, progress, faults).stop()
             read_final_state(spark, plan, run_dir, job)
@@ -422,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             write_progress(run_dir, progress)
         progress["job"] = job.index + 1
         progress["parallelism"] = None
+        progress["segment"] = 0
         write_progress(run_dir, progress)
     log_event(run_dir, "done")
     spark.stop()

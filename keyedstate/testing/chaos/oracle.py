@@ -14,7 +14,18 @@ Semantics it encodes (Flink's, as keyedstate documents them):
 - rows with an event time before the watermark are late: side output, not processed;
 - each key's rows are processed in ``seq`` order; TTL entries are live while
   ``last_access + ttl > now``; ``OnReadAndWrite`` refreshes an entry's time when it is read;
-- after the batch the watermark moves to ``max(previous, max event time - delay)``.
+- after the batch the watermark moves to ``max(previous, max event time - delay)``;
+- **definitions** (``workload.Definition``, per batch from the plan): a batch that runs under
+  a newer definition than the state was written with first applies each change, at its
+  logical time, as the backends do when a state is first asked for after the restart:
+  ``stats`` evolved (restored accumulators get ``last`` = ``STATS_LAST_DEFAULT``, every add
+  sets it), TTL of ``last_seen`` switched off (entries expired at that time go, the rest never
+  expire) or on (every entry stamped with that time), ``buckets`` dropped (its output is the
+  empty map's ``[]``) or declared again (empty);
+- **branches** (:func:`run_branches`): a job restored into a new Spark checkpoint location
+  (a restore, a rollback) is a new lineage branch; its expected output starts from the
+  parent branch's state at the fork batch, then its own batches; the sinks hold each branch
+  under its own query id (:func:`sink_lineages`, :func:`match_branches`).
 
 :func:`compare_outputs` and :func:`compare_state` count exactly-once violations: an expected
 row missing, a row twice, a row nobody expected, a row with another value, a state entry
@@ -29,7 +40,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -44,10 +55,13 @@ from keyedstate.testing.chaos.workload import (
     PROC_TIMER_STEPS,
     RECENT_KEEP,
     RECENT_MAX,
+    STATS_LAST_DEFAULT,
     TTL_LAST_SEEN_MS,
     TTL_RECENT_MS,
     TTL_TOUCHED_MS,
     WATERMARK_DELAY_MS,
+    Definition,
+    definition_change,
     input_file_name,
     logical_now,
 )
@@ -72,6 +86,8 @@ class KeyState:
     touched: dict[str, tuple[int, int]] = field(default_factory=dict)
     total: int | None = None
     stats: tuple[int, int, int] | None = None
+    #: the evolved ``stats``' ``last`` (None before the evolution)
+    stats_last: int | None = None
 
 
 @dataclass
@@ -84,6 +100,8 @@ class OracleState:
     keys: dict[str, KeyState] = field(default_factory=dict)
     proc_timers: set[tuple[int, str]] = field(default_factory=set)    # (timestamp, key)
     event_timers: set[tuple[int, str]] = field(default_factory=set)
+    #: the definition the state was last written with (``workload.Definition``)
+    definition: int = 0
 
 
 def read_batch(generated: str, batch_id: int) -> pd.DataFrame:
@@ -99,14 +117,17 @@ class Oracle:
     """Steps the expected job batch by batch (:meth:`step`), from empty state.
 
     ``schedule``: ``(batch id, input file or None for a drain)`` of every batch
-    (:meth:`keyedstate.testing.chaos.plan.Plan.schedule`); without one, batch ``b`` reads file ``b``."""
+    (:meth:`keyedstate.testing.chaos.plan.Plan.schedule`); without one, batch ``b`` reads file ``b``.
+    ``definitions``: batch id -> the definition in force (:meth:`Plan.definitions`; default 0)."""
 
     def __init__(self, generated: str,
-                 schedule: Sequence[tuple[int, int | None]] | None = None) -> None:
+                 schedule: Sequence[tuple[int, int | None]] | None = None,
+                 definitions: Mapping[int, int] | None = None) -> None:
         self.generated = generated
         self.state = OracleState()
         self.files: dict[int, int | None] | None = dict(schedule) if schedule is not None \
             else None
+        self.definitions = dict(definitions or {})
 
     def snapshot(self) -> OracleState:
         return copy.deepcopy(self.state)
@@ -135,6 +156,7 @@ class Oracle:
         assert b == st.batch_id + 1, (b, st.batch_id)
         now = logical_now(b)
         file = self.file_of(b)
+        self._redefine(self.definitions.get(b, st.definition), now)
         out: list[dict[str, Any]] = []
         # Timers: processing time first, then event time, each in timestamp order; a drain
         # fires every event-time timer.
@@ -161,12 +183,37 @@ class Oracle:
         st.batch_id = b
         return out, late
 
+    def _redefine(self, definition: int, now: int) -> None:
+        """Apply the changes from the state's definition to ``definition`` at time ``now``."""
+        st = self.state
+        if definition < st.definition:
+            raise ValueError(f"definition {definition} after {st.definition}: definitions "
+                             f"only move on")
+        for n in range(st.definition + 1, definition + 1):
+            change = definition_change(n)
+            after = Definition.of(n)
+            for ks in st.keys.values():
+                if change == "evolve-stats":
+                    if ks.stats is not None:
+                        ks.stats_last = STATS_LAST_DEFAULT
+                elif change == "switch-ttl":
+                    if ks.last_seen is None:
+                        continue
+                    if after.last_seen_ttl:  # switched on: stamped with the restore time
+                        ks.last_seen = (ks.last_seen[0], now)
+                    elif ks.last_seen[1] + TTL_LAST_SEEN_MS <= now:
+                        ks.last_seen = None  # switched off: what had expired goes
+                elif not after.buckets:  # dropped
+                    ks.buckets = {}
+            st.definition = n
+
     def _process_key(self, key: str, rows: pd.DataFrame, b: int, now: int) -> dict[str, Any]:
         st = self.state
+        d = Definition.of(st.definition)
         ks = st.keys.setdefault(key, KeyState())
         values = [int(v) for v in rows["value"]]
-        prev_seen = ks.last_seen[0] if ks.last_seen and ks.last_seen[1] + TTL_LAST_SEEN_MS > now \
-            else None
+        prev_seen = ks.last_seen[0] if ks.last_seen and (
+            not d.last_seen_ttl or ks.last_seen[1] + TTL_LAST_SEEN_MS > now) else None
         ks.last_seen = (b, now)
         before = ks.count or 0
         count = before + len(values)
@@ -175,6 +222,10 @@ class Oracle:
             ks.total = v if ks.total is None else ks.total + v
             n, lo, hi = ks.stats or (0, 1 << 62, -(1 << 62))
             ks.stats = (n + 1, min(lo, v), max(hi, v))
+            if d.evolved:
+                ks.stats_last = v
+            if not d.buckets:
+                continue
             bucket = v % BUCKETS
             if v % 11 == 0:
                 ks.buckets.pop(bucket, None)
@@ -210,8 +261,47 @@ class Oracle:
         return {"key": key, "batch_id": b, "kind": "row", "ts": None, "count": count,
                 "total": ks.total, "n": n, "lo": lo, "hi": hi,
                 "recent": _js([v for v, _ in ks.recent]),
-                "buckets": _js(sorted([k, v] for k, v in ks.buckets.items())),
+                "buckets": _js(sorted([k, v] for k, v in ks.buckets.items())),  # [] if dropped
                 "prev_seen": prev_seen, "touched": _js(seen)}
+
+
+@dataclass
+class BranchOutcome:
+    """What one lineage branch must output (main and late rows) and hold at its end."""
+
+    main: list[dict[str, Any]]
+    late: list[dict[str, Any]]
+    state: OracleState
+
+
+def run_branches(generated: str, branches: Sequence[Any],
+                 definitions: Mapping[int, int] | None = None) -> list[BranchOutcome]:
+    """Each branch's expected output and final state (``plan.Branch``: ``index``, ``parent``
+    (None for the first), ``fork`` batch, ``batches``), parents before children: a branch
+    starts from its parent's state after the fork batch, then runs its own batches."""
+    forks = {(b.parent, b.fork) for b in branches if b.parent is not None}
+    snapshots: dict[tuple[int, int], OracleState] = {}
+    out: list[BranchOutcome] = []
+    for branch in branches:
+        oracle = Oracle(generated, branch.batches, definitions)
+        if branch.parent is not None:
+            key = (branch.parent, branch.fork)
+            if key not in snapshots:
+                raise ValueError(f"branch {branch.index} forks from batch {branch.fork} of "
+                                 f"branch {branch.parent}, which never ran it")
+            oracle.state = copy.deepcopy(snapshots[key])
+        if (branch.index, oracle.state.batch_id) in forks:
+            snapshots[(branch.index, oracle.state.batch_id)] = oracle.snapshot()
+        main: list[dict[str, Any]] = []
+        late: list[dict[str, Any]] = []
+        for b, _ in branch.batches:
+            m, lt = oracle.step(b)
+            main += m
+            late += lt
+            if (branch.index, b) in forks:
+                snapshots[(branch.index, b)] = oracle.snapshot()
+        out.append(BranchOutcome(main, late, oracle.state))
+    return out
 
 
 def _timer_row(key: str, b: int, kind: str, ts: int, count: int, total: int | None
@@ -260,6 +350,65 @@ def read_sink(directory: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def sink_lineages(directory: str) -> dict[str, tuple[str, int]]:
+    """Lineage -> (parent lineage, fork batch) of every batch directory a
+    :class:`~keyedstate.spark.sinks.ParquetSink` published in ``directory`` (its
+    ``_SUCCESS`` manifest; ``""`` and -1 for a lineage that is no branch). A lineage whose
+    batches name different parents maps to the first; :func:`lineage_conflicts` lists them."""
+    return {lineage: seen[0] for lineage, seen in _manifests(directory).items()}
+
+
+def lineage_conflicts(directory: str) -> list[str]:
+    """Lineages whose published batches name more than one (parent, fork)."""
+    return [f"lineage {lineage} names parents {sorted(set(seen))}"
+            for lineage, seen in _manifests(directory).items() if len(set(seen)) > 1]
+
+
+def _manifests(directory: str) -> dict[str, list[tuple[str, int]]]:
+    found: dict[str, list[tuple[str, int]]] = {}
+    if not os.path.isdir(directory):
+        return found
+    for name in sorted(os.listdir(directory)):
+        match = _SINK_BATCH_DIR.match(name)
+        manifest = os.path.join(directory, name, "_SUCCESS")
+        if match is None or not match.group(1) or not os.path.exists(manifest):
+            continue
+        with open(manifest) as f:
+            data = json.load(f)
+        found.setdefault(match.group(1), []).append(
+            (str(data.get("parent_lineage", "")), int(data.get("fork_batch_id", -1))))
+    return found
+
+
+def match_branches(branches: Sequence[Any], lineages: Mapping[str, tuple[str, int]],
+                   exclude: Iterable[str] = ()) -> tuple[dict[int, str], list[str]]:
+    """The lineage (query id) of each plan branch, by the sinks' manifests: the first branch
+    is the one lineage without a parent (besides ``exclude``, another job's), each other one
+    the lineage naming its parent's lineage and its fork batch. Returns the matches and the
+    problems (none or several candidates)."""
+    skip = set(exclude)
+    found: dict[int, str] = {}
+    problems: list[str] = []
+    for branch in branches:
+        if branch.parent is None:
+            want: tuple[str, int] | None = ("", -1)
+        else:
+            parent = found.get(branch.parent)
+            want = None if parent is None else (parent, branch.fork)
+        if want is None:
+            problems.append(f"branch {branch.index}: its parent branch has no lineage")
+            continue
+        candidates = sorted(lin for lin, (par, fork) in lineages.items()
+                            if lin not in skip and (par, fork if par else -1) == want)
+        if len(candidates) == 1:
+            found[branch.index] = candidates[0]
+        else:
+            problems.append(f"branch {branch.index} (parent {want[0] or '-'}, fork batch "
+                            f"{want[1]}): {len(candidates)} lineages in the sinks "
+                            f"{candidates[:4]}")
+    return found, problems
+
+
 def split_jobs(rows: pd.DataFrame, column: str, tag: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows of one output path written by two jobs: (rows without ``column``, rows with
     ``column == tag``), the other job's column dropped from both."""
@@ -291,6 +440,17 @@ class Comparison:
     def note(self, text: str) -> None:
         if len(self.examples) < 10:
             self.examples.append(text)
+
+    def add(self, other: Comparison, prefix: str = "") -> None:
+        """Count ``other`` in (a branch's comparison into the run's)."""
+        self.expected += other.expected
+        self.actual += other.actual
+        self.missing += other.missing
+        self.duplicated += other.duplicated
+        self.unexpected += other.unexpected
+        self.wrong_value += other.wrong_value
+        for text in other.examples:
+            self.note(prefix + text)
 
     def to_json(self) -> dict[str, Any]:
         return {"expected": self.expected, "actual": self.actual, "missing": self.missing,
@@ -365,8 +525,8 @@ def compare_main(expected: list[dict[str, Any]], out: str | pd.DataFrame) -> Com
     return c
 
 
-def compare_late(expected: list[dict[str, Any]], late_dir: str) -> Comparison:
-    actual = read_sink(late_dir)
+def compare_late(expected: list[dict[str, Any]], late: str | pd.DataFrame) -> Comparison:
+    actual = read_sink(late) if isinstance(late, str) else late
     if len(actual):
         actual = pd.DataFrame({"batch_id": actual["_file_batch"], "seq": actual["seq"],
                                "key": actual["key"],
@@ -386,23 +546,38 @@ STATES: dict[str, tuple[str, int | None]] = {
 }
 
 
+def states_of(definition: int = 0) -> dict[str, tuple[str, int | None]]:
+    """:data:`STATES` as definition ``definition`` declares them (``buckets`` dropped,
+    ``last_seen`` without TTL)."""
+    d = Definition.of(definition)
+    out = dict(STATES)
+    if not d.last_seen_ttl:
+        out["last_seen"] = ("value", None)
+    if not d.buckets:
+        del out["buckets"]
+    return out
+
+
 def expected_state(state: OracleState) -> dict[str, dict[Any, Any]]:
     """Live entries as of the logical time of ``state.batch_id``, per state name, in the
-    shape of :func:`actual_state`."""
+    shape of :func:`actual_state` (under the definition the state was written with)."""
     now = logical_now(state.batch_id)
-    out: dict[str, dict[Any, Any]] = {name: {} for name in STATES}
+    d = Definition.of(state.definition)
+    out: dict[str, dict[Any, Any]] = {name: {} for name in states_of(state.definition)}
     out["timers"] = {}
     for key, ks in state.keys.items():
         if ks.count is not None:
             out["count"][key] = ks.count
-        if ks.last_seen and ks.last_seen[1] + TTL_LAST_SEEN_MS > now:
+        if ks.last_seen and not d.last_seen_ttl:
+            out["last_seen"][key] = ks.last_seen[0]
+        elif ks.last_seen and ks.last_seen[1] + TTL_LAST_SEEN_MS > now:
             out["last_seen"][key] = ks.last_seen
         if ks.etimer is not None:
             out["etimer"][key] = ks.etimer
         live = [(v, t) for v, t in ks.recent if t + TTL_RECENT_MS > now]
         if live:
             out["recent"][key] = live
-        for bucket, total in ks.buckets.items():
+        for bucket, total in ks.buckets.items():  # none while dropped
             out["buckets"][(key, bucket)] = total
         for name, (v, t) in ks.touched.items():
             if t + TTL_TOUCHED_MS > now:
@@ -410,7 +585,7 @@ def expected_state(state: OracleState) -> dict[str, dict[Any, Any]]:
         if ks.total is not None:
             out["total"][key] = ks.total
         if ks.stats is not None:
-            out["stats"][key] = ks.stats
+            out["stats"][key] = (*ks.stats, ks.stats_last) if d.evolved else ks.stats
     for ts, key in state.proc_timers:
         out["timers"][("processing_time", ts, key)] = True
     for ts, key in state.event_timers:
@@ -424,13 +599,22 @@ def _ttl_ms(value: Any) -> int:
     return int(value)
 
 
-def actual_state(frames: dict[str, pd.DataFrame], batch_id: int) -> dict[str, dict[Any, Any]]:
+def actual_state(frames: dict[str, pd.DataFrame], batch_id: int, definition: int = 0
+                 ) -> dict[str, dict[Any, Any]]:
     """The canonical rows a state reader returned (one DataFrame per state, ``timers``), as
-    the live entries at the logical time of ``batch_id``; ``ttl_timestamp`` in ms."""
+    the live entries at the logical time of ``batch_id``; ``ttl_timestamp`` in ms. States
+    as ``definition`` declares them; a frame of a state it does not declare is reported under
+    its name (an unexpected state)."""
     now = logical_now(batch_id)
-    out: dict[str, dict[Any, Any]] = {name: {} for name in STATES}
+    declared = states_of(definition)
+    out: dict[str, dict[Any, Any]] = {name: {} for name in declared}
     out["timers"] = {}
-    for name, (kind, ttl) in STATES.items():
+    for name in STATES:
+        df = frames.get(name)
+        if name not in declared and df is not None and len(df):
+            out[name] = {f"row {i}": "a state this definition dropped"
+                         for i in range(len(df))}
+    for name, (kind, ttl) in declared.items():
         df = frames.get(name)
         if df is None or not len(df):
             continue
@@ -452,7 +636,8 @@ def actual_state(frames: dict[str, pd.DataFrame], batch_id: int) -> dict[str, di
         elif name == "stats":
             for r in rows:
                 v = r["value"]
-                out[name][r["key"]] = (int(v["n"]), int(v["lo"]), int(v["hi"]))
+                stats = (int(v["n"]), int(v["lo"]), int(v["hi"]))
+                out[name][r["key"]] = (*stats, _norm(v["last"])) if "last" in v else stats
         else:
             for r in rows:
                 value = int(r["value"])
@@ -467,8 +652,8 @@ def actual_state(frames: dict[str, pd.DataFrame], batch_id: int) -> dict[str, di
 def compare_state(expected: dict[str, dict[Any, Any]], actual: dict[str, dict[Any, Any]]
                   ) -> Comparison:
     c = Comparison()
-    for name in expected:
-        want, got = expected[name], actual.get(name, {})
+    for name in list(expected) + [n for n in actual if n not in expected]:
+        want, got = expected.get(name, {}), actual.get(name, {})
         c.expected += len(want)
         c.actual += len(got)
         for k, v in want.items():

@@ -57,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.testing.chaos.workload import definition_change
 
 MODES = ("NO_CLAIM", "CLAIM", "LEGACY")
 #: where the driver dies (``driver`` faults)
@@ -106,6 +107,26 @@ class Job:
     spark_location: str = FIRST_LOCATION
     #: restore this job's savepoint without its ``context/`` in a new location (refused)
     positions_drill: bool = False
+    #: a rollback: this job restores the savepoint before the previous job's (the previous
+    #: job went on after it in the same Spark location) into a fresh Spark checkpoint
+    #: location, feeding the same sinks with ``on_rollback="branch"``, and reads the previous
+    #: job's files again
+    rollback: bool = False
+
+
+@dataclass
+class Branch:
+    """A lineage branch of the run, as the plan makes them: the jobs of one Spark query (one
+    Spark checkpoint location, continued by restarts and restores in place); a job in a fresh
+    location (a restore into a new location, a rollback) starts a branch of the branch before
+    it, forking from batch ``fork`` (-1: the first branch)."""
+
+    index: int
+    parent: int | None
+    fork: int
+    jobs: list[int]
+    #: ``(batch id, input file or None for a drain)`` of the branch's own batches, in order
+    batches: list[tuple[int, int | None]]
 
 
 @dataclass
@@ -128,6 +149,10 @@ class Plan:
     restart_parallelism: list[int] = field(default_factory=list)
     #: a second job writing into the soak's output path after job ``after_job`` ended
     second_job: dict[str, Any] | None = None
+    #: same-session restarts with a changed definition: the query stops after each of these
+    #: input files and the same driver starts the job again (same checkpoint directory, same
+    #: Spark checkpoint location) with the next definition (``workload.Definition``)
+    redefine_after: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,6 +208,66 @@ class Plan:
         """The batch that reads the job's last file (a drain comes after it)."""
         return self.batch_of_file(job.end_file)
 
+    def restored_from(self, job: Job) -> int | None:
+        """The index of the job whose savepoint ``job`` restores (None: the first job)."""
+        if job.index == 0:
+            return None
+        return job.index - 2 if job.rollback else job.index - 1
+
+    def first_file(self, job: Job) -> int:
+        """The first input file the job reads (a rollback reads the previous job's files
+        again)."""
+        source = self.restored_from(job)
+        return 0 if source is None else self.jobs[source].end_file + 1
+
+    def job_batches(self, job: Job) -> list[tuple[int, int | None]]:
+        """``(batch id, file)`` of the batches the job runs: its files' and its drain."""
+        first = self.batch_of_file(self.first_file(job))
+        last = self.end_batch(job) + (1 if job.stop == "drain" and job.index < len(self.jobs) - 1
+                                      else 0)
+        if job.index == len(self.jobs) - 1:
+            last = self.last_batch()
+        return [(b, f) for b, f in self.schedule() if first <= b <= last]
+
+    def fork_batch(self, job: Job) -> int:
+        """The batch of the savepoint ``job`` starts from (-1: none): the last batch (a drain
+        included) of the job that took it."""
+        source = self.restored_from(job)
+        return -1 if source is None else self.job_batches(self.jobs[source])[-1][0]
+
+    def definition_of_file(self, file: int) -> int:
+        """The definition in force when input file ``file`` is read: one more per
+        same-session restart with a changed definition before it."""
+        return sum(1 for f in self.redefine_after if f < file)
+
+    def definitions(self) -> dict[int, int]:
+        """Batch id -> the definition in force (a drain: that of the batch before it)."""
+        out: dict[int, int] = {}
+        current = 0
+        for batch, file in self.schedule():
+            if file is not None:
+                current = self.definition_of_file(file)
+            out[batch] = current
+        return out
+
+    def branches(self) -> list[Branch]:
+        """The lineage branches (:class:`Branch`), parents first."""
+        branches: list[Branch] = []
+        of_job: dict[int, int] = {}
+        for job in self.jobs:
+            previous = self.jobs[job.index - 1] if job.index else None
+            if previous is not None and not job.rollback \
+                    and job.spark_location == previous.spark_location:
+                branch = branches[of_job[previous.index]]
+                branch.jobs.append(job.index)
+                branch.batches += self.job_batches(job)
+            else:
+                branch = Branch(len(branches), None if previous is None else of_job[previous.index],
+                                self.fork_batch(job), [job.index], self.job_batches(job))
+                branches.append(branch)
+            of_job[job.index] = branch.index
+        return branches
+
     def last_batch(self) -> int:
         return self.batch_of_file(self.batches - 1)
 
@@ -218,8 +303,12 @@ class Plan:
         for prev, job in zip(self.jobs, self.jobs[1:]):
             if job.spark_location != prev.spark_location:
                 add("fresh-location")
+            if job.rollback:
+                add("rollback")
         if self.second_job:
             add("second-job")
+        for n in range(1, len(self.redefine_after) + 1):
+            add(f"redefine:{definition_change(n)}")
         return dict(sorted(points.items()))
 
 
@@ -355,7 +444,77 @@ def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: 
         kind, k = fault["id"]
         fault["batch"] = plan.batch_of_file(fault["file"])
         fault["id"] = f"{kind}-{k:03d}-b{fault['batch']}"
+    # Step 7. Same-session restarts with a changed definition and rollbacks (drawn after
+    # everything older: a seed keeps its faults, jobs and boundaries).
+    _draw_redefines(rng, plan, 3 * faults_per_kind)
+    _draw_rollbacks(rng, plan, faults_per_kind)
     return plan
+
+
+def _draw_redefines(rng: random.Random, plan: Plan, count: int) -> None:
+    """``count`` same-session restarts with a changed definition, after files inside jobs
+    (not a job's last file: the query stops between two batches of one job)."""
+    ends = {j.end_file for j in plan.jobs}
+    inside = [f for f in range(plan.batches) if f not in ends]
+    plan.redefine_after = sorted(rng.sample(inside, min(count, len(inside))))
+
+
+def _draw_rollbacks(rng: random.Random, plan: Plan, count: int) -> None:
+    """``count`` rollbacks. A job ``i`` ended by a ``stop`` or ``sink`` (its output committed;
+    a crash's last batch is carried by a savepoint the rollback leaves unused, a drain would
+    shift the branch's batch ids), restored from the savepoint before it in the same Spark
+    location and not ``CLAIM`` (the query went on after that savepoint, which stays its
+    owner's), is followed by a job restoring that older savepoint into a fresh Spark
+    checkpoint location: it reads job ``i``'s files again as a new branch. Where no job
+    qualifies as drawn, one that ends by a stop or sink is made to (``NO_CLAIM``, the
+    previous job's location); the job after it moves to a fresh location, with its positions
+    drill, where the plan had kept it."""
+
+    def qualifies(job: Job) -> bool:
+        return (0 < job.index < len(plan.jobs) - 1 and job.stop in ("stop", "sink")
+                and job.restore_mode != "CLAIM"
+                and job.spark_location == plan.jobs[job.index - 1].spark_location)
+
+    chosen: list[Job] = []
+    for _ in range(count):
+        taken = {j.index + d for j in chosen for d in (-1, 0, 1)}
+        eligible = [j for j in plan.jobs if qualifies(j) and j.index not in taken]
+        if not eligible:
+            eligible = [j for j in plan.jobs if 0 < j.index < len(plan.jobs) - 1
+                        and j.stop in ("stop", "sink") and j.index not in taken
+                        and j.index + 1 not in {c.index for c in chosen}]
+            if not eligible:
+                break
+            # Keep a crash's next job as drawn (a CLAIM there is the sharpest replay edge).
+            eligible = [j for j in eligible if plan.jobs[j.index - 1].stop != "crash"] \
+                or eligible
+            job = rng.choice(eligible)
+            if job.restore_mode == "CLAIM":
+                job.restore_mode = "NO_CLAIM"
+            previous = plan.jobs[job.index - 1]
+            if job.spark_location != previous.spark_location:
+                moved = job.spark_location
+                for later in plan.jobs[job.index:]:
+                    if later.spark_location != moved:
+                        break
+                    later.spark_location = previous.spark_location
+                previous.positions_drill = False
+        else:
+            job = rng.choice(eligible)
+        chosen.append(job)
+    for job in chosen:
+        following = plan.jobs[job.index + 1]
+        following.rollback = True
+        if following.restore_mode == "CLAIM" and \
+                plan.jobs[job.index - 1].savepoint_format != "native":
+            following.restore_mode = "NO_CLAIM"  # CLAIM builds on a native snapshot
+        if following.spark_location == job.spark_location:
+            fresh = f"{FIRST_LOCATION}-{following.index:03d}-rollback"
+            for later in plan.jobs[following.index:]:
+                if later.spark_location != job.spark_location:
+                    break
+                later.spark_location = fresh
+            job.positions_drill = True
 
 
 def _drill(rng: random.Random) -> dict[str, Any]:

@@ -88,6 +88,8 @@ class ChaosReport:
     boundaries: list[dict[str, Any]] = field(default_factory=list)
     #: the second job's output in the soak's output path
     shared_output: dict[str, Any] = field(default_factory=dict)
+    #: same-session restarts with a changed definition, planned and done, and the final one
+    definitions: dict[str, Any] = field(default_factory=dict)
     checkpoint_dirs: dict[str, Any] = field(default_factory=dict)
     local_dirs: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)

@@ -19,8 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from keyedstate.testing.chaos import oracle as oracle_mod
 from keyedstate.testing.chaos.boundary import EXPECTED_VIA, SECOND_DIR
 from keyedstate.testing.chaos.driver import EVENTS_FILE, FINAL_DIR
-from keyedstate.testing.chaos.plan import KINDS, Plan
-from keyedstate.testing.chaos.workload import MARKERS_DIR, SECOND_JOB_COLUMN, SECOND_JOB_TAG
+from keyedstate.testing.chaos.plan import KINDS, Branch, Plan
+from keyedstate.testing.chaos.workload import (
+    MARKERS_DIR,
+    SECOND_JOB_COLUMN,
+    SECOND_JOB_TAG,
+    Definition,
+)
 
 if TYPE_CHECKING:
     from keyedstate.testing.chaos.runner import ChaosReport
@@ -77,14 +82,51 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
     generated = os.path.join(run_dir, "generated")
     # Exactly once: outputs and final state against the oracle.
     log("checking outputs and state against the oracle")
-    orc = oracle_mod.Oracle(generated, plan.schedule())
-    main, late = orc.run()
+    branches = plan.branches()
+    expected = oracle_mod.run_branches(generated, branches, plan.definitions())
+    main = [r for o in expected for r in o.main]
     # The main output path is shared with the second job: its rows carry a column of their own.
-    rows, second_rows = oracle_mod.split_jobs(
-        oracle_mod.read_sink(os.path.join(run_dir, "out", "main")), SECOND_JOB_COLUMN,
-        SECOND_JOB_TAG)
-    main_cmp = oracle_mod.compare_main(main, rows)
-    late_cmp = oracle_mod.compare_late(late, os.path.join(run_dir, "out", "late"))
+    out_main, out_late = (os.path.join(run_dir, "out", name) for name in ("main", "late"))
+    rows, second_rows = oracle_mod.split_jobs(oracle_mod.read_sink(out_main), SECOND_JOB_COLUMN,
+                                              SECOND_JOB_TAG)
+    late_rows = oracle_mod.read_sink(out_late)
+    second_ids = {str(e.get("query_id")) for e in events if e.get("event") == "second-job"}
+    lineages = {**oracle_mod.sink_lineages(out_late), **oracle_mod.sink_lineages(out_main)}
+    if not lineages and len(rows):
+        # A kept run of before the sink named batches by query id: one lineage, by batch id.
+        branches = [Branch(0, None, -1, [j.index for j in plan.jobs], plan.schedule())]
+        expected = oracle_mod.run_branches(generated, branches, plan.definitions())
+        rows = rows.assign(_lineage="-")
+        late_rows = late_rows.assign(_lineage="-") if len(late_rows) else late_rows
+        lineages = {"-": ("", -1)}
+    matched, problems = oracle_mod.match_branches(branches, lineages, second_ids)
+    problems += oracle_mod.lineage_conflicts(out_main) + oracle_mod.lineage_conflicts(out_late)
+    main_cmp, late_cmp = oracle_mod.Comparison(), oracle_mod.Comparison()
+    per_branch = []
+    for branch, outcome in zip(branches, expected):
+        lineage = matched.get(branch.index)
+        mine = rows[rows["_lineage"] == lineage] if len(rows) and lineage else rows.iloc[0:0]
+        late_mine = (late_rows[late_rows["_lineage"] == lineage] if len(late_rows) and lineage
+                     else late_rows.iloc[0:0])
+        m = oracle_mod.compare_main(outcome.main, mine)
+        lt = oracle_mod.compare_late(outcome.late, late_mine)
+        main_cmp.add(m, f"branch {branch.index}: ")
+        late_cmp.add(lt, f"branch {branch.index}: ")
+        per_branch.append({"branch": branch.index, "lineage": lineage,
+                           "parent": branch.parent, "fork_batch": branch.fork,
+                           "jobs": branch.jobs,
+                           "batches": [branch.batches[0][0], branch.batches[-1][0]],
+                           "rows": len(mine), "late_rows": len(late_mine),
+                           "violations": m.violations + lt.violations})
+    # Rows of no branch of the plan (an unknown lineage) are unexpected.
+    known = set(matched.values())
+    for name, frame, cmp in (("main", rows, main_cmp), ("late", late_rows, late_cmp)):
+        stray = frame[~frame["_lineage"].isin(known)] if len(frame) else frame
+        if len(stray):
+            cmp.actual += len(stray)
+            cmp.unexpected += len(stray)
+            cmp.note(f"{len(stray)} {name} rows of lineages no branch of the plan has: "
+                     f"{sorted(set(stray['_lineage']))[:4]}")
     frames = {}
     final = os.path.join(run_dir, FINAL_DIR)
     import pandas as pd
@@ -93,20 +135,24 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
         path = os.path.join(final, f"{name}.parquet")
         if os.path.exists(path):
             frames[name] = pd.read_parquet(path)
-    state_cmp = oracle_mod.compare_state(oracle_mod.expected_state(orc.state),
-                                         oracle_mod.actual_state(frames, plan.last_batch()))
+    # The final state is the last job's branch's.
+    last = next(o for b, o in zip(branches, expected) if len(plan.jobs) - 1 in b.jobs)
+    state_cmp = oracle_mod.compare_state(
+        oracle_mod.expected_state(last.state),
+        oracle_mod.actual_state(frames, plan.last_batch(), last.state.definition))
     ledger = _ledger_conflicts(run_dir)
     drills = [e for e in events if e.get("event") == "drill"]
     silent = [d for d in drills if d.get("violation")]
     violations = (main_cmp.violations + late_cmp.violations + state_cmp.violations
-                  + len(ledger) + len(silent))
+                  + len(ledger) + len(silent) + len(problems))
     drains = [b for b, f in plan.schedule() if f is None]
     report.exactly_once = {"violations": violations, "main_output": main_cmp.to_json(),
                            "late_events": late_cmp.to_json(), "ledger_conflicts": ledger,
                            "drill_violations": len(silent), "drain_batches": drains,
-                           "drain_rows": sum(1 for r in main if r["batch_id"] in drains)}
+                           "drain_rows": sum(1 for r in main if r["batch_id"] in drains),
+                           "branches": per_branch, "lineage_problems": problems}
     report.state = {**state_cmp.to_json(), "read_through": "SavepointReader (state processor API)",
-                    "found": sorted(frames)}
+                    "found": sorted(frames), "definition": last.state.definition}
     if not frames:
         report.failures.append("the final state was never read (no final/)")
     if violations:
@@ -240,7 +286,37 @@ def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],
                     f"was {drill.get('outcome')} ({drill.get('error', '')[:300]}), left "
                     f"{drill.get('left')}, claimed {drill.get('claimed')}")
         boundaries.append(entry)
+    # Rollbacks: refused without the option, nothing left; then a branch from the planned fork.
+    checks = {e["job"]: e for e in events if e.get("event") == "rollback-check"}
+    starts = [e for e in events if e.get("event") == "query-start"]
+    for job in plan.jobs:
+        if not job.rollback:
+            continue
+        check = checks.get(job.index)
+        forks = {int(e["fork_batch_id"]) for e in starts
+                 if e.get("job") == job.index and e.get("fork_batch_id") is not None}
+        entry = boundaries[job.index - 1]
+        entry["rollback"] = {"check": check.get("outcome") if check else None,
+                             "fork_batches": sorted(forks)}
+        if check is None:
+            report.failures.append(f"the rollback check of job {job.index} never ran")
+        elif check.get("violation"):
+            report.failures.append(
+                f"rollback of job {job.index} without on_rollback=branch: "
+                f"{check.get('outcome')} ({check.get('error', '')[:300]}), left "
+                f"{check.get('left')}, sinks changed {check.get('sinks_changed')}, claimed "
+                f"{check.get('claimed')}")
+        if forks != {plan.fork_batch(job)}:
+            report.failures.append(f"job {job.index} rolled back to batches {sorted(forks)}, "
+                                   f"planned {plan.fork_batch(job)}")
     report.boundaries = boundaries
+    # Same-session restarts with a changed definition.
+    redefined = sorted({int(e["after_file"]) for e in events if e.get("event") == "redefine"})
+    report.definitions = {"planned_after_files": plan.redefine_after, "done_after_files": redefined,
+                          "final": Definition.of(len(plan.redefine_after)).__dict__}
+    if redefined != plan.redefine_after:
+        report.failures.append(f"same-session restarts with a changed definition after files "
+                               f"{redefined}, planned {plan.redefine_after}")
     report.drills["positions"] = {
         "count": len(positions),
         "refused": sum(1 for d in positions.values() if d.get("outcome") == "refused"
@@ -256,15 +332,16 @@ def _executor_heap_mib(master: str) -> int:
 def _ledger_conflicts(run_dir: str) -> list[str]:
     """Batches committed twice with different rows (a consumer could have seen both)."""
     directory = os.path.join(run_dir, "ledger")
-    seen: dict[tuple[str, int], str] = {}
+    seen: dict[tuple[str, str, int], str] = {}
     conflicts = []
     if os.path.isdir(directory):
         for name in sorted(os.listdir(directory)):
             with open(os.path.join(directory, name)) as f:
                 entry = json.load(f)
-            k = (entry["output"], entry["batch_id"])
+            k = (entry["output"], entry.get("lineage", ""), entry["batch_id"])
             if k in seen and seen[k] != entry["sha256"]:
-                conflicts.append(f"{k[0]} output of batch {k[1]} committed with different rows")
+                conflicts.append(f"{k[0]} output of batch {k[2]} of lineage {k[1] or '?'} "
+                                 f"committed with different rows")
             seen.setdefault(k, entry["sha256"])
     return conflicts
 

@@ -31,6 +31,7 @@ import os
 import random
 import signal
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ from keyedstate.state.descriptors import (
     TtlUpdateType,
     ValueStateDescriptor,
 )
+from keyedstate.state.evolution import SchemaEvolution
 from keyedstate.state.timers import TimeDomain
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import is_snapshot_file
@@ -172,6 +174,16 @@ class MinMaxCount:
         return acc
 
 
+class MinMaxLast(MinMaxCount):
+    """The evolved aggregate function: also the last value added (``last``)."""
+
+    def create_accumulator(self) -> dict[str, int]:
+        return {**super().create_accumulator(), "last": STATS_LAST_DEFAULT}
+
+    def add(self, value: int, acc: dict[str, int]) -> dict[str, int]:
+        return {**super().add(value, acc), "last": value}
+
+
 def _ttl(ms: int, update: TtlUpdateType = TtlUpdateType.ON_CREATE_AND_WRITE) -> StateTtlConfig:
     import datetime as dt
 
@@ -180,6 +192,52 @@ def _ttl(ms: int, update: TtlUpdateType = TtlUpdateType.ON_CREATE_AND_WRITE) -> 
 
 def _js(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+# -- definitions: what a same-session restart changes -------------------------------------
+
+#: The n-th change of the function's definition (1-based) a same-session restart makes: first
+#: the ``stats`` accumulator gains a field (``last``, the last value added; restored entries
+#: get :data:`STATS_LAST_DEFAULT` through ``SchemaEvolution`` defaults), then TTL of
+#: ``last_seen`` switched (off, on, off, ...) and ``buckets`` dropped (``drop_states``) and
+#: declared again (empty), in turn. The definitions stay changed for every later job.
+CHANGES = ("evolve-stats", "switch-ttl", "toggle-buckets")
+STATS_LAST_DEFAULT = -1
+
+
+def definition_change(n: int) -> str:
+    """The change that makes definition ``n`` out of definition ``n - 1`` (``n >= 1``)."""
+    if n < 1:
+        raise ValueError(f"definition {n} is made by no change")
+    return CHANGES[0] if n == 1 else CHANGES[1] if n % 2 == 0 else CHANGES[2]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """What definition ``number`` (0: the original; each same-session restart with a changed
+    definition adds one) declares: the evolved ``stats``, TTL on ``last_seen``, ``buckets``."""
+
+    number: int = 0
+    evolved: bool = False
+    last_seen_ttl: bool = True
+    buckets: bool = True
+
+    @classmethod
+    def of(cls, number: int) -> Definition:
+        d = cls()
+        for n in range(1, number + 1):
+            change = definition_change(n)
+            if change == "evolve-stats":
+                d = replace(d, evolved=True)
+            elif change == "switch-ttl":
+                d = replace(d, last_seen_ttl=not d.last_seen_ttl)
+            else:
+                d = replace(d, buckets=not d.buckets)
+        return replace(d, number=number)
+
+    def drop_states(self) -> tuple[str, ...]:
+        """``JobConfig.drop_states`` of a job of this definition."""
+        return () if self.buckets else ("buckets",)
 
 
 class ChaosFunction(KeyedProcessFunction):
@@ -197,13 +255,31 @@ class ChaosFunction(KeyedProcessFunction):
                                  ttl=_ttl(TTL_TOUCHED_MS, TtlUpdateType.ON_READ_AND_WRITE))
     total = ReducingStateDescriptor("total", _sum, "bigint")
     stats = AggregatingStateDescriptor("stats", MinMaxCount(), "n bigint, lo bigint, hi bigint")
+    #: the changed definitions' descriptors (:class:`Definition`)
+    stats_evolved = AggregatingStateDescriptor(
+        "stats", MinMaxLast(), "n bigint, lo bigint, hi bigint, last bigint",
+        evolution=SchemaEvolution(defaults={"last": STATS_LAST_DEFAULT}))
+    last_seen_no_ttl = ValueStateDescriptor("last_seen", "bigint")
 
     #: name -> descriptor, as the oracle and the drills see them
     DESCRIPTORS = ("count", "last_seen", "etimer", "recent", "buckets", "touched", "total",
                    "stats")
 
-    def __init__(self, run_dir: str | None = None) -> None:
+    def __init__(self, run_dir: str | None = None, definition: int = 0) -> None:
         self.run_dir = run_dir
+        self.definition = definition
+
+    def descriptors(self) -> dict[str, Any]:
+        """The states definition :attr:`definition` declares, by name."""
+        d = Definition.of(self.definition)
+        out = {name: getattr(self, name) for name in self.DESCRIPTORS}
+        if d.evolved:
+            out["stats"] = self.stats_evolved
+        if not d.last_seen_ttl:
+            out["last_seen"] = self.last_seen_no_ttl
+        if not d.buckets:
+            del out["buckets"]
+        return out
 
     def open(self, ctx: Context) -> None:
         # The logical clock (module docstring): TTL and processing time follow the batch id.
@@ -211,8 +287,8 @@ class ChaosFunction(KeyedProcessFunction):
         ctx.backend.time_provider = clock
         ctx.processing_time = clock.now_ms()
         # Any: each name is a different state kind (ValueState, ListState, ...).
-        self.s: dict[str, Any] = {name: ctx.get_state(getattr(self, name))
-                                  for name in self.DESCRIPTORS}
+        self.s: dict[str, Any] = {name: ctx.get_state(descriptor)
+                                  for name, descriptor in self.descriptors().items()}
         self._fault: dict[str, Any] | None = None
         if self.run_dir:
             self._fault = _arm(self.run_dir, ctx)
@@ -229,14 +305,17 @@ class ChaosFunction(KeyedProcessFunction):
         before = s["count"].value()
         count = before + len(values)
         s["count"].update(count)
+        buckets = s.get("buckets")  # None: dropped by this definition
         for v in values:
             s["total"].add(v)
             s["stats"].add(v)
+            if buckets is None:
+                continue
             bucket = v % BUCKETS
             if v % 11 == 0:
-                s["buckets"].remove(bucket)
+                buckets.remove(bucket)
             else:
-                s["buckets"].put(bucket, (s["buckets"].get(bucket) or 0) + v)
+                buckets.put(bucket, (buckets.get(bucket) or 0) + v)
         live = s["recent"].get()
         if len(live) + len(values) > RECENT_MAX:
             s["recent"].update((live + values)[-RECENT_KEEP:])
@@ -264,7 +343,7 @@ class ChaosFunction(KeyedProcessFunction):
         out = {"key": key, "batch_id": ctx.batch_id, "kind": "row", "ts": None, "count": count,
                "total": s["total"].get(), "n": acc["n"], "lo": acc["lo"], "hi": acc["hi"],
                "recent": _js(s["recent"].get()),
-               "buckets": _js(sorted(s["buckets"].items())),
+               "buckets": _js(sorted(buckets.items()) if buckets is not None else []),
                "prev_seen": prev_seen, "touched": _js(seen)}
         if self._fault is not None:
             fault, self._fault = self._fault, None
