@@ -59,3 +59,28 @@ def test_a_branch_record_of_another_version_is_refused(tmp_path):
     with pytest.raises(SourcePositionsError, match="version 99"):
         location.branch()
     assert Branch.decode(Branch("q", "p", 3).encode(), "x") == Branch("q", "p", 3)
+
+
+def test_a_file_sources_log_is_copied_up_to_the_forks_log_offset(tmp_path):
+    """A file source's log (``sources/<n>/<k>``, compacted into ``<k>.compact``) is cut at the
+    log offset the fork batch's offsets record: entries the parent found later are its own
+    (read again in the branch's batches as the parent planned them), while another source's
+    log (here a rate-like source at index 1) is copied whole."""
+    root = tmp_path / "parent"
+    for folder in ("offsets", "commits", "sources/0", "sources/1"):
+        (root / folder).mkdir(parents=True)
+    for b in range(6):
+        # batch b read the file source up to log offset b + 10 (offsets differ from batch ids)
+        (root / "offsets" / str(b)).write_text(
+            f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{b + 10}}}\n{{"start":0}}')
+        (root / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    for k in range(10, 18):  # a plan for batch 6 and later found files too
+        name = f"{k}.compact" if k == 13 else str(k)
+        (root / "sources" / "0" / name).write_text(f'v1\n{{"path":"f{k}","batchId":{k}}}')
+    (root / "sources" / "1" / "0").write_text("v1\n0")
+    (root / "metadata").write_text(json.dumps({"id": PARENT}))
+    location = OffsetLog.at(str(tmp_path / "new"))
+    seed(location, OffsetLog.at(str(root)), 3)
+    copied = sorted(location.storage.list_files("sources"))
+    assert copied == ["sources/0/10", "sources/0/11", "sources/0/12", "sources/0/13.compact",
+                      "sources/1/0"]

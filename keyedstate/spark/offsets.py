@@ -174,9 +174,10 @@ def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
              folder: str = "", *, with_query_id: bool = True) -> None:
     """Copy ``source``'s log up to ``batch_id`` into ``target`` (under ``folder``).
 
-    Copied: every source log, ``offsets`` and ``commits`` of batches up to ``batch_id`` (a
-    plan for a later batch, or a later batch of a job that went on, is left out: the query
-    resumes after ``batch_id`` and plans again), and the query id last (a location with it and
+    Copied: ``offsets`` and ``commits`` of batches up to ``batch_id`` (a plan for a later
+    batch, or a later batch of a job that went on, is left out: the query resumes after
+    ``batch_id`` and plans again), every source's log, a file source's only up to the log
+    offset ``offsets/<batch_id>`` records for it (:func:`_source_file`), and the query id last (a location with it and
     without offsets would be a new query). The batch is complete in keyedstate's state, so the
     copy records it as done even when Spark had not yet written ``commits/<batch_id>`` (a
     snapshot taken while the batch committed). Without ``with_query_id`` the query id is left
@@ -191,7 +192,8 @@ def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
         )
     committed = source.batches(COMMITS)
     files = [f for f in source.storage.list_files() if _is_log_file(f)]
-    keep = [f for f in files if f.startswith(SOURCES + "/") or _batch_file(f, OFFSETS, batch_id)
+    read_up_to = _file_source_offsets(source.storage.read(f"{OFFSETS}/{batch_id}"))
+    keep = [f for f in files if _source_file(f, read_up_to) or _batch_file(f, OFFSETS, batch_id)
             or _batch_file(f, COMMITS, batch_id)]
     prefix = f"{folder}/" if folder else ""
     for relative in keep:
@@ -214,6 +216,38 @@ def capture(source: OffsetLog, batch_id: int, target: CheckpointStorage,
     if query_id:
         props[PROP_QUERY_ID] = query_id
     return props
+
+
+def _file_source_offsets(offsets: bytes) -> dict[int, int]:
+    """Per source index, the log offset a file source had read up to in a batch's
+    ``offsets/<B>`` file (``v1``, the batch's metadata, then one offset per source in the
+    order of ``sources/<n>``; a file source's is ``{"logOffset": N}``). Other sources' offsets
+    are left out: their logs are copied whole."""
+    found: dict[int, int] = {}
+    for index, line in enumerate(offsets.decode().splitlines()[2:]):
+        try:
+            offset = json.loads(line)
+        except ValueError:
+            continue  # "-": a source without an offset yet
+        if isinstance(offset, dict) and isinstance(offset.get("logOffset"), int):
+            found[index] = offset["logOffset"]
+    return found
+
+
+def _source_file(relative: str, read_up_to: Mapping[int, int]) -> bool:
+    """Whether ``relative`` is a source-log file a copy keeps: any file of a source not in
+    ``read_up_to``; of a file source, the entries (``<k>``, and the compactions ``<k>.compact``
+    that hold every entry up to ``k``) up to its log offset. A file source's later entries
+    (files the parent query found after the batch: its next plans, or a job that went on)
+    are left out, or the resumed query would read them all in its first batch, whatever its
+    ``maxFilesPerTrigger``, instead of planning its batches as the parent did."""
+    parts = relative.split("/")
+    if parts[0] != SOURCES:
+        return False
+    if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in read_up_to:
+        return True
+    entry = parts[2].removesuffix(".compact")
+    return not entry.isdigit() or int(entry) <= read_up_to[int(parts[1])]
 
 
 def _batch_file(relative: str, folder: str, up_to: int) -> bool:
