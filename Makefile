@@ -5,7 +5,9 @@
 #   make test   installs the test dependencies, runs the whole suite (its browser tests
 #               need Chromium, `apt-get install chromium` as root: skipped without it,
 #               failed without it under CI=true; .ci/run installs it where it can,
-#               docs/checkpoints.md "Testing the page in a browser")
+#               docs/checkpoints.md "Testing the page in a browser"; the notebook
+#               examples/notebook.ipynb in a Jupyter kernel; the wheel built and installed
+#               into a new venv, docs/installing.md)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python

@@ -75,7 +75,9 @@ def test_excerpt_pattern_keeps_indentation_and_elides_lines():
 
 def test_every_example_is_linked_from_the_docs():
     docs = "".join(_read(d) for d in _docs())
-    examples = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "examples", "*.py"))
+    examples = sorted(os.path.basename(p)
+                      for pattern in ("*.py", "*.ipynb")
+                      for p in glob.glob(os.path.join(ROOT, "examples", pattern))
                       if os.path.basename(p) not in NOT_EXAMPLES)
     assert examples
     assert [e for e in examples if f"examples/{e}" not in docs] == []

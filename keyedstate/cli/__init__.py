@@ -21,7 +21,9 @@ from keyedstate.cli.storage import storage
 
 
 @click.group()
-@click.version_option(package_name="keyedstate")
+# The installed distribution's version (importlib.metadata), under the command's own name also
+# when run as ``python -m keyedstate.cli``.
+@click.version_option(package_name="keyedstate", prog_name="keyedstate")
 def main() -> None:
     """keyedstate: Flink-grade keyed state for stateful stream processing on PySpark."""
 
