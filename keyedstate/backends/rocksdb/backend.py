@@ -44,13 +44,14 @@ from keyedstate.backends.base.migration import TTL_ON, StateMigration, plan_migr
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.backends.rocksdb import sizes
-from keyedstate.backends.rocksdb.options import (
-    RocksDBOptions,
+from keyedstate.backends.rocksdb.native import (
+    CLOSED,
     column_family_batch,
     native,
     rocksdb_error,
     scan,
 )
+from keyedstate.backends.rocksdb.options import RocksDBOptions
 from keyedstate.backends.rocksdb.restore import (
     DEFAULT_MAX_INSTANCES,
     RESCALE_STRATEGIES,
@@ -74,7 +75,6 @@ from keyedstate.backends.rocksdb.snapshot import (
     write_meta_file,
 )
 from keyedstate.backends.rocksdb.states import (
-    CLOSED,
     STATE_CLASSES,
     TS_BYTES,
     RocksDBState,

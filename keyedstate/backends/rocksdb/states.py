@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.options import prefix_upper_bound, rocksdb_error, scan
+from keyedstate.backends.rocksdb.native import CLOSED, prefix_upper_bound, rocksdb_error, scan
 from keyedstate.errors import ConfigurationError, KeyedStateError, UserFunctionError
 from keyedstate.serde import TypeSerializer, serialize_namespace
 from keyedstate.state.api import (
@@ -376,19 +376,6 @@ class RocksDBState(State):
         self._get = self._put = self._delete = CLOSED.get
         self._cf = CLOSED  # type: ignore[assignment]
         self._handle = None  # type: ignore[assignment]
-
-
-class _ClosedNative:
-    """Stands in for a closed DB or column family: every call raises ``DbClosedError``, which
-    :func:`rocksdb_error` turns into a :class:`BackendError` naming the state."""
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def closed(*_: Any, **__: Any) -> Any:
-            raise rocksdict.DbClosedError("the keyed backend is closed")
-        return closed
-
-
-CLOSED: Any = _ClosedNative()
 
 
 class _BulkTargets:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.options import rocksdb_error, scan
+from keyedstate.backends.rocksdb.native import rocksdb_error, scan
 from keyedstate.backends.rocksdb.states import read_varint, varint
 from keyedstate.errors import ConfigurationError, KeyedStateError
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
