@@ -12,7 +12,7 @@ compacts on its own, the rolling compaction (:meth:`RocksDBKeyedStateBackend.sna
 any one checkpoint from uploading more than about one instance plus the change.
 
 One column family per state, named as the state; ``_timers_event`` and ``_timers_proc`` hold
-the timers. Layouts are in :mod:`.states` and :mod:`.timers`, the snapshot flow in
+the timers. The key layout is :mod:`.key_layout`, the snapshot flow in
 :mod:`.snapshot`, the restore flow in :mod:`.restore`, tuning in :mod:`.options`.
 """
 
@@ -44,6 +44,14 @@ from keyedstate.backends.base.migration import TTL_ON, StateMigration, plan_migr
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.base.working_dirs import worker_dir
 from keyedstate.backends.rocksdb import sizes
+from keyedstate.backends.rocksdb.key_layout import (
+    TS_BYTES,
+    namespace_part,
+    pack_timestamp,
+    split_state_key,
+    unpack_timestamp,
+    varint,
+)
 from keyedstate.backends.rocksdb.native import (
     CLOSED,
     column_family_batch,
@@ -74,16 +82,7 @@ from keyedstate.backends.rocksdb.snapshot import (
     instance_prefix,
     write_meta_file,
 )
-from keyedstate.backends.rocksdb.states import (
-    STATE_CLASSES,
-    TS_BYTES,
-    RocksDBState,
-    namespace_part,
-    pack_timestamp,
-    split_state_key,
-    unpack_timestamp,
-    varint,
-)
+from keyedstate.backends.rocksdb.states import STATE_CLASSES, RocksDBState
 from keyedstate.backends.rocksdb.timers import RocksDBTimerService
 from keyedstate.errors import (
     BackendError,

@@ -1,19 +1,4 @@
-"""The five state kinds over RocksDB column families, and the key layout they share.
-
-Key layout (Flink's ``CompositeKeySerializationUtils``, with varint lengths)::
-
-    [key group: 1 byte if max parallelism <= 128, else 2, big-endian]
-    [varint len][key bytes]            the canonical key (KeySerializer)
-    [varint len][namespace bytes]      serialize_namespace (None -> VOID_NAMESPACE)
-    [user key bytes]                   map states: the map key (user_key_serializer)
-    [8-byte big-endian sequence]       list states: one entry per element
-
-The key group comes first, so a key-group range is one contiguous key range of every column
-family (clip and ingest on rescale, timers' order). The lengths make the prefix of one key and
-namespace unambiguous, so a list or a map is one prefix scan.
-
-Values are the descriptor's ``value_serializer`` bytes; under TTL they are prefixed with the
-8-byte big-endian last-access timestamp (ms), per value, map entry and list element.
+"""The five state kinds over RocksDB column families (their bytes: :mod:`.key_layout`).
 
 Bulk calls (``get_many``, ``update_many``, ...) build the keys of all their keys from the
 backend's per-batch prefixes (:meth:`RocksDBKeyedStateBackend.bulk_key_prefixes`, the bytes
@@ -21,18 +6,20 @@ backend's per-batch prefixes (:meth:`RocksDBKeyedStateBackend.bulk_key_prefixes`
 multi-get, see ``_multi_get``) and write with one write batch per instance: the same bytes as the per-key calls, in the same order (list sequence
 numbers included).
 
-A list element's sequence number comes from one counter per keyed backend that only grows, and
-is recorded in every snapshot and restored as the maximum over the restored handles, so
-insertion order survives restore and rescaling and ``add`` is a single put.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import rocksdict
 
+from keyedstate.backends.rocksdb.key_layout import (
+    SEQUENCE,
+    TIMESTAMP,
+    TS_BYTES,
+    namespace_part,
+)
 from keyedstate.backends.rocksdb.native import CLOSED, prefix_upper_bound, rocksdb_error, scan
 from keyedstate.errors import ConfigurationError, KeyedStateError, UserFunctionError
 from keyedstate.serde import TypeSerializer, serialize_namespace
@@ -56,70 +43,10 @@ from keyedstate.state.descriptors import (
 if TYPE_CHECKING:
     from keyedstate.backends.rocksdb.backend import RocksDBInstance, RocksDBKeyedStateBackend
 
-_TS = struct.Struct(">q")
-_pack_ts = _TS.pack
-_unpack_ts = _TS.unpack_from
-_SEQ = struct.Struct(">Q").pack
-TS_BYTES = 8
-
-
-def unpack_timestamp(raw: bytes) -> int:
-    """The last-access timestamp (ms) a TTL value starts with."""
-    return int(_unpack_ts(raw)[0])
-
-
-def pack_timestamp(timestamp_ms: int) -> bytes:
-    """The 8-byte prefix of a TTL value (its last-access timestamp, ms)."""
-    return _pack_ts(timestamp_ms)
-
-SEQ_BYTES = 8
-
-# --------------------------------------------------------------------------------------------
-# key layout
-# --------------------------------------------------------------------------------------------
-
-
-def varint(n: int) -> bytes:
-    """Unsigned LEB128: one byte below 128, as most keys and namespaces are."""
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """``(value, position after it)``."""
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-
-
-def key_prefix(key_group_bytes: bytes, key_bytes: bytes) -> bytes:
-    """``[key group][varint len][key]``: the part every state shares for the current key."""
-    return key_group_bytes + varint(len(key_bytes)) + key_bytes
-
-
-def namespace_part(namespace_bytes: bytes) -> bytes:
-    return varint(len(namespace_bytes)) + namespace_bytes
-
-
-def split_state_key(raw: bytes, key_group_prefix_bytes: int) -> tuple[int, bytes, bytes, bytes]:
-    """``(key group, key bytes, namespace bytes, rest)`` of a stored state key."""
-    key_group = int.from_bytes(raw[:key_group_prefix_bytes], "big")
-    n, pos = read_varint(raw, key_group_prefix_bytes)
-    key = raw[pos:pos + n]
-    pos += n
-    m, pos = read_varint(raw, pos)
-    return key_group, key, raw[pos:pos + m], raw[pos + m:]
+# Bound once: the hot paths stamp and read TTL timestamps and list sequence numbers inline.
+_pack_ts = TIMESTAMP.pack
+_unpack_ts = TIMESTAMP.unpack_from
+_SEQ = SEQUENCE.pack
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,13 +1,8 @@
 """Timers in RocksDB column families ``_timers_event`` and ``_timers_proc``.
 
-Key layout (value empty)::
-
-    [key group][timestamp: 8 bytes big-endian, sign bit flipped][varint len][key][namespace]
-
-Flipping the sign bit makes the unsigned byte order of the timestamp its numeric order, negative
-timestamps included. The key group comes first, as for state, so timers are part of every
-snapshot and move with their key group on rescale; within one key group they are sorted by
-time. :meth:`RocksDBTimerService.pop_due` merges the key groups: it keeps the head (earliest
+Their keys (:mod:`.key_layout`) start with the key group, as for state, so timers are part of
+every snapshot and move with their key group on rescale; within one key group they are sorted
+by time. :meth:`RocksDBTimerService.pop_due` merges the key groups: it keeps the head (earliest
 timer) of every non-empty key group in a heap, and re-reads a key group's head after each timer
 it fires and whenever a timer of that key group is registered or deleted meanwhile, so timers
 registered by ``on_timer`` callbacks are seen (Flink's ``InternalTimerServiceImpl`` over a
@@ -21,13 +16,12 @@ owning it: writes and head reads go to that instance, and ``pop_due``, ``timers`
 from __future__ import annotations
 
 import heapq
-import struct
 from typing import TYPE_CHECKING, Any, Iterator
 
 import rocksdict
 
+from keyedstate.backends.rocksdb.key_layout import parse_timer_key, timer_key
 from keyedstate.backends.rocksdb.native import rocksdb_error, scan
-from keyedstate.backends.rocksdb.states import read_varint, varint
 from keyedstate.errors import ConfigurationError, KeyedStateError
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 from keyedstate.serde import serialize_namespace
@@ -35,29 +29,6 @@ from keyedstate.state.timers import TIMER_STATE_NAMES, InternalTimerService, Tim
 
 if TYPE_CHECKING:
     from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
-
-_U64 = struct.Struct(">Q")
-_SIGN = 1 << 63
-
-
-def timestamp_bytes(timestamp: int) -> bytes:
-    """The timestamp, sign bit flipped, big-endian: byte order equals numeric order."""
-    return _U64.pack(timestamp + _SIGN)
-
-
-def timer_key(key_group_bytes: bytes, timestamp: int, key_bytes: bytes,
-              namespace_bytes: bytes) -> bytes:
-    return key_group_bytes + timestamp_bytes(timestamp) + varint(len(key_bytes)) + key_bytes \
-        + namespace_bytes
-
-
-def parse_timer_key(raw: bytes, key_group_prefix_bytes: int) -> Timer:
-    n = key_group_prefix_bytes
-    key_group = int.from_bytes(raw[:n], "big")
-    timestamp = _U64.unpack_from(raw, n)[0] - _SIGN
-    length, pos = read_varint(raw, n + 8)
-    return Timer(timestamp, key_group, raw[pos:pos + length], raw[pos + length:])
-
 
 class RocksDBTimerService(InternalTimerService):
     """Both timer domains of one keyed backend, applying to its current key."""
