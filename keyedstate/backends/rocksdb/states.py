@@ -41,7 +41,8 @@ from keyedstate.state.descriptors import (
 )
 
 if TYPE_CHECKING:
-    from keyedstate.backends.rocksdb.backend import RocksDBInstance, RocksDBKeyedStateBackend
+    from keyedstate.backends.rocksdb.instance import RocksDBInstance
+    from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
 
 # Bound once: the hot paths stamp and read TTL timestamps and list sequence numbers inline.
 _pack_ts = TIMESTAMP.pack

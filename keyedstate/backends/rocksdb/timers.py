@@ -28,7 +28,8 @@ from keyedstate.serde import serialize_namespace
 from keyedstate.state.timers import TIMER_STATE_NAMES, InternalTimerService, TimeDomain, Timer
 
 if TYPE_CHECKING:
-    from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
+    from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
+
 
 class RocksDBTimerService(InternalTimerService):
     """Both timer domains of one keyed backend, applying to its current key."""
