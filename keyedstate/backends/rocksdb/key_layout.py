@@ -63,10 +63,15 @@ def pack_timestamp(timestamp_ms: int) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
+#: ``varint(n)`` for every ``n`` below 128, built once: most keys and namespaces are that short,
+#: and a tuple lookup costs less than building the byte (the key prefix is built per key).
+_SHORT = tuple(bytes((n,)) for n in range(0x80))
+
+
 def varint(n: int) -> bytes:
     """Unsigned LEB128: one byte below 128, as most keys and namespaces are."""
     if n < 0x80:
-        return bytes((n,))
+        return _SHORT[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -87,23 +92,46 @@ def read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+def length_prefixed(data: bytes) -> bytes:
+    """``[varint len][data]``: how a key and a namespace are written."""
+    n = len(data)
+    return (_SHORT[n] if n < 0x80 else varint(n)) + data
+
+
+def read_length_prefixed(raw: bytes, pos: int) -> tuple[bytes, int]:
+    """``(data, position after it)`` of a :func:`length_prefixed` part starting at ``pos``."""
+    n, pos = read_varint(raw, pos)
+    return raw[pos:pos + n], pos + n
+
+
+def key_group_of(raw: bytes, key_group_prefix_bytes: int) -> int:
+    """The key group a stored state or timer key starts with."""
+    return int.from_bytes(raw[:key_group_prefix_bytes], "big")
+
+
 def key_prefix(key_group_bytes: bytes, key_bytes: bytes) -> bytes:
-    """``[key group][varint len][key]``: the part every state shares for the current key."""
-    return key_group_bytes + varint(len(key_bytes)) + key_bytes
+    """``[key group][varint len][key]``: the part every state shares for one key, built on every
+    key change (:func:`length_prefixed`, inlined: this is the per-key path)."""
+    n = len(key_bytes)
+    return key_group_bytes + (_SHORT[n] if n < 0x80 else varint(n)) + key_bytes
 
 
 def namespace_part(namespace_bytes: bytes) -> bytes:
-    return varint(len(namespace_bytes)) + namespace_bytes
+    """``[varint len][namespace]``, what follows the key prefix."""
+    return length_prefixed(namespace_bytes)
+
+
+def state_key(key_group_bytes: bytes, key_bytes: bytes, namespace_bytes: bytes) -> bytes:
+    """``[key group][varint len][key][varint len][namespace]``: a value, reducing or
+    aggregating state's whole key, and the prefix of a list element's or a map entry's."""
+    return key_prefix(key_group_bytes, key_bytes) + length_prefixed(namespace_bytes)
 
 
 def split_state_key(raw: bytes, key_group_prefix_bytes: int) -> tuple[int, bytes, bytes, bytes]:
     """``(key group, key bytes, namespace bytes, rest)`` of a stored state key."""
-    key_group = int.from_bytes(raw[:key_group_prefix_bytes], "big")
-    n, pos = read_varint(raw, key_group_prefix_bytes)
-    key = raw[pos:pos + n]
-    pos += n
-    m, pos = read_varint(raw, pos)
-    return key_group, key, raw[pos:pos + m], raw[pos + m:]
+    key, pos = read_length_prefixed(raw, key_group_prefix_bytes)
+    namespace, pos = read_length_prefixed(raw, pos)
+    return key_group_of(raw, key_group_prefix_bytes), key, namespace, raw[pos:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,13 +149,13 @@ def timestamp_bytes(timestamp: int) -> bytes:
 
 def timer_key(key_group_bytes: bytes, timestamp: int, key_bytes: bytes,
               namespace_bytes: bytes) -> bytes:
-    return key_group_bytes + timestamp_bytes(timestamp) + varint(len(key_bytes)) + key_bytes \
+    """``[key group][timestamp, sign bit flipped][varint len][key][namespace]``."""
+    return key_group_bytes + timestamp_bytes(timestamp) + length_prefixed(key_bytes) \
         + namespace_bytes
 
 
 def parse_timer_key(raw: bytes, key_group_prefix_bytes: int) -> Timer:
     n = key_group_prefix_bytes
-    key_group = int.from_bytes(raw[:n], "big")
     timestamp = _U64.unpack_from(raw, n)[0] - _SIGN
-    length, pos = read_varint(raw, n + 8)
-    return Timer(timestamp, key_group, raw[pos:pos + length], raw[pos + length:])
+    key, pos = read_length_prefixed(raw, n + 8)
+    return Timer(timestamp, key_group_of(raw, n), key, raw[pos:])

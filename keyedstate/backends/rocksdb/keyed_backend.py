@@ -10,7 +10,6 @@ import copy
 import itertools
 import os
 import shutil
-import struct
 import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Sequence, cast
@@ -27,11 +26,12 @@ from keyedstate.backends.base.backend import (
 from keyedstate.backends.base.migration import TTL_ON, StateMigration, plan_migration
 from keyedstate.backends.rocksdb.instance import RocksDBInstance, rolling_compaction
 from keyedstate.backends.rocksdb.key_layout import (
+    SEQUENCE,
     TS_BYTES,
-    namespace_part,
+    key_prefix,
     pack_timestamp,
+    state_key,
     unpack_timestamp,
-    varint,
 )
 from keyedstate.backends.rocksdb.native import CLOSED, column_family_batch, native
 from keyedstate.backends.rocksdb.options import RocksDBOptions
@@ -78,7 +78,7 @@ from keyedstate.storage.location import CheckpointStorageLocation
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 BACKEND_NAME = "rocksdb"
-_pack_seq = struct.Struct(">Q").pack
+_pack_seq = SEQUENCE.pack
 
 
 class RocksDBKeyedStateBackend(KeyedStateBackend):
@@ -159,7 +159,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if self._sharded:
             # Set before the new prefix object: states rebind when they see the prefix change.
             self._instance = self._instance_of[offset]
-        self._key_prefix = self._kg_bytes[offset] + varint(len(key_bytes)) + key_bytes
+        self._key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
 
     def clear_current_key(self) -> None:
         super().clear_current_key()
@@ -173,7 +173,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.check_batch_keys(keys)
             start = self.key_group_range.start
             kg_bytes = self._kg_bytes
-            return [kg_bytes[kg - start] + varint(len(kb)) + kb
+            return [key_prefix(kg_bytes[kg - start], kb)
                     for kb, kg in zip(keys.key_bytes, keys.key_groups)]
         return cast(list[bytes], keys.cached(("rocksdb-prefixes", id(self)), build))
 
@@ -350,8 +350,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             kg = record.key_group
             if kg not in kg_range:
                 kg_range.check_key_group(kg)
-            key = (self._kg_bytes[kg - kg_range.start] + varint(len(record.key_bytes))
-                   + record.key_bytes + namespace_part(record.namespace_bytes))
+            key = state_key(self._kg_bytes[kg - kg_range.start], record.key_bytes,
+                            record.namespace_bytes)
             if kind == StateKind.LIST:
                 key += _pack_seq(self.next_list_seq())
             elif kind == StateKind.MAP:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.key_layout import parse_timer_key, timer_key
+from keyedstate.backends.rocksdb.key_layout import key_group_of, parse_timer_key, timer_key
 from keyedstate.backends.rocksdb.native import rocksdb_error, scan
 from keyedstate.errors import ConfigurationError, KeyedStateError
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
@@ -125,7 +125,7 @@ class RocksDBTimerService(InternalTimerService):
             it.seek(self._seek_key(domain, kg_range.start))
             while it.valid():
                 raw = it.key()
-                key_group = int.from_bytes(raw[:n], "big")
+                key_group = key_group_of(raw, n)
                 yield key_group, raw
                 if key_group == kg_range.end:
                     return
