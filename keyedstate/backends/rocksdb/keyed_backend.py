@@ -87,6 +87,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     exactly. ``RocksDBOptions.key_group_shards`` instances when fresh; a restore keeps the
     restored handles' instances (:mod:`.restore`). Created by
     :meth:`RocksDBStateBackend.create_keyed_backend`; removes its directory on :meth:`close`.
+    Its states and timers see it as their :class:`.RocksDBKeyContext`: they read
+    ``key_prefix``, ``current_instance`` and ``sharded``; only the backend writes them.
     """
 
     name = BACKEND_NAME
@@ -112,11 +114,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             if restored.base is not None and incremental:
                 instance.snapshot_strategy.set_restored_base(restored.base)
         #: more than one instance: states and timers route by key group
-        self._sharded = len(self._instances) > 1
+        self.sharded = len(self._instances) > 1
         #: the instance owning each key group of the range (index: key group - range start)
         self._instance_of = [inst for inst in self._instances for _ in inst.key_group_range]
         #: the instance of the current key (kept up to date only when sharded)
-        self._instance = self._instances[0]
+        self.current_instance = self._instances[0]
         self.db = self._instances[0].db
         self.instance_dir = instance_dir
         self.options = options
@@ -126,7 +128,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                           for kg in range(key_group_range.start, key_group_range.end + 1)]
         #: ``[key group][varint len][key]`` of the current key; a new object on every key
         #: change, so states notice with one identity check.
-        self._key_prefix: bytes | None = None
+        self.key_prefix: bytes | None = None
         self._list_sequence = list_sequence
         self._restored = dict(restored_states)
         self._states: dict[str, RocksDBState] = {}
@@ -156,14 +158,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _set_current(self, key: Any, key_bytes: bytes, key_group: int) -> None:
         super()._set_current(key, key_bytes, key_group)
         offset = key_group - self.key_group_range.start
-        if self._sharded:
+        if self.sharded:
             # Set before the new prefix object: states rebind when they see the prefix change.
-            self._instance = self._instance_of[offset]
-        self._key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
+            self.current_instance = self._instance_of[offset]
+        self.key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
 
     def clear_current_key(self) -> None:
         super().clear_current_key()
-        self._key_prefix = None
+        self.key_prefix = None
 
     def bulk_key_prefixes(self, keys: BatchKeys) -> list[bytes]:
         """``[key group][varint len][key]`` of each of ``keys`` (the bytes :meth:`_set_current`
@@ -180,7 +182,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def bulk_shards(self, keys: BatchKeys) -> list[tuple[RocksDBInstance, list[int] | None]]:
         """The instances ``keys`` lie in, each with the positions of its keys (None: all of
         them, the one instance of an unsharded backend)."""
-        if not self._sharded:
+        if not self.sharded:
             return [(self._instances[0], None)]
 
         def build() -> list[tuple[RocksDBInstance, list[int] | None]]:
@@ -233,7 +235,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                                           else migration.evolved_serializer())
         with native(f"creating the column family of state {descriptor.name!r}"):
             self._column_family(descriptor.name)
-        state = STATE_CLASSES[descriptor.kind](self, bound, self._instance)
+        state = STATE_CLASSES[descriptor.kind](self, bound, self.current_instance)
         self._states[descriptor.name] = state
         return cast(S, state)
 
@@ -408,7 +410,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         os.makedirs(root, exist_ok=True)
         parts: list[tuple[str, InstanceSnapshot]] = []
         try:
-            if not self._sharded:
+            if not self.sharded:
                 inst = self._instances[0]
                 parts.append(("", inst.snapshot_strategy.snapshot(
                     checkpoint_id, inst.db, list(inst.cfs.values()), local_dir, full=full)))
@@ -429,7 +431,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             PROP_BASE_CHECKPOINT: ",".join("" if p.base is None else str(p.base.checkpoint_id)
                                            for _, p in parts),
         }
-        if self._sharded:
+        if self.sharded:
             properties[PROP_INSTANCES] = format_instance_ranges(
                 [inst.key_group_range for inst in self._instances])
         if compacted is not None:

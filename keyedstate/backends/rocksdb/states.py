@@ -1,19 +1,21 @@
-"""The five state kinds over RocksDB column families (their bytes: :mod:`.key_layout`).
+"""The five state kinds over RocksDB column families (their bytes: :mod:`.key_layout`; what
+they read of their keyed backend: :class:`.RocksDBKeyContext`).
 
 Bulk calls (``get_many``, ``update_many``, ...) build the keys of all their keys from the
-backend's per-batch prefixes (:meth:`RocksDBKeyedStateBackend.bulk_key_prefixes`, the bytes
+backend's per-batch prefixes (:meth:`.RocksDBKeyContext.bulk_key_prefixes`, the bytes
 ``set_current_key`` builds), read with one point lookup per key (faster than rocksdict's
-multi-get, see ``_multi_get``) and write with one write batch per instance: the same bytes as the per-key calls, in the same order (list sequence
-numbers included).
-
+multi-get, see ``_multi_get``) and write with one write batch per instance: the same bytes as
+the per-key calls, in the same order (list sequence numbers included).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import rocksdict
 
+from keyedstate.backends.rocksdb.instance import RocksDBInstance
+from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import (
     SEQUENCE,
     TIMESTAMP,
@@ -40,10 +42,6 @@ from keyedstate.state.descriptors import (
     ValueStateDescriptor,
 )
 
-if TYPE_CHECKING:
-    from keyedstate.backends.rocksdb.instance import RocksDBInstance
-    from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
-
 # Bound once: the hot paths stamp and read TTL timestamps and list sequence numbers inline.
 _pack_ts = TIMESTAMP.pack
 _unpack_ts = TIMESTAMP.unpack_from
@@ -68,9 +66,9 @@ class RocksDBState(State):
     ``_cf``, ``_handle`` or a batch, so the binding is always the current key's.
     """
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
                  instance: RocksDBInstance) -> None:
-        self._backend = backend
+        self._context = context
         self.descriptor = descriptor
         self.name = descriptor.name
         self._bind(instance)
@@ -90,7 +88,7 @@ class RocksDBState(State):
     # -- keys ----------------------------------------------------------------------------------
 
     def _key(self) -> bytes:
-        kp = self._backend._key_prefix
+        kp = self._context.key_prefix
         if kp is self._kp:
             return self._full
         return self._rekey(kp)
@@ -101,9 +99,9 @@ class RocksDBState(State):
                 f"state {self.name!r} was used without a current key; call set_current_key() "
                 f"on the keyed backend first"
             )
-        backend = self._backend
-        if backend._sharded and backend._instance is not self._inst:
-            self._bind(backend._instance)
+        context = self._context
+        if context.sharded and context.current_instance is not self._inst:
+            self._bind(context.current_instance)
         self._kp = kp
         self._full = kp + self._ns_part
         return self._full
@@ -125,7 +123,7 @@ class RocksDBState(State):
     # -- TTL -----------------------------------------------------------------------------------
 
     def _now(self) -> int:
-        return self._backend.time_provider.now_ms()
+        return self._context.time_provider.now_ms()
 
     def _wrap(self, data: bytes) -> bytes:
         """Stored bytes of a value just written (stamped under TTL)."""
@@ -197,7 +195,7 @@ class RocksDBState(State):
 
     def _commit(self, batch: rocksdict.WriteBatch) -> None:
         if len(batch):
-            self._native(self._inst.db.write, batch, self._backend.write_options)
+            self._native(self._inst.db.write, batch, self._context.write_options)
 
     def _scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return scan(self._cf, prefix, prefix_upper_bound(prefix), self._what)
@@ -224,7 +222,7 @@ class RocksDBState(State):
     def _bulk_keys(self, keys: BatchKeys) -> list[bytes]:
         """The stored key of each of ``keys`` in the current namespace (checks the range)."""
         ns = self._ns_part
-        return [prefix + ns for prefix in self._backend.bulk_key_prefixes(keys)]
+        return [prefix + ns for prefix in self._context.bulk_key_prefixes(keys)]
 
     def _bulk_targets(self, keys: BatchKeys) -> _BulkTargets:
         return _BulkTargets(self, keys)
@@ -235,7 +233,7 @@ class RocksDBState(State):
         # One point lookup per key, not rocksdict's multi-get (``get`` of a list): measured at
         # 50 K keys, 1.1 us per key against 2.5-2.9 us for the multi-get, in memtable and in
         # SST files alike (rocksdict copies and converts more per key in its batched call).
-        shards = self._backend.bulk_shards(keys)
+        shards = self._context.bulk_shards(keys)
         try:
             if len(shards) == 1 and shards[0][1] is None:
                 get = shards[0][0].cf(self.name).get
@@ -316,7 +314,7 @@ class _BulkTargets:
         n = len(keys)
         self.batch_of: list[rocksdict.WriteBatch] = []
         self.cf_of: list[rocksdict.Rdict] = []
-        for instance, positions in state._backend.bulk_shards(keys):
+        for instance, positions in state._context.bulk_shards(keys):
             batch = rocksdict.WriteBatch(raw_mode=True)
             batch.set_default_column_family(instance.handles.get(state.name))
             self.batches.append((instance, batch))
@@ -331,7 +329,7 @@ class _BulkTargets:
                 self.cf_of[i] = cf
 
     def commit(self) -> None:
-        write_options = self._state._backend.write_options
+        write_options = self._state._context.write_options
         for instance, batch in self.batches:
             if len(batch):
                 self._state._native(instance.db.write, batch, write_options)
@@ -346,6 +344,7 @@ class _CleanupCursor:
 
     def __init__(self, state: RocksDBState) -> None:
         self._state = state
+        self._instances = state._context.instances
         self._it: rocksdict.RdictIter | None = None
         self._cf: rocksdict.Rdict | None = None
         #: the instance the cursor is in and the last key it checked there
@@ -356,7 +355,7 @@ class _CleanupCursor:
         self._it = self._cf = None
 
     def _open(self, instance: int, after: bytes | None) -> rocksdict.RdictIter:
-        cf = self._state._backend._instances[instance].cf(self._state.name)
+        cf = self._instances[instance].cf(self._state.name)
         it = cf.iter()
         if after is None:
             it.seek_to_first()
@@ -367,7 +366,7 @@ class _CleanupCursor:
 
     def step(self, count: int, now: int) -> None:
         state = self._state
-        instances = len(state._backend._instances)
+        instances = len(self._instances)
         try:
             it = self._it or self._open(self._instance, self._last)
             moves = 0
@@ -402,16 +401,16 @@ class _CleanupCursor:
 
 
 class RocksDBValueState(RocksDBState, ValueState[Any]):
-    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
                  instance: RocksDBInstance) -> None:
-        super().__init__(backend, descriptor, instance)
+        super().__init__(context, descriptor, instance)
         assert isinstance(descriptor, ValueStateDescriptor)
         self._default = descriptor.default
 
     # The hot path: the key check is inlined (no _key() call) and TTL costs one branch.
 
     def value(self) -> Any:
-        kp = self._backend._key_prefix
+        kp = self._context.key_prefix
         key = self._full if kp is self._kp else self._rekey(kp)
         if self._ttl is None:
             try:
@@ -426,7 +425,7 @@ class RocksDBValueState(RocksDBState, ValueState[Any]):
         if value is None:
             self.clear()
             return
-        kp = self._backend._key_prefix
+        kp = self._context.key_prefix
         key = self._full if kp is self._kp else self._rekey(kp)
         if self._ttl is None:
             try:
@@ -468,7 +467,7 @@ class RocksDBListState(RocksDBState, ListState[Any]):
         return out
 
     def add(self, value: Any) -> None:
-        self._write(self._key() + _SEQ(self._backend.next_list_seq()), self._ser(value))
+        self._write(self._key() + _SEQ(self._context.next_list_seq()), self._ser(value))
 
     def add_all(self, values: Iterable[Any]) -> None:
         base = self._key()
@@ -484,7 +483,7 @@ class RocksDBListState(RocksDBState, ListState[Any]):
         self._commit(batch)
 
     def _append(self, batch: rocksdict.WriteBatch, base: bytes, values: Iterable[Any]) -> None:
-        ser, wrap, seq = self._ser, self._wrap, self._backend.next_list_seq
+        ser, wrap, seq = self._ser, self._wrap, self._context.next_list_seq
         for value in values:
             batch.put(base + _SEQ(seq()), wrap(ser(value)))
 
@@ -529,9 +528,9 @@ class RocksDBListState(RocksDBState, ListState[Any]):
 
 
 class RocksDBMapState(RocksDBState, MapState[Any, Any]):
-    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
                  instance: RocksDBInstance) -> None:
-        super().__init__(backend, descriptor, instance)
+        super().__init__(context, descriptor, instance)
         user_key: TypeSerializer = descriptor.user_key_serializer  # type: ignore[assignment]
         self._user_ser = user_key.serialize
         self._user_deser = user_key.deserialize
