@@ -46,7 +46,8 @@ from keyedstate.backends.heap.snapshot import (
     capture_state,
     type_schema,
 )
-from keyedstate.backends.heap.states import StateTable, create_state
+from keyedstate.backends.heap.state_table import StateTable
+from keyedstate.backends.heap.states import create_state
 from keyedstate.backends.heap.timers import HeapInternalTimerService, TimerQueue
 from keyedstate.errors import BackendError, ConfigurationError, StateNotFoundError
 from keyedstate.keygroups import KeyGroupRange

@@ -35,7 +35,7 @@ from keyedstate.backends.heap.snapshot import (
     FileStateInfo,
     HeapFileFooter,
 )
-from keyedstate.backends.heap.states import StateTable
+from keyedstate.backends.heap.state_table import StateTable
 from keyedstate.errors import (
     CorruptCheckpointError,
     KeyGroupRangeError,
