@@ -24,6 +24,7 @@ from keyedstate.backends.base.backend import (
     meta_info_of,
 )
 from keyedstate.backends.base.migration import TTL_ON, StateMigration, plan_migration
+from keyedstate.backends.rocksdb.base_state import RocksDBState
 from keyedstate.backends.rocksdb.instance import RocksDBInstance, rolling_compaction
 from keyedstate.backends.rocksdb.key_layout import (
     SEQUENCE,
@@ -58,7 +59,7 @@ from keyedstate.backends.rocksdb.snapshot import (
     instance_prefix,
     write_meta_file,
 )
-from keyedstate.backends.rocksdb.states import STATE_CLASSES, RocksDBState
+from keyedstate.backends.rocksdb.states import STATE_CLASSES
 from keyedstate.backends.rocksdb.timers import RocksDBTimerService
 from keyedstate.errors import (
     BackendError,
