@@ -43,8 +43,8 @@ from rocksdict import Rdict, WriteBatch
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
+from keyedstate.backends.rocksdb.key_layout import key_prefix, namespace_part
 from keyedstate.backends.rocksdb.options import RocksDBOptions
-from keyedstate.backends.rocksdb.states import key_prefix, namespace_part
 from keyedstate.keygroups import KeyGroupRange, key_group_prefix_bytes, serialize_key_group
 from keyedstate.keys import KeySerializer
 from keyedstate.serde import serialize_namespace

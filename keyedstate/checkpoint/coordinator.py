@@ -10,7 +10,8 @@ Engine-independent and driver-side (Flink's ``CheckpointCoordinator``). One chec
 A checkpoint is complete exactly when its ``chk-<N>/_metadata`` is durable. Everything else
 (registering shared files, subsuming old checkpoints, deleting files) follows the commit and may
 be interrupted by a crash at any point: :meth:`CheckpointCoordinator.recover` rebuilds the
-coordinator from storage alone and finishes the clean-up. The protocol, the registry rules and
+coordinator from storage alone (what the root holds is read by :mod:`.recovery`) and finishes
+the clean-up. The protocol, the registry rules and
 the recovery rules are explained in ``docs/checkpoints.md``.
 
 One coordinator runs per job (per snapshot root); it is not thread-safe. What the executors
@@ -30,6 +31,12 @@ from keyedstate.checkpoint.pending import (
     check_subtask_index,
 )
 from keyedstate.checkpoint.properties import CLAIMED_FROM
+from keyedstate.checkpoint.recovery import (
+    check_configuration,
+    highest_used_id,
+    lost_checkpoints,
+    read_stored_checkpoints,
+)
 from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.checkpoint.restore_modes import dispose_claimed_snapshot
 from keyedstate.errors import (
@@ -38,10 +45,6 @@ from keyedstate.errors import (
     ConfigurationError,
     CorruptCheckpointError,
     KeyGroupRangeError,
-    MaxParallelismMismatchError,
-    MissingCheckpointFileError,
-    NoCheckpointError,
-    UnsafePathError,
 )
 from keyedstate.keygroups import KeyGroupRange, check_parallelism
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -97,8 +100,8 @@ class CheckpointCoordinator:
                 f"directory for a new job"
             )
         if storage.exists(COMPLETED_MARKER_FILE):
-            raise _lost_checkpoints(storage, storage.checkpoint_dir_ids())
-        self._next_id = _highest_used_id(storage, storage.list_files(SHARED_DIR)) + 1
+            raise lost_checkpoints(storage, storage.checkpoint_dir_ids())
+        self._next_id = highest_used_id(storage, storage.list_files(SHARED_DIR)) + 1
 
     def _configure(self, storage: CheckpointStorage, backend: str, parallelism: int,
                    max_parallelism: int, key_types: Sequence[str], num_retained: int) -> None:
@@ -474,48 +477,14 @@ class CheckpointCoordinator:
         """
         self = cls.__new__(cls)
         self._configure(storage, backend, parallelism, max_parallelism, key_types, num_retained)
-        dir_ids = storage.checkpoint_dir_ids()
-        # Step 1. Read _metadata newest first until num_retained are readable. Only corruption
-        # is skipped: I/O errors and a newer format version propagate (nothing deleted yet).
-        retained: list[CompletedCheckpoint] = []
-        older: list[CompletedCheckpoint] = []
-        unreadable: dict[int, str] = {}
-        incomplete: list[int] = []
-        for checkpoint_id in reversed(dir_ids):
-            path = storage.metadata_path(checkpoint_id)
-            try:
-                metadata = storage.read_metadata(path)
-            except NoCheckpointError:
-                incomplete.append(checkpoint_id)
-                continue
-            except (CorruptCheckpointError, UnsafePathError) as exc:
-                unreadable[checkpoint_id] = str(exc)
-                continue
-            if metadata.checkpoint_id != checkpoint_id:
-                unreadable[checkpoint_id] = (f"{storage.url_of(path)} describes checkpoint "
-                                             f"{metadata.checkpoint_id}, not {checkpoint_id}")
-                continue
-            checkpoint = CompletedCheckpoint(checkpoint_id, metadata, path)
-            (retained if len(retained) < num_retained else older).append(checkpoint)
-        retained.reverse()
-        if unreadable and not retained:
-            raise CorruptCheckpointError(
-                f"no checkpoint in {storage.url} can be read: "
-                + "; ".join(unreadable[i] for i in sorted(unreadable, reverse=True))
-                + ". Nothing was deleted. Put a good copy of the _metadata back, or restore "
-                "the job from a savepoint into a new checkpoint directory "
-                "(execution.state-recovery.path: the savepoint, execution.checkpointing.dir: "
-                "a directory no job uses; here the job's own checkpoints win over a restore "
-                "path), and keep this one for inspection (keyedstate checkpoints show)"
-            )
-        # A job that completed checkpoints but has none left lost them (deleted _metadata):
-        # starting it from empty state would silently drop its state. Without the marker, a
-        # chk-<N>/ without _metadata is a checkpoint that never completed.
-        if not retained and storage.exists(COMPLETED_MARKER_FILE):
-            raise _lost_checkpoints(storage, incomplete)
+        # Step 1. What the root holds (reading only; raises before anything is deleted).
+        stored = read_stored_checkpoints(storage, num_retained)
+        dir_ids, retained, older = stored.dir_ids, stored.retained, stored.older
+        unreadable, incomplete = stored.unreadable, stored.incomplete
         # Step 2. The configuration must fit the retained checkpoints.
         for checkpoint in retained:
-            self._check_compatible(checkpoint)
+            check_configuration(checkpoint, storage, backend=backend,
+                                max_parallelism=max_parallelism, key_types=self.key_types)
         if retained:
             self._mark_completed()  # roots of jobs from before the marker get it now
         # Step 3. Rebuild the registry from the retained checkpoints, then the older readable
@@ -583,7 +552,7 @@ class CheckpointCoordinator:
             self._delete_quietly((p for p in shared if p not in protected),
                                  "referenced by no retained checkpoint")
         # Step 7. Never reuse an id that names a directory or file already written.
-        self._next_id = max([_highest_used_id(storage, shared, dir_ids),
+        self._next_id = max([highest_used_id(storage, shared, dir_ids),
                              *(m.checkpoint_id for m in not_owned)]) + 1
         return self
 
@@ -591,54 +560,8 @@ class CheckpointCoordinator:
         logger.warning("%s", note)
         self.recovery_notes.append(note)
 
-    def _check_compatible(self, checkpoint: CompletedCheckpoint) -> None:
-        metadata, where = checkpoint.metadata, self.storage.url_of(checkpoint.metadata_path)
-        if metadata.max_parallelism != self.max_parallelism:
-            raise MaxParallelismMismatchError(
-                f"{where} was written with max parallelism {metadata.max_parallelism}, the job "
-                f"is configured with {self.max_parallelism}. Key groups can't change in place: "
-                f"configure max parallelism {metadata.max_parallelism}, or take a canonical "
-                f"savepoint, rewrite it with the state processor API at max parallelism "
-                f"{self.max_parallelism}, and start the job from that savepoint"
-            )
-        if metadata.backend != self.backend:
-            raise ConfigurationError(
-                f"{where} was written by the {metadata.backend!r} backend, the job is configured "
-                f"with {self.backend!r}; use {metadata.backend!r}, or take a canonical savepoint "
-                f"to change backends"
-            )
-        if metadata.key_types and self.key_types and metadata.key_types != self.key_types:
-            raise ConfigurationError(
-                f"{where} was written with key types {metadata.key_types}, the job declares "
-                f"{self.key_types}; keys are stored in their types' encoding, so declare the "
-                f"same key types (or migrate the state with the state processor API)"
-            )
-
     def __repr__(self) -> str:
         latest = self.store.latest
         return (f"CheckpointCoordinator({self.storage.url!r}, latest="
                 f"{latest.checkpoint_id if latest else None}, pending={sorted(self._pending)})")
 
-
-def _lost_checkpoints(storage: CheckpointStorage, incomplete: Sequence[int]
-                      ) -> MissingCheckpointFileError:
-    """The error for a root whose completed checkpoints are all gone (marker, no _metadata)."""
-    left = (", ".join(f"chk-{i}/" for i in sorted(incomplete, reverse=True))
-            + " without _metadata" if incomplete else "no chk-<N>/ at all")
-    highest = _highest_used_id(storage, storage.list_files(SHARED_DIR))
-    return MissingCheckpointFileError(
-        f"{storage.url} lost its checkpoints: the job completed checkpoints before "
-        f"({COMPLETED_MARKER_FILE} exists; ids used up to chk-{highest}), but no chk-<N>/_metadata "
-        f"is left ({left}). Starting from empty state would silently drop the job's state; "
-        f"nothing was deleted. Put the missing _metadata back, or restore the job from a "
-        f"savepoint into a new checkpoint directory (to start from empty state here on "
-        f"purpose, delete {storage.url_of(COMPLETED_MARKER_FILE)} and every chk-<N>/)"
-    )
-
-
-def _highest_used_id(storage: CheckpointStorage, shared: Iterable[str],
-                     dir_ids: Iterable[int] | None = None) -> int:
-    """The highest checkpoint id in a ``chk-<N>/`` name or a shared file name (0 if none)."""
-    ids = [*(storage.checkpoint_dir_ids() if dir_ids is None else dir_ids),
-           *(i for p in shared if (i := checkpoint_id_of_shared_file(p)) is not None)]
-    return max(ids, default=0)

@@ -1013,7 +1013,7 @@ def test_bulk_calls_store_the_bytes_per_key_calls_store(tmp_path: Any, ttl: str 
     """Beyond the contract's equal live records: the raw key and value bytes of every live
     entry (TTL timestamps and list sequence numbers included) are equal. Expired entries not
     yet removed may differ: the incremental cleanup of a bulk call's accesses runs at once."""
-    from keyedstate.backends.rocksdb.states import unpack_timestamp
+    from keyedstate.backends.rocksdb.key_layout import unpack_timestamp
 
     from .contract import Harness
     from .contract_bulk import TTLS, Script

@@ -3,11 +3,8 @@
 See ``docs/heap-backend.md`` for the journal, the chain of snapshot files and the file format.
 """
 
-from keyedstate.backends.heap.backend import (
-    HeapKeyedStateBackend,
-    HeapStateBackend,
-    SnapshotChain,
-)
+from keyedstate.backends.heap.backend import HeapStateBackend
+from keyedstate.backends.heap.keyed_backend import HeapKeyedStateBackend, SnapshotChain
 from keyedstate.backends.heap.snapshot import HeapSnapshotResult
 from keyedstate.backends.heap.timers import HeapInternalTimerService
 

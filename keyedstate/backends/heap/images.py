@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from keyedstate.backends.heap.states import KeyGroupMarks, StateTable
+from keyedstate.backends.heap.state_table import KeyGroupMarks, StateTable
 from keyedstate.backends.heap.timers import TimerQueue
 from keyedstate.keygroups import KeyGroupRange
 

@@ -35,7 +35,7 @@ from keyedstate.backends.heap.snapshot import (
     FileStateInfo,
     HeapFileFooter,
 )
-from keyedstate.backends.heap.states import StateTable
+from keyedstate.backends.heap.state_table import StateTable
 from keyedstate.errors import (
     CorruptCheckpointError,
     KeyGroupRangeError,
@@ -53,7 +53,7 @@ from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
 from keyedstate.storage.transfer import TransferStats, parallel_map
 
 if TYPE_CHECKING:
-    from keyedstate.backends.heap.backend import HeapKeyedStateBackend
+    from keyedstate.backends.heap.keyed_backend import HeapKeyedStateBackend
 
 _TIMER_DOMAINS = {name: domain for domain, name in TIMER_STATE_NAMES.items()}
 

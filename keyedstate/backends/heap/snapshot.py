@@ -1,6 +1,6 @@
 """Heap snapshots (FLIP-151): the journal, the file format and the snapshot strategy.
 
-**Journal.** Each :class:`~keyedstate.backends.heap.states.StateTable` records *which* entries
+**Journal.** Each :class:`~keyedstate.backends.heap.state_table.StateTable` records *which* entries
 changed in its open segment (marks, never values). ``snapshot(N)`` seals the open segment as
 segment N. The changes since the confirmed base are the union of the segments after it plus
 the open one; ``notify_checkpoint_complete(N)`` drops segments up to N and makes N's chain the
@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from keyedstate.backends.base.backend import SnapshotResult
 from keyedstate.backends.heap.images import KeyGroupRanges, count, format_images
-from keyedstate.backends.heap.states import REPLACED, EntryKey, KeyGroupMarks, Mark, StateTable
+from keyedstate.backends.heap.state_table import REPLACED, EntryKey, KeyGroupMarks, Mark, StateTable
 from keyedstate.errors import CheckpointAbortedError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.serde import ArrowTypeSerializer, TypeSerializer

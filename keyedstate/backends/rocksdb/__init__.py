@@ -4,7 +4,8 @@ Keyed state in a local RocksDB per subtask, incremental snapshots of its SST fil
 restore and rescale by clip + SST ingest (seed 001). See ``docs/rocksdb-backend.md``.
 """
 
-from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend, RocksDBStateBackend
+from keyedstate.backends.rocksdb.backend import RocksDBStateBackend
+from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
 from keyedstate.backends.rocksdb.options import RocksDBOptions
 
 __all__ = ["RocksDBKeyedStateBackend", "RocksDBOptions", "RocksDBStateBackend"]

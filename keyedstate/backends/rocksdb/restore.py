@@ -43,14 +43,8 @@ from typing import Iterator, Sequence, cast
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.options import (
-    DEFAULT_COLUMN_FAMILY,
-    RocksDBOptions,
-    column_family_batch,
-    native,
-    open_db,
-    scan,
-)
+from keyedstate.backends.rocksdb.native import column_family_batch, native, open_db, scan
+from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions
 from keyedstate.backends.rocksdb.snapshot import (
     META_FILE,
     SST_SUFFIX,

@@ -7,7 +7,8 @@ import tempfile
 from collections import defaultdict
 
 from keyedstate.backends.base.backend import OTHER_FILES
-from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions, native
+from keyedstate.backends.rocksdb.native import native
+from keyedstate.backends.rocksdb.options import DEFAULT_COLUMN_FAMILY, RocksDBOptions
 from keyedstate.backends.rocksdb.restore import open_db_read_only
 from keyedstate.backends.rocksdb.snapshot import split_instances
 from keyedstate.storage.checkpoint_storage import CheckpointStorage

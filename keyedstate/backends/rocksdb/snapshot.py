@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 import rocksdict
 
 from keyedstate.backends.base.backend import SnapshotResult, state_meta_info
-from keyedstate.backends.rocksdb.options import native
+from keyedstate.backends.rocksdb.native import native
 from keyedstate.errors import (
     BackendError,
     CorruptCheckpointError,

@@ -1,502 +1,46 @@
-"""The five state kinds over RocksDB column families, and the key layout they share.
-
-Key layout (Flink's ``CompositeKeySerializationUtils``, with varint lengths)::
-
-    [key group: 1 byte if max parallelism <= 128, else 2, big-endian]
-    [varint len][key bytes]            the canonical key (KeySerializer)
-    [varint len][namespace bytes]      serialize_namespace (None -> VOID_NAMESPACE)
-    [user key bytes]                   map states: the map key (user_key_serializer)
-    [8-byte big-endian sequence]       list states: one entry per element
-
-The key group comes first, so a key-group range is one contiguous key range of every column
-family (clip and ingest on rescale, timers' order). The lengths make the prefix of one key and
-namespace unambiguous, so a list or a map is one prefix scan.
-
-Values are the descriptor's ``value_serializer`` bytes; under TTL they are prefixed with the
-8-byte big-endian last-access timestamp (ms), per value, map entry and list element.
+"""The five state kinds over RocksDB column families (their bytes: :mod:`.key_layout`; what
+they share: :mod:`.base_state`; what they read of their keyed backend:
+:class:`.RocksDBKeyContext`).
 
 Bulk calls (``get_many``, ``update_many``, ...) build the keys of all their keys from the
-backend's per-batch prefixes (:meth:`RocksDBKeyedStateBackend.bulk_key_prefixes`, the bytes
+backend's per-batch prefixes (:meth:`.RocksDBKeyContext.bulk_key_prefixes`, the bytes
 ``set_current_key`` builds), read with one point lookup per key (faster than rocksdict's
-multi-get, see ``_multi_get``) and write with one write batch per instance: the same bytes as the per-key calls, in the same order (list sequence
-numbers included).
-
-A list element's sequence number comes from one counter per keyed backend that only grows, and
-is recorded in every snapshot and restored as the maximum over the restored handles, so
-insertion order survives restore and rescaling and ``add`` is a single put.
+multi-get, see ``RocksDBState._multi_get``) and write with one write batch per instance: the same bytes as
+the per-key calls, in the same order (list sequence numbers included).
 """
 
 from __future__ import annotations
 
-import struct
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.options import prefix_upper_bound, rocksdb_error, scan
-from keyedstate.errors import ConfigurationError, KeyedStateError, UserFunctionError
-from keyedstate.serde import TypeSerializer, serialize_namespace
-from keyedstate.state.api import (
-    AggregatingState,
-    ListState,
-    MapState,
-    ReducingState,
-    State,
-    ValueState,
-)
+from keyedstate.backends.rocksdb.base_state import RocksDBState
+from keyedstate.backends.rocksdb.instance import RocksDBInstance
+from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
+from keyedstate.backends.rocksdb.key_layout import SEQUENCE
+from keyedstate.backends.rocksdb.native import prefix_upper_bound, rocksdb_error, scan
+from keyedstate.errors import KeyedStateError
+from keyedstate.serde import TypeSerializer
+from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
 from keyedstate.state.batch_keys import BatchKeys, values_of
-from keyedstate.state.descriptors import (
-    StateDescriptor,
-    StateKind,
-    StateTtlConfig,
-    TtlUpdateType,
-    ValueStateDescriptor,
-)
+from keyedstate.state.descriptors import StateDescriptor, StateKind, ValueStateDescriptor
 
-if TYPE_CHECKING:
-    from keyedstate.backends.rocksdb.backend import RocksDBInstance, RocksDBKeyedStateBackend
-
-_TS = struct.Struct(">q")
-_pack_ts = _TS.pack
-_unpack_ts = _TS.unpack_from
-_SEQ = struct.Struct(">Q").pack
-TS_BYTES = 8
-
-
-def unpack_timestamp(raw: bytes) -> int:
-    """The last-access timestamp (ms) a TTL value starts with."""
-    return int(_unpack_ts(raw)[0])
-
-
-def pack_timestamp(timestamp_ms: int) -> bytes:
-    """The 8-byte prefix of a TTL value (its last-access timestamp, ms)."""
-    return _pack_ts(timestamp_ms)
-
-SEQ_BYTES = 8
-
-# --------------------------------------------------------------------------------------------
-# key layout
-# --------------------------------------------------------------------------------------------
-
-
-def varint(n: int) -> bytes:
-    """Unsigned LEB128: one byte below 128, as most keys and namespaces are."""
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """``(value, position after it)``."""
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-
-
-def key_prefix(key_group_bytes: bytes, key_bytes: bytes) -> bytes:
-    """``[key group][varint len][key]``: the part every state shares for the current key."""
-    return key_group_bytes + varint(len(key_bytes)) + key_bytes
-
-
-def namespace_part(namespace_bytes: bytes) -> bytes:
-    return varint(len(namespace_bytes)) + namespace_bytes
-
-
-def split_state_key(raw: bytes, key_group_prefix_bytes: int) -> tuple[int, bytes, bytes, bytes]:
-    """``(key group, key bytes, namespace bytes, rest)`` of a stored state key."""
-    key_group = int.from_bytes(raw[:key_group_prefix_bytes], "big")
-    n, pos = read_varint(raw, key_group_prefix_bytes)
-    key = raw[pos:pos + n]
-    pos += n
-    m, pos = read_varint(raw, pos)
-    return key_group, key, raw[pos:pos + m], raw[pos + m:]
-
-
-# --------------------------------------------------------------------------------------------
-# base
-# --------------------------------------------------------------------------------------------
-
-_UNSET = object()
-
-
-class RocksDBState(State):
-    """A state bound to one column family, the backend's current key and its own namespace.
-
-    The full key is cached and rebuilt only when the backend's key prefix object changes (one
-    identity check per access), so get and update cost little more than raw rocksdict. When
-    the backend has several RocksDB instances, the state is bound to the column family of the
-    current key's instance, rebound on that same path (a key change), so routing costs
-    nothing more per access. Every method computes the key (``_key()``) before it touches
-    ``_cf``, ``_handle`` or a batch, so the binding is always the current key's.
-    """
-
-    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
-                 instance: RocksDBInstance) -> None:
-        self._backend = backend
-        self.descriptor = descriptor
-        self.name = descriptor.name
-        self._bind(instance)
-        self._ser = descriptor.value_serializer.serialize
-        self._check = descriptor.value_serializer.to_plain
-        self._deser = descriptor.value_serializer.deserialize
-        self._what = f"accessing state {descriptor.name!r}"
-        self._ns_part = namespace_part(serialize_namespace(None))
-        self._kp: object = _UNSET
-        self._full = b""
-        ttl = descriptor.ttl
-        self._ttl: StateTtlConfig | None = ttl
-        self._ttl_ms = ttl.ttl_ms if ttl is not None else 0
-        self._refresh_on_read = ttl is not None and ttl.update_type == TtlUpdateType.ON_READ_AND_WRITE
-        self._cleanup = _CleanupCursor(self) if ttl and ttl.incremental_cleanup_size else None
-
-    # -- keys ----------------------------------------------------------------------------------
-
-    def _key(self) -> bytes:
-        kp = self._backend._key_prefix
-        if kp is self._kp:
-            return self._full
-        return self._rekey(kp)
-
-    def _rekey(self, kp: bytes | None) -> bytes:
-        if kp is None:
-            raise ConfigurationError(
-                f"state {self.name!r} was used without a current key; call set_current_key() "
-                f"on the keyed backend first"
-            )
-        backend = self._backend
-        if backend._sharded and backend._instance is not self._inst:
-            self._bind(backend._instance)
-        self._kp = kp
-        self._full = kp + self._ns_part
-        return self._full
-
-    def _bind(self, instance: RocksDBInstance) -> None:
-        """Use ``instance``'s column family (a closed backend's stand-in raises)."""
-        self._inst = instance
-        cf = instance.cf(self.name)
-        self._cf = cf
-        self._handle = instance.handles.get(self.name)
-        self._get = cf.get
-        self._put = cf.put
-        self._delete = cf.delete
-
-    def set_current_namespace(self, namespace: Any) -> None:
-        self._ns_part = namespace_part(serialize_namespace(namespace))
-        self._kp = _UNSET
-
-    # -- TTL -----------------------------------------------------------------------------------
-
-    def _now(self) -> int:
-        return self._backend.time_provider.now_ms()
-
-    def _wrap(self, data: bytes) -> bytes:
-        """Stored bytes of a value just written (stamped under TTL)."""
-        if self._ttl is None:
-            return data
-        return _pack_ts(self._now()) + data
-
-    def _live(self, key: bytes, raw: bytes, now: int, batch: rocksdict.WriteBatch | None = None,
-              cf: rocksdict.Rdict | None = None) -> bytes | None:
-        """The payload of a stored TTL value, or None (and deleted) when it expired; refreshed
-        on read under ``ON_READ_AND_WRITE``. Writes go to ``batch`` when given, else to ``cf``
-        (default: the current key's column family)."""
-        target = self._cf if cf is None else cf
-        if _unpack_ts(raw)[0] + self._ttl_ms <= now:
-            if batch is None:
-                self._native(target.delete, key)
-            else:
-                batch.delete(key)
-            return None
-        if self._refresh_on_read:
-            fresh = _pack_ts(now) + raw[TS_BYTES:]
-            if batch is None:
-                self._native(target.put, key, fresh)
-            else:
-                batch.put(key, fresh)
-        return raw[TS_BYTES:]
-
-    def _read(self, key: bytes) -> bytes | None:
-        """The live payload stored under ``key`` (None when absent or expired)."""
-        try:
-            raw = self._get(key)
-        except Exception as exc:
-            raise rocksdb_error(exc, self._what) from exc
-        if raw is None or self._ttl is None:
-            return raw
-        self._cleanup_step()
-        return self._live(key, raw, self._now())
-
-    def _write(self, key: bytes, data: bytes) -> None:
-        if self._ttl is not None:
-            self._cleanup_step()
-            data = _pack_ts(self._now()) + data
-        try:
-            self._put(key, data)
-        except Exception as exc:
-            raise rocksdb_error(exc, self._what) from exc
-
-    def _cleanup_step(self) -> None:
-        if self._cleanup is not None:
-            self._cleanup.step(self._ttl.incremental_cleanup_size, self._now())  # type: ignore[union-attr]
-
-    def reset_cleanup_cursor(self) -> None:
-        """Drop the cleanup iterator (it pins files); the next step re-seeks where it was."""
-        if self._cleanup is not None:
-            self._cleanup.reset()
-
-    # -- native helpers ------------------------------------------------------------------------
-
-    def _native(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise rocksdb_error(exc, self._what) from exc
-
-    def _batch(self) -> rocksdict.WriteBatch:
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        batch.set_default_column_family(self._handle)
-        return batch
-
-    def _commit(self, batch: rocksdict.WriteBatch) -> None:
-        if len(batch):
-            self._native(self._inst.db.write, batch, self._backend.write_options)
-
-    def _scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return scan(self._cf, prefix, prefix_upper_bound(prefix), self._what)
-
-    def _delete_prefix(self, prefix: bytes, batch: rocksdict.WriteBatch) -> None:
-        # Point deletes, not delete_range: lists and maps are small, and many small range
-        # tombstones slow every later read of the column family.
-        for key, _ in self._scan_prefix(prefix):
-            batch.delete(key)
-
-    def _user_call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except KeyedStateError:
-            raise
-        except Exception as exc:
-            raise UserFunctionError(
-                f"the {what} of state {self.name!r} raised {type(exc).__name__}: {exc}; the "
-                f"state is unchanged, fix the function"
-            ) from exc
-
-    # -- bulk ----------------------------------------------------------------------------------
-
-    def _bulk_keys(self, keys: BatchKeys) -> list[bytes]:
-        """The stored key of each of ``keys`` in the current namespace (checks the range)."""
-        ns = self._ns_part
-        return [prefix + ns for prefix in self._backend.bulk_key_prefixes(keys)]
-
-    def _bulk_targets(self, keys: BatchKeys) -> _BulkTargets:
-        return _BulkTargets(self, keys)
-
-    def _multi_get(self, keys: BatchKeys, stored_keys: list[bytes]) -> list[bytes | None]:
-        """The raw stored bytes of ``stored_keys`` (one per key of ``keys``, in the instance of
-        that key; None where absent)."""
-        # One point lookup per key, not rocksdict's multi-get (``get`` of a list): measured at
-        # 50 K keys, 1.1 us per key against 2.5-2.9 us for the multi-get, in memtable and in
-        # SST files alike (rocksdict copies and converts more per key in its batched call).
-        shards = self._backend.bulk_shards(keys)
-        try:
-            if len(shards) == 1 and shards[0][1] is None:
-                get = shards[0][0].cf(self.name).get
-                return [get(k) for k in stored_keys]
-            out: list[bytes | None] = [None] * len(stored_keys)
-            for instance, positions in shards:
-                assert positions is not None
-                get = instance.cf(self.name).get
-                for i in positions:
-                    out[i] = get(stored_keys[i])
-            return out
-        except Exception as exc:
-            raise rocksdb_error(exc, self._what) from exc
-
-    def _cleanup_steps(self, accesses: int) -> None:
-        """The incremental cleanup of ``accesses`` per-key accesses, at once."""
-        if self._cleanup is not None and accesses:
-            self._cleanup.step(self._ttl.incremental_cleanup_size * accesses,  # type: ignore[union-attr]
-                               self._now())
-
-    def _read_many(self, keys: BatchKeys, stored_keys: list[bytes]) -> list[bytes | None]:
-        """The live payload of each of ``stored_keys`` (as :meth:`_read` of each): expired
-        values deleted, refreshed on read under ``ON_READ_AND_WRITE``, in one write batch."""
-        raws = self._multi_get(keys, stored_keys)
-        if self._ttl is None:
-            return raws
-        # As _read: a cleanup step per key found (after its read, before its expiry check).
-        self._cleanup_steps(sum(raw is not None for raw in raws))
-        now = self._now()
-        targets = self._bulk_targets(keys)
-        live = self._live
-        out = [None if raw is None else live(key, raw, now, batch)
-               for key, raw, batch in zip(stored_keys, raws, targets.batch_of)]
-        targets.commit()
-        return out
-
-    def _put_many(self, keys: BatchKeys, stored_keys: list[bytes],
-                  payloads: list[bytes | None], *, cleanup: bool = True) -> None:
-        """Store each payload (stamped under TTL; None deletes) in one write batch per
-        instance, as :meth:`_write` (and its cleanup step) of each."""
-        if self._ttl is not None and cleanup:
-            self._cleanup_steps(len(stored_keys))
-        stamp = _pack_ts(self._now()) if self._ttl is not None else b""
-        targets = self._bulk_targets(keys)
-        for key, data, batch in zip(stored_keys, payloads, targets.batch_of):
-            if data is None:
-                batch.delete(key)
-            else:
-                batch.put(key, stamp + data if stamp else data)
-        targets.commit()
-
-    def _deser_or_none(self, payloads: list[bytes | None]) -> list[Any]:
-        deser = self._deser
-        return [None if raw is None else deser(raw) for raw in payloads]
-
-    def clear_many(self, keys: BatchKeys) -> None:
-        self._put_many(keys, self._bulk_keys(keys), [None] * len(keys), cleanup=False)
-
-    def clear(self) -> None:
-        key = self._key()
-        self._native(self._delete, key)
-
-    def close(self) -> None:
-        """Drop every native reference so the DB can close (later use raises BackendError)."""
-        self._cleanup = None
-        self._get = self._put = self._delete = CLOSED.get
-        self._cf = CLOSED  # type: ignore[assignment]
-        self._handle = None  # type: ignore[assignment]
-
-
-class _ClosedNative:
-    """Stands in for a closed DB or column family: every call raises ``DbClosedError``, which
-    :func:`rocksdb_error` turns into a :class:`BackendError` naming the state."""
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def closed(*_: Any, **__: Any) -> Any:
-            raise rocksdict.DbClosedError("the keyed backend is closed")
-        return closed
-
-
-CLOSED: Any = _ClosedNative()
-
-
-class _BulkTargets:
-    """Where a bulk call over ``keys`` writes and scans: one write batch per instance, and
-    per key (in the keys' order) the batch and column family of its instance."""
-
-    def __init__(self, state: RocksDBState, keys: BatchKeys) -> None:
-        self._state = state
-        self.batches: list[tuple[RocksDBInstance, rocksdict.WriteBatch]] = []
-        n = len(keys)
-        self.batch_of: list[rocksdict.WriteBatch] = []
-        self.cf_of: list[rocksdict.Rdict] = []
-        for instance, positions in state._backend.bulk_shards(keys):
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            batch.set_default_column_family(instance.handles.get(state.name))
-            self.batches.append((instance, batch))
-            cf = instance.cf(state.name)
-            if positions is None:
-                self.batch_of, self.cf_of = [batch] * n, [cf] * n
-                break
-            if not self.batch_of:
-                self.batch_of, self.cf_of = [batch] * n, [cf] * n
-            for i in positions:
-                self.batch_of[i] = batch
-                self.cf_of[i] = cf
-
-    def commit(self) -> None:
-        write_options = self._state._backend.write_options
-        for instance, batch in self.batches:
-            if len(batch):
-                self._state._native(instance.db.write, batch, write_options)
-
-
-class _CleanupCursor:
-    """Flink's incremental TTL cleanup: a cursor over the whole state (the column family of
-    every instance, in key-group order) that checks a few entries on each state access and
-    deletes expired ones. The iterator is persistent (one seek per pass over an instance, not
-    per access); it sees a frozen view, so an expired-looking entry is read again before
-    deleting it (it may have been rewritten since)."""
-
-    def __init__(self, state: RocksDBState) -> None:
-        self._state = state
-        self._it: rocksdict.RdictIter | None = None
-        self._cf: rocksdict.Rdict | None = None
-        #: the instance the cursor is in and the last key it checked there
-        self._instance = 0
-        self._last: bytes | None = None
-
-    def reset(self) -> None:
-        self._it = self._cf = None
-
-    def _open(self, instance: int, after: bytes | None) -> rocksdict.RdictIter:
-        cf = self._state._backend._instances[instance].cf(self._state.name)
-        it = cf.iter()
-        if after is None:
-            it.seek_to_first()
-        else:
-            it.seek(after + b"\x00")
-        self._it, self._cf, self._instance, self._last = it, cf, instance, after
-        return it
-
-    def step(self, count: int, now: int) -> None:
-        state = self._state
-        instances = len(state._backend._instances)
-        try:
-            it = self._it or self._open(self._instance, self._last)
-            moves = 0
-            for _ in range(count):
-                while not it.valid():
-                    it.status()
-                    # End of this instance: on to the next one, wrapping around at the end;
-                    # stop once every instance was found empty within this step.
-                    moves += 1
-                    if moves > instances:
-                        return
-                    it = self._open((self._instance + 1) % instances, None)
-                cf = self._cf
-                assert cf is not None
-                key, raw = it.key(), it.value()
-                if _unpack_ts(raw)[0] + state._ttl_ms <= now:
-                    current = cf.get(key)
-                    if current is not None and _unpack_ts(current)[0] + state._ttl_ms <= now:
-                        cf.delete(key)
-                self._last = key
-                it.next()
-        except KeyedStateError:
-            raise
-        except Exception as exc:
-            raise rocksdb_error(exc, f"cleaning up expired entries of state {state.name!r}") \
-                from exc
-
-
-# --------------------------------------------------------------------------------------------
-# the five kinds
-# --------------------------------------------------------------------------------------------
+# Bound once: list elements' sequence numbers are packed inline.
+_SEQ = SEQUENCE.pack
 
 
 class RocksDBValueState(RocksDBState, ValueState[Any]):
-    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
                  instance: RocksDBInstance) -> None:
-        super().__init__(backend, descriptor, instance)
+        super().__init__(context, descriptor, instance)
         assert isinstance(descriptor, ValueStateDescriptor)
         self._default = descriptor.default
 
     # The hot path: the key check is inlined (no _key() call) and TTL costs one branch.
 
     def value(self) -> Any:
-        kp = self._backend._key_prefix
+        kp = self._context.key_prefix
         key = self._full if kp is self._kp else self._rekey(kp)
         if self._ttl is None:
             try:
@@ -511,7 +55,7 @@ class RocksDBValueState(RocksDBState, ValueState[Any]):
         if value is None:
             self.clear()
             return
-        kp = self._backend._key_prefix
+        kp = self._context.key_prefix
         key = self._full if kp is self._kp else self._rekey(kp)
         if self._ttl is None:
             try:
@@ -553,7 +97,7 @@ class RocksDBListState(RocksDBState, ListState[Any]):
         return out
 
     def add(self, value: Any) -> None:
-        self._write(self._key() + _SEQ(self._backend.next_list_seq()), self._ser(value))
+        self._write(self._key() + _SEQ(self._context.next_list_seq()), self._ser(value))
 
     def add_all(self, values: Iterable[Any]) -> None:
         base = self._key()
@@ -569,7 +113,7 @@ class RocksDBListState(RocksDBState, ListState[Any]):
         self._commit(batch)
 
     def _append(self, batch: rocksdict.WriteBatch, base: bytes, values: Iterable[Any]) -> None:
-        ser, wrap, seq = self._ser, self._wrap, self._backend.next_list_seq
+        ser, wrap, seq = self._ser, self._wrap, self._context.next_list_seq
         for value in values:
             batch.put(base + _SEQ(seq()), wrap(ser(value)))
 
@@ -614,9 +158,9 @@ class RocksDBListState(RocksDBState, ListState[Any]):
 
 
 class RocksDBMapState(RocksDBState, MapState[Any, Any]):
-    def __init__(self, backend: RocksDBKeyedStateBackend, descriptor: StateDescriptor,
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
                  instance: RocksDBInstance) -> None:
-        super().__init__(backend, descriptor, instance)
+        super().__init__(context, descriptor, instance)
         user_key: TypeSerializer = descriptor.user_key_serializer  # type: ignore[assignment]
         self._user_ser = user_key.serialize
         self._user_deser = user_key.deserialize

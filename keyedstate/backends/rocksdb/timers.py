@@ -1,13 +1,8 @@
 """Timers in RocksDB column families ``_timers_event`` and ``_timers_proc``.
 
-Key layout (value empty)::
-
-    [key group][timestamp: 8 bytes big-endian, sign bit flipped][varint len][key][namespace]
-
-Flipping the sign bit makes the unsigned byte order of the timestamp its numeric order, negative
-timestamps included. The key group comes first, as for state, so timers are part of every
-snapshot and move with their key group on rescale; within one key group they are sorted by
-time. :meth:`RocksDBTimerService.pop_due` merges the key groups: it keeps the head (earliest
+Their keys (:mod:`.key_layout`) start with the key group, as for state, so timers are part of
+every snapshot and move with their key group on rescale; within one key group they are sorted
+by time. :meth:`RocksDBTimerService.pop_due` merges the key groups: it keeps the head (earliest
 timer) of every non-empty key group in a heap, and re-reads a key group's head after each timer
 it fires and whenever a timer of that key group is registered or deleted meanwhile, so timers
 registered by ``on_timer`` callbacks are seen (Flink's ``InternalTimerServiceImpl`` over a
@@ -21,49 +16,24 @@ owning it: writes and head reads go to that instance, and ``pop_due``, ``timers`
 from __future__ import annotations
 
 import heapq
-import struct
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.options import rocksdb_error, scan
-from keyedstate.backends.rocksdb.states import read_varint, varint
+from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
+from keyedstate.backends.rocksdb.key_layout import key_group_of, parse_timer_key, timer_key
+from keyedstate.backends.rocksdb.native import rocksdb_error, scan
 from keyedstate.errors import ConfigurationError, KeyedStateError
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 from keyedstate.serde import serialize_namespace
 from keyedstate.state.timers import TIMER_STATE_NAMES, InternalTimerService, TimeDomain, Timer
 
-if TYPE_CHECKING:
-    from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
-
-_U64 = struct.Struct(">Q")
-_SIGN = 1 << 63
-
-
-def timestamp_bytes(timestamp: int) -> bytes:
-    """The timestamp, sign bit flipped, big-endian: byte order equals numeric order."""
-    return _U64.pack(timestamp + _SIGN)
-
-
-def timer_key(key_group_bytes: bytes, timestamp: int, key_bytes: bytes,
-              namespace_bytes: bytes) -> bytes:
-    return key_group_bytes + timestamp_bytes(timestamp) + varint(len(key_bytes)) + key_bytes \
-        + namespace_bytes
-
-
-def parse_timer_key(raw: bytes, key_group_prefix_bytes: int) -> Timer:
-    n = key_group_prefix_bytes
-    key_group = int.from_bytes(raw[:n], "big")
-    timestamp = _U64.unpack_from(raw, n)[0] - _SIGN
-    length, pos = read_varint(raw, n + 8)
-    return Timer(timestamp, key_group, raw[pos:pos + length], raw[pos + length:])
-
 
 class RocksDBTimerService(InternalTimerService):
     """Both timer domains of one keyed backend, applying to its current key."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
-        self._backend = backend
+    def __init__(self, context: RocksDBKeyContext) -> None:
+        self._context = context
         #: Per domain and key group, a key no live timer of that key group is below: the last
         #: fired timer (timers fire in order), lowered by any registration below it. Heads are
         #: read from there, never from the key group's start: fired timers are deleted, and a
@@ -78,8 +48,8 @@ class RocksDBTimerService(InternalTimerService):
     # -- registration --------------------------------------------------------------------------
 
     def _key(self, timestamp: int, namespace: Any) -> tuple[bytes, int]:
-        backend = self._backend
-        key_bytes = backend.current_key_bytes
+        context = self._context
+        key_bytes = context.current_key_bytes
         if key_bytes is None:
             raise ConfigurationError(
                 "a timer was registered or deleted without a current key; call "
@@ -87,8 +57,8 @@ class RocksDBTimerService(InternalTimerService):
             )
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
             raise ConfigurationError(f"timer timestamp must be an int (ms), got {timestamp!r}")
-        key_group = backend.current_key_group
-        kg_bytes = serialize_key_group(key_group, backend.key_group_prefix_bytes)
+        key_group = context.current_key_group
+        kg_bytes = serialize_key_group(key_group, context.key_group_prefix_bytes)
         return timer_key(kg_bytes, timestamp, key_bytes, serialize_namespace(namespace)), key_group
 
     def _change(self, domain: TimeDomain, timestamp: int, namespace: Any, put: bool) -> None:
@@ -124,7 +94,7 @@ class RocksDBTimerService(InternalTimerService):
     # -- reading -------------------------------------------------------------------------------
 
     def _kg_bytes(self, key_group: int) -> bytes:
-        return serialize_key_group(key_group, self._backend.key_group_prefix_bytes)
+        return serialize_key_group(key_group, self._context.key_group_prefix_bytes)
 
     def _seek_key(self, domain: TimeDomain, key_group: int) -> bytes:
         """Where the head of ``key_group`` is searched from (see ``_low``)."""
@@ -132,12 +102,12 @@ class RocksDBTimerService(InternalTimerService):
 
     def _cf(self, domain: TimeDomain, key_group: int) -> rocksdict.Rdict:
         """The timer column family of ``domain`` in the instance owning ``key_group``."""
-        return self._backend.instance_of(key_group).cf(TIMER_STATE_NAMES[domain])
+        return self._context.instance_of(key_group).cf(TIMER_STATE_NAMES[domain])
 
     def _heads(self, domain: TimeDomain) -> Iterator[tuple[int, bytes]]:
         """``(key group, first timer key)`` of every non-empty key group in key-group order,
         over every instance."""
-        for instance in self._backend.instances:
+        for instance in self._context.instances:
             yield from self._instance_heads(domain, instance.cf(TIMER_STATE_NAMES[domain]),
                                             instance.key_group_range)
 
@@ -145,7 +115,7 @@ class RocksDBTimerService(InternalTimerService):
                         kg_range: KeyGroupRange) -> Iterator[tuple[int, bytes]]:
         """``(key group, first timer key)`` of every non-empty key group of ``kg_range`` in one
         instance's column family, one seek each."""
-        n = self._backend.key_group_prefix_bytes
+        n = self._context.key_group_prefix_bytes
         try:
             read_options = rocksdict.ReadOptions()
             read_options.set_iterate_upper_bound(self._kg_bytes(kg_range.end + 1))
@@ -153,7 +123,7 @@ class RocksDBTimerService(InternalTimerService):
             it.seek(self._seek_key(domain, kg_range.start))
             while it.valid():
                 raw = it.key()
-                key_group = int.from_bytes(raw[:n], "big")
+                key_group = key_group_of(raw, n)
                 yield key_group, raw
                 if key_group == kg_range.end:
                     return
@@ -172,7 +142,7 @@ class RocksDBTimerService(InternalTimerService):
         return None
 
     def pop_due(self, domain: TimeDomain, time: int) -> Iterator[Timer]:
-        n = self._backend.key_group_prefix_bytes
+        n = self._context.key_group_prefix_bytes
         touched: set[int] = set()
         self._watchers[domain].append(touched)
         try:
@@ -212,7 +182,7 @@ class RocksDBTimerService(InternalTimerService):
             self._watchers[domain].remove(touched)
 
     def timers(self, domain: TimeDomain) -> Iterator[Timer]:
-        n = self._backend.key_group_prefix_bytes
+        n = self._context.key_group_prefix_bytes
         runs = [
             (parse_timer_key(raw, n) for raw, _ in
              scan(self._cf(domain, key_group), head, self._kg_bytes(key_group + 1),
@@ -223,6 +193,6 @@ class RocksDBTimerService(InternalTimerService):
         return heapq.merge(*runs, key=lambda t: (t.timestamp, t.key_group))
 
     def next_timestamp(self, domain: TimeDomain) -> int | None:
-        n = self._backend.key_group_prefix_bytes
+        n = self._context.key_group_prefix_bytes
         stamps = [parse_timer_key(raw, n).timestamp for _, raw in self._heads(domain)]
         return min(stamps, default=None)
