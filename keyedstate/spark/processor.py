@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Sequence
 
+import msgspec
 import pyarrow as pa
 
 from keyedstate.backends.base.backend import meta_info_of
@@ -182,8 +183,10 @@ class SavepointReader:
         the module docstring), one Spark task per key-group range (``splits`` ranges; default:
         the snapshot's parallelism). ``state`` is its name (values in the recorded type) or a
         descriptor: values are then read in the descriptor's type, migrated by the rules of
-        docs/schema-evolution.md (:class:`StateTypeMismatchError` when they can't be). Raises
-        :class:`StateNotFoundError` for a state the snapshot doesn't hold."""
+        docs/schema-evolution.md (:class:`StateTypeMismatchError` when they can't be); the
+        ``ttl_timestamp`` column is there exactly when the snapshot records TTL for the state,
+        whatever the descriptor's TTL. Raises :class:`StateNotFoundError` for a state the
+        snapshot doesn't hold."""
         name = state if isinstance(state, str) else state.name
         meta = self.states.get(name)
         if meta is None:
@@ -198,7 +201,8 @@ class SavepointReader:
             if resolution is not None:
                 assert old_type is not None
                 migration = ValueMigration(old_type, resolution.new_type, state.evolution)
-                meta = meta_info_of(state)
+                # The descriptor's value type; the TTL timestamps are those the snapshot has.
+                meta = msgspec.structs.replace(meta_info_of(state), ttl_ms=meta.ttl_ms)
         return self._frame(name, state_schema(meta, self.key_columns, self.key_types), splits,
                            migration)
 

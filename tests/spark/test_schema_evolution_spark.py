@@ -20,8 +20,8 @@ from keyedstate.state.descriptors import ValueStateDescriptor
 from tests.spark.jobs import RunningTotals
 from tests.spark.test_job import check_against_pandas, run_job, write_files
 from tests.spark.test_savepoints_spark import start
-from tests.test_read_evolved import descriptor, migrated, snapshot_path
-from tests.test_schema_evolution_job import KINDS, RULES
+from tests.test_read_evolved import DAY, descriptor, migrated, snapshot_path
+from tests.test_schema_evolution_job import KINDS, RULES, Totals
 
 pytestmark = pytest.mark.spark
 
@@ -125,3 +125,21 @@ def test_savepoint_reader_reads_every_rule(spark, tmp_path, backend, kind):
     with pytest.raises(StateTypeMismatchError, match="'total'"):
         reader.state(ValueStateDescriptor("totals", "struct<count:int,total:float>"))
 
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("recorded, read", [(DAY, None), (None, DAY)],
+                         ids=["ttl-recorded", "ttl-in-descriptor"])
+def test_savepoint_reader_ttl_column_follows_the_snapshot(spark, tmp_path, kind, recorded,
+                                                          read):
+    """Read in another type by a descriptor that switches TTL: the values in its type, the
+    TTL timestamps as the snapshot records them (as ``read_range_tables``)."""
+    from keyedstate.spark.processor import SavepointReader
+
+    reader = SavepointReader.read(spark, snapshot_path(tmp_path, "rocksdb", kind,
+                                                       Totals(ttl=recorded)))
+    old = _rows(reader.state("totals"))
+    new = _rows(reader.state(descriptor("widen", ttl=read)))
+    assert [sorted(r) for r in new] == [sorted(r) for r in old]  # the same columns
+    assert ("ttl_timestamp" in new[0]) == (recorded is not None)
+    assert [r.get("ttl_timestamp") for r in new] == [r.get("ttl_timestamp") for r in old]
+    assert [r["value"] for r in new] == [migrated("widen", r["value"]) for r in old]
