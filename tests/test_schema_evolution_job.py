@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,16 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.config import JobConfig
 from keyedstate.errors import ConfigurationError, JobMismatchError, StateTypeMismatchError
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.processor.canonical import read_range_tables
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import StateTtlConfig, ValueStateDescriptor
 from keyedstate.state.evolution import SchemaEvolution
+from keyedstate.storage.handles import CheckpointMetadata
 from tests.test_savepoints import files_under
 
 INPUT = "user_id string, amount double"
@@ -97,12 +102,14 @@ def _rows(outputs: list[dict[str, pa.Table]]) -> list[tuple[Any, ...]]:
     return sorted(tuple(r.values()) for out in outputs for r in out["main"].to_pylist())
 
 
-def _first_run(tmp_path: Path, backend: str, kind: str
+def _first_run(tmp_path: Path, backend: str, kind: str, fn: Totals | None = None
                ) -> tuple[list[dict[str, pa.Table]], JobConfig]:
-    """Two batches with ``V1``; the config a restarted job uses to continue."""
+    """Two batches with ``fn`` (default: ``Totals`` of ``V1``), then a checkpoint or a stop with
+    a savepoint of ``kind``; the config a restarted job uses to continue (a savepoint: in
+    another directory, at parallelism 3)."""
     data = _batches()
     cfg = JobConfig(checkpoint_dir=str(tmp_path / "one"), backend=backend, parallelism=2)
-    with _job(cfg, Totals()) as job:
+    with _job(cfg, fn or Totals()) as job:
         outputs = [job.process_batch(t) for t in data[:2]]
         if kind == "checkpoint":
             return outputs, cfg
@@ -154,26 +161,42 @@ def test_incompatible_change_fails_at_start_and_changes_nothing(tmp_path, backen
     assert not (tmp_path / "two").exists() or not any((tmp_path / "two").rglob("_metadata"))
 
 
+class Two(Totals):
+    """``Totals`` plus a second state, ``extra``: the batches each user appeared in."""
+
+    def open(self, ctx: Context) -> None:
+        super().open(ctx)
+        self.extra = ctx.get_state(ValueStateDescriptor("extra", "bigint"))
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
+        self.extra.update((self.extra.value() or 0) + 1)
+        yield from super().process_key(key, rows, ctx)
+
+
+class OnlyExtra(KeyedProcessFunction):
+    def open(self, ctx: Context) -> None:
+        self.extra = ctx.get_state(ValueStateDescriptor("extra", "bigint"))
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
+        yield (key, self.extra.value(), 0.0, 0.0)
+
+
+def _state_names(metadata: CheckpointMetadata) -> set[str]:
+    return {m.name for h in metadata.handles for m in h.states}
+
+
+def _values(path: str, state: str) -> dict[Any, Any]:
+    """Every key's value of a value ``state`` in the snapshot at ``path``."""
+    snapshot = resolve_snapshot(path)
+    everything = KeyGroupRange(0, snapshot.metadata.max_parallelism - 1)
+    tables = list(read_range_tables(snapshot, everything, state, now_ms=time.time_ns() // 10**6))
+    rows = pa.concat_tables(tables).to_pylist() if tables else []
+    return {r["user_id"]: r["value"] for r in rows}
+
+
 def test_states_added_kept_and_dropped(tmp_path):
     """A new descriptor starts empty; a state no descriptor asks for is kept until listed in
     drop_states; a state both declared and listed to drop is refused at start."""
-
-    class Two(Totals):
-        def open(self, ctx: Context) -> None:
-            super().open(ctx)
-            self.extra = ctx.get_state(ValueStateDescriptor("extra", "bigint"))
-
-        def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
-            self.extra.update((self.extra.value() or 0) + 1)
-            yield from super().process_key(key, rows, ctx)
-
-    class OnlyExtra(KeyedProcessFunction):
-        def open(self, ctx: Context) -> None:
-            self.extra = ctx.get_state(ValueStateDescriptor("extra", "bigint"))
-
-        def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> Any:
-            yield (key, self.extra.value(), 0.0, 0.0)
-
     data = _batches()
     cfg = JobConfig(checkpoint_dir=str(tmp_path / "ckpt"), backend="rocksdb", parallelism=2)
     with _job(cfg, Totals()) as job:
@@ -198,6 +221,41 @@ def test_states_added_kept_and_dropped(tmp_path):
     with _job(cfg.replace(allow_job_change=True), Totals()) as job:
         again = _rows([job.process_batch(data[0])])
     assert again == _oracle(data[:1])
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropped_state_goes_and_the_others_continue(tmp_path, backend, kind):
+    """drop_states on each backend, from each snapshot kind (a savepoint restored at another
+    parallelism): the restarted job's checkpoints no longer hold the state, the kept state
+    carries on (output equals pandas), the snapshot restored from is unchanged, the option
+    left in the configuration does nothing afterwards, and the state declared again starts
+    empty."""
+    data = _batches()
+    outputs, cfg = _first_run(tmp_path, backend, kind, Two())
+    source = cfg.restore_path or cfg.checkpoint_dir
+    assert _state_names(resolve_snapshot(source).metadata) == {"totals", "extra"}
+    savepoint_files = files_under(source) if kind != "checkpoint" else None
+    dropping = cfg.replace(drop_states="extra")
+    with _job(dropping, Totals()) as job:
+        outputs.append(job.process_batch(data[2]))
+        assert job.latest_checkpoint is not None
+        assert _state_names(job.latest_checkpoint.metadata) == {"totals"}
+    assert _rows(outputs) == _oracle(data[:3])
+    if savepoint_files is not None:  # NO_CLAIM: the savepoint still holds both states
+        assert files_under(source) == savepoint_files
+        assert _state_names(resolve_snapshot(source).metadata) == {"totals", "extra"}
+    # Still listed, at parallelism 1: nothing to drop any more, the totals go on.
+    with _job(dropping.replace(parallelism=1), Totals()) as job:
+        outputs.append(job.process_batch(data[3]))
+    assert _rows(outputs) == _oracle(data)
+    # Declared again (no longer listed): it starts empty, the totals go on.
+    with _job(cfg, Two()) as job:
+        outputs.append(job.process_batch(data[0]))
+        assert job.latest_checkpoint is not None
+        assert _state_names(job.latest_checkpoint.metadata) == {"totals", "extra"}
+    assert _values(cfg.checkpoint_dir, "extra") == {u: 1 for u in data[0]["user_id"].to_pylist()}
+    assert _rows(outputs) == _oracle(data + data[:1])
 
 
 def test_open_that_fails_at_start_is_reported_with_its_cause(tmp_path):

@@ -28,6 +28,7 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -37,6 +38,7 @@ from keyedstate.backends.base.backend import (
     KeyedStateBackend,
     StateBackend,
     StateRecord,
+    meta_info_of,
 )
 from keyedstate.backends.base.migration import recorded_value_type, resolve_restored
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
@@ -81,6 +83,7 @@ from keyedstate.processor.canonical_layout import (
 )
 from keyedstate.processor.canonical_schema import (
     KEY_GROUP,
+    VALUE,
     KeyColumns,
     check_schema,
     drop_expired,
@@ -93,6 +96,7 @@ from keyedstate.processor.canonical_schema import (
 )
 from keyedstate.serde import TypeSerializer, serializer_from_string
 from keyedstate.state.descriptors import StateDescriptor, StateKind
+from keyedstate.state.evolution import Resolution
 from keyedstate.state.timers import TimeDomain, Timer
 from keyedstate.state.ttl import SystemTimeProvider, TtlTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -452,27 +456,75 @@ def _register(backend: KeyedStateBackend, timer: Timer, namespace: Any,
         service.register_processing_time_timer(timer.timestamp, namespace)
 
 
+def read_as(descriptor: StateDescriptor, meta: StateMetaInfo
+            ) -> tuple[StateMetaInfo, Resolution | None]:
+    """How the state processor reads the recorded state ``meta`` through ``descriptor``: the
+    state of the rows read (the descriptor's value type; kind, map-key type and TTL as
+    recorded: the ``ttl_timestamp`` column is there exactly when the snapshot has TTL
+    timestamps) and the resolution migrating the values (None: read as recorded). Raises
+    :class:`StateTypeMismatchError` (and :class:`ConfigurationError`) as a restore of the
+    state with ``descriptor`` would (docs/schema-evolution.md)."""
+    resolution = resolve_restored(descriptor, meta, recorded_value_type(meta))
+    if resolution is None:
+        return meta, None
+    return msgspec.structs.replace(meta_info_of(descriptor), ttl_ms=meta.ttl_ms), resolution
+
+
+def _migrated(tables: Iterator[pa.Table], resolution: Resolution | None,
+              schema: pa.Schema) -> Iterator[pa.Table]:
+    """``tables`` with their values migrated by ``resolution``, in ``schema``."""
+    for table in tables:
+        if resolution is not None:
+            i = table.schema.get_field_index(VALUE)
+            table = table.set_column(i, VALUE, resolution.migrate_array(table.column(i)))
+            table = table.cast(schema)
+        yield table
+
+
 def read_range_tables(snapshot: ResolvedSnapshot, key_group_range: KeyGroupRange,
-                      state: str | None, *, now_ms: int,
+                      state: str | StateDescriptor | None, *, now_ms: int,
                       key_columns: Sequence[str] | None = None,
                       local_dir: str | None = None) -> Iterator[pa.Table]:
     """The canonical rows of ``state`` (None: the timers) in ``key_group_range`` of any
     snapshot, as Arrow tables of at most :data:`ROW_GROUP_ROWS` rows, entries expired at
     ``now_ms`` left out; key columns named ``key_columns`` (default: as the snapshot records).
-    A canonical snapshot's files are read directly (verified first), a native one is restored
-    into a temporary backend. Raises :class:`StateNotFoundError` for a state the snapshot
-    doesn't hold."""
+    ``state`` is a state's name (values in the recorded type) or a descriptor (values in its
+    type, migrated by the rules of docs/schema-evolution.md; :func:`read_as`), checked when
+    the first table is asked for, before anything is read. A canonical snapshot's files are
+    read directly (verified first), a native one is restored into a temporary backend.
+    Raises :class:`StateNotFoundError` for a state the snapshot doesn't hold,
+    :class:`StateTypeMismatchError` for a descriptor that can't read it."""
     metadata = snapshot.metadata
     states = snapshot_states(metadata)
-    if state is not None and state not in states:
+    name = state.name if isinstance(state, StateDescriptor) else state
+    if name is not None and name not in states:
         raise StateNotFoundError(
-            f"{snapshot.storage.url_of(snapshot.metadata_path)} holds no state {state!r}; its "
+            f"{snapshot.storage.url_of(snapshot.metadata_path)} holds no state {name!r}; its "
             f"states are {sorted(states)}"
         )
+    resolution: Resolution | None = None
+    if isinstance(state, StateDescriptor):
+        read_meta, resolution = read_as(state, states[state.name])
     key_types = key_types_of(metadata)
     recorded = key_columns_of(metadata)
     names = list(key_columns) if key_columns is not None else recorded
-    rename = dict(zip(recorded, names))
+    if resolution is None:
+        yield from _range_tables(snapshot, key_group_range, name, now_ms=now_ms,
+                                 names=names, local_dir=local_dir)
+        return
+    schema = state_schema(read_meta, names, key_types)
+    yield from _migrated(_range_tables(snapshot, key_group_range, name, now_ms=now_ms,
+                                       names=names, local_dir=local_dir), resolution, schema)
+
+
+def _range_tables(snapshot: ResolvedSnapshot, key_group_range: KeyGroupRange,
+                  state: str | None, *, now_ms: int, names: list[str],
+                  local_dir: str | None) -> Iterator[pa.Table]:
+    """:func:`read_range_tables` of a state's name, as recorded; key columns ``names``."""
+    metadata = snapshot.metadata
+    states = snapshot_states(metadata)
+    key_types = key_types_of(metadata)
+    rename = dict(zip(key_columns_of(metadata), names))
     work = tempfile.mkdtemp(prefix="keyedstate-read-", dir=worker_dir(local_dir))
     try:
         if metadata.format is SnapshotFormat.CANONICAL:
@@ -551,6 +603,6 @@ __all__ = [
     "PROP_SOURCE_BACKEND", "ROW_GROUP_ROWS", "STATES_DIR", "TIMERS_DIR", "TIMERS_ENTRY",
     "CanonicalRange", "ParquetFileWriter", "canonical_handle", "canonical_metadata",
     "key_columns_of", "key_types_of", "open_snapshot_range",
-    "read_range_tables", "remove_unreferenced", "restore_canonical", "snapshot_states",
+    "read_as", "read_range_tables", "remove_unreferenced", "restore_canonical", "snapshot_states",
     "split_file_name", "state_dir_names", "write_canonical_savepoint",
 ]

@@ -36,7 +36,6 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from keyedstate.backends.base.backend import meta_info_of
-from keyedstate.backends.base.migration import recorded_value_type, resolve_restored
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target, new_snapshot_target
 from keyedstate.errors import ConfigurationError, KeyedStateError, StateNotFoundError
@@ -51,6 +50,7 @@ from keyedstate.processor.canonical import (
     carried_properties,
     key_columns_of,
     key_types_of,
+    read_as,
     remove_unreferenced,
     snapshot_states,
     state_dir_names,
@@ -75,7 +75,6 @@ from keyedstate.serde import VOID_NAMESPACE, type_from_string
 from keyedstate.spark.processor_tasks import (
     WRITE_RESULT,
     ReadPlan,
-    ValueMigration,
     WritePlan,
     read_task,
     write_task,
@@ -166,8 +165,8 @@ class SavepointReader:
         check_parallelism(n, self.max_parallelism)
         return n
 
-    def _frame(self, state: str | None, schema: pa.Schema, splits: int | None,
-               migration: ValueMigration | None = None) -> Any:
+    def _frame(self, state: str | StateDescriptor | None, schema: pa.Schema,
+               splits: int | None) -> Any:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         n = self._splits(splits)
@@ -176,7 +175,7 @@ class SavepointReader:
             snapshot=self.snapshot, splits=n, state=state,
             key_columns=self.key_columns,
             output_schema=to_arrow_schema(spark_schema, timezone="UTC"),
-            now_ms=time.time_ns() // 1_000_000, migration=migration)
+            now_ms=time.time_ns() // 1_000_000)
         return self.spark.range(0, n, 1, n).mapInArrow(partial(read_task, plan), spark_schema)
 
     def state(self, state: str | StateDescriptor, *, splits: int | None = None) -> Any:
@@ -184,8 +183,10 @@ class SavepointReader:
         the module docstring), one Spark task per key-group range (``splits`` ranges; default:
         the snapshot's parallelism). ``state`` is its name (values in the recorded type) or a
         descriptor: values are then read in the descriptor's type, migrated by the rules of
-        docs/schema-evolution.md (:class:`StateTypeMismatchError` when they can't be). Raises
-        :class:`StateNotFoundError` for a state the snapshot doesn't hold."""
+        docs/schema-evolution.md (:class:`StateTypeMismatchError` when they can't be); the
+        ``ttl_timestamp`` column is there exactly when the snapshot records TTL for the state,
+        whatever the descriptor's TTL. Raises :class:`StateNotFoundError` for a state the
+        snapshot doesn't hold."""
         name = state if isinstance(state, str) else state.name
         meta = self.states.get(name)
         if meta is None:
@@ -193,16 +194,9 @@ class SavepointReader:
                 f"{self.snapshot.storage.url_of(self.snapshot.metadata_path)} holds no state "
                 f"{name!r}; its states are {self.state_names}"
             )
-        migration = None
-        if not isinstance(state, str):
-            old_type = recorded_value_type(meta)
-            resolution = resolve_restored(state, meta, old_type)
-            if resolution is not None:
-                assert old_type is not None
-                migration = ValueMigration(old_type, resolution.new_type, state.evolution)
-                meta = meta_info_of(state)
-        return self._frame(name, state_schema(meta, self.key_columns, self.key_types), splits,
-                           migration)
+        if not isinstance(state, str):  # checked here, before any Spark job
+            meta, _ = read_as(state, meta)
+        return self._frame(state, state_schema(meta, self.key_columns, self.key_types), splits)
 
     def timers(self, *, splits: int | None = None) -> Any:
         """The DataFrame of every timer: ``domain`` (``event_time`` / ``processing_time``),

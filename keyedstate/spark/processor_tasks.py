@@ -33,8 +33,7 @@ from keyedstate.processor.canonical_schema import (
     VALUE,
 )
 from keyedstate.serde import PickleSerializer
-from keyedstate.state.descriptors import StateKind
-from keyedstate.state.evolution import SchemaEvolution
+from keyedstate.state.descriptors import StateDescriptor, StateKind
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import StateMetaInfo
 
@@ -52,37 +51,23 @@ class ReadPlan:
 
     snapshot: ResolvedSnapshot
     splits: int
-    state: str | None  # None: timers
+    #: a state's name, or a descriptor: values read in its type
+    #: (``SavepointReader.state(descriptor)``); None: timers
+    state: str | StateDescriptor | None
     key_columns: list[str]
     output_schema: pa.Schema
     now_ms: int
-    #: values read in another type than recorded (``SavepointReader.state(descriptor)``)
-    migration: ValueMigration | None = None
-
-
-@dataclass(frozen=True)
-class ValueMigration:
-    """A state's values read as ``new`` (recorded as ``old``), by ``evolution``'s rules."""
-
-    old: pa.DataType
-    new: pa.DataType
-    evolution: SchemaEvolution
 
 
 def read_task(plan: ReadPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` function: each input row is a split index; emits that range's rows."""
     snapshot = plan.snapshot
-    resolution = None if plan.migration is None else plan.migration.evolution.resolve(
-        plan.state or "", plan.migration.old, plan.migration.new)
     for batch in batches:
         for index in batch.column(0).to_pylist():
             rng = KeyGroupRange.of_operator(snapshot.metadata.max_parallelism, plan.splits,
                                             index)
             for table in read_range_tables(snapshot, rng, plan.state, now_ms=plan.now_ms,
                                            key_columns=plan.key_columns):
-                if resolution is not None:
-                    i = table.schema.get_field_index(VALUE)
-                    table = table.set_column(i, VALUE, resolution.migrate_array(table.column(i)))
                 yield from table.cast(plan.output_schema).to_batches()
 
 

@@ -140,6 +140,8 @@ def test_what_tasks_receive_pickles(tmp_path: Any) -> None:
     from keyedstate.processor.canonical import canonical_metadata
     from keyedstate.runtime.subtask import RestoreSource
     from keyedstate.spark.processor_tasks import ReadPlan, WritePlan
+    from keyedstate.state.descriptors import ValueStateDescriptor
+    from keyedstate.state.evolution import SchemaEvolution
     from keyedstate.storage.checkpoint_storage import CheckpointStorage
 
     storage = CheckpointStorage(str(tmp_path))
@@ -147,7 +149,10 @@ def test_what_tasks_receive_pickles(tmp_path: Any) -> None:
                                   key_columns=["user_id"], handles=[])
     snapshot = ResolvedSnapshot(storage, "_metadata", metadata)
     schema = pa.schema([("key_group", pa.int32())])
+    evolved = ValueStateDescriptor("totals", "struct<n:bigint,total:double>",
+                                   evolution=SchemaEvolution(renames={"n": "count"}))
     for obj in (ReadPlan(snapshot, 2, "totals", ["user_id"], schema, 0),
+                ReadPlan(snapshot, 2, evolved, ["user_id"], schema, 0),
                 WritePlan(storage, "states/totals", "totals", None, 2, 8, ["user_id"], schema,
                            False, False, False),
                 RestoreSource(0, storage, [], 1, None, metadata)):

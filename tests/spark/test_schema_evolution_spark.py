@@ -1,7 +1,9 @@
 """Schema evolution on Spark (issue 13): a job restarted with an evolved state type continues
 from its checkpoints (both backends, rescaled) and its output equals pandas over the whole
-input; an incompatible change fails at start(); the state processor API reads a savepoint in
-the new type."""
+input; an incompatible change fails at start(); the state processor API reads a snapshot in
+the new type: a Spark job's checkpoint, and the local runtime's checkpoints, native and
+canonical savepoints of both backends by every rule (the values ``tests/test_read_evolved.py``
+reads without Spark)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from keyedstate.state.descriptors import ValueStateDescriptor
 from tests.spark.jobs import RunningTotals
 from tests.spark.test_job import check_against_pandas, run_job, write_files
 from tests.spark.test_savepoints_spark import start
+from tests.test_read_evolved import DAY, descriptor, migrated, snapshot_path
+from tests.test_schema_evolution_job import KINDS, RULES, Totals
 
 pytestmark = pytest.mark.spark
 
@@ -97,3 +101,45 @@ def test_savepoint_restored_with_an_evolved_state_type(spark, tmp_path, fmt):
                      pd.read_parquet(os.path.join(job2, "out"))])
     assert sorted(set(out.batch_id)) == [0, 1, 2]
     check_against_pandas(str(tmp_path), out)  # reads <tmp_path>/input
+
+
+def _rows(frame: Any) -> list[dict[str, Any]]:
+    """The DataFrame's rows as dicts (structs as dicts), sorted by key."""
+    return sorted((r.asDict(recursive=True) for r in frame.collect()),
+                  key=lambda r: r["user_id"])
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "heap"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_savepoint_reader_reads_every_rule(spark, tmp_path, backend, kind):
+    """A local runtime's checkpoint, native or canonical savepoint read by SavepointReader in
+    each rule's type: every value is the recorded one migrated by the rule."""
+    from keyedstate.spark.processor import SavepointReader
+
+    reader = SavepointReader.read(spark, snapshot_path(tmp_path, backend, kind))
+    old = _rows(reader.state("totals"))
+    for rule in sorted(RULES):
+        new = _rows(reader.state(descriptor(rule)))
+        assert [r["user_id"] for r in new] == [r["user_id"] for r in old]
+        assert [r["value"] for r in new] == [migrated(rule, r["value"]) for r in old], rule
+    with pytest.raises(StateTypeMismatchError, match="'total'"):
+        reader.state(ValueStateDescriptor("totals", "struct<count:int,total:float>"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("recorded, read", [(DAY, None), (None, DAY)],
+                         ids=["ttl-recorded", "ttl-in-descriptor"])
+def test_savepoint_reader_ttl_column_follows_the_snapshot(spark, tmp_path, kind, recorded,
+                                                          read):
+    """Read in another type by a descriptor that switches TTL: the values in its type, the
+    TTL timestamps as the snapshot records them (as ``read_range_tables``)."""
+    from keyedstate.spark.processor import SavepointReader
+
+    reader = SavepointReader.read(spark, snapshot_path(tmp_path, "rocksdb", kind,
+                                                       Totals(ttl=recorded)))
+    old = _rows(reader.state("totals"))
+    new = _rows(reader.state(descriptor("widen", ttl=read)))
+    assert [sorted(r) for r in new] == [sorted(r) for r in old]  # the same columns
+    assert ("ttl_timestamp" in new[0]) == (recorded is not None)
+    assert [r.get("ttl_timestamp") for r in new] == [r.get("ttl_timestamp") for r in old]
+    assert [r["value"] for r in new] == [migrated("widen", r["value"]) for r in old]
