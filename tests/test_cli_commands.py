@@ -10,10 +10,10 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from keyedstate import LocalKeyedOperator
 from keyedstate.backends.base.backend import OTHER_FILES
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.cli import main
+from keyedstate.runtime.local import LocalKeyedOperator
 from tests.test_savepoints import BACKENDS, SOME_KEYS, read_all, run_job
 
 LISTING_FIELDS = {"id", "batch_id", "parallelism", "max_parallelism", "backend",

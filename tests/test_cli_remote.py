@@ -7,8 +7,9 @@ import json
 
 from click.testing import CliRunner
 
-from keyedstate import LocalKeyedOperator, ValueStateDescriptor
+from keyedstate import ValueStateDescriptor
 from keyedstate.cli import main
+from keyedstate.runtime.local import LocalKeyedOperator
 
 COUNT = ValueStateDescriptor("count", "bigint", default=0)
 

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from keyedstate import LocalKeyedOperator
 from keyedstate.processor.inspection import delete_garbage, find_garbage
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.layout import CLAIM_MARKER_FILE, commit_marker, staging_dir
 from tests.test_savepoints import BACKENDS, feed, files_under, read_all, run_job
 

@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 
-from keyedstate import LocalKeyedOperator
 from keyedstate.checkpoint.properties import CLAIMED_FROM
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.errors import MissingCheckpointFileError, SnapshotClaimedError
 from keyedstate.processor.inspection import find_garbage
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.layout import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
 from tests.test_savepoints import BACKENDS, SOME_KEYS, feed, files_under, read_all, run_job
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate import ListStateDescriptor, LocalKeyedOperator, ValueStateDescriptor
+from keyedstate import ListStateDescriptor, ValueStateDescriptor
 from keyedstate.backends.base.backend import KeyedStateBackend
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.savepoint import create_native_savepoint, duplicate_file
@@ -23,6 +23,7 @@ from keyedstate.errors import (
     MissingCheckpointFileError,
     SnapshotExistsError,
 )
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat, SnapshotKind
 from keyedstate.storage.layout import METADATA_FILE

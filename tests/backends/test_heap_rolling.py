@@ -19,7 +19,6 @@ from typing import Any, Sequence
 import msgspec
 import pytest
 
-from keyedstate import LocalKeyedOperator
 from keyedstate.backends.heap import HeapKeyedStateBackend, HeapStateBackend
 from keyedstate.backends.heap.backend import DEFAULT_MAX_CHAIN_LENGTH
 from keyedstate.backends.heap.images import latest_images, parse_images
@@ -28,6 +27,7 @@ from keyedstate.backends.heap.snapshot import DIFF, FULL, IMAGES_PROPERTY
 from keyedstate.errors import KeyedStateError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.inspection import find_garbage
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.serde import serialize_namespace
 from keyedstate.state.descriptors import (
     ListStateDescriptor,

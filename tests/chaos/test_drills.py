@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from keyedstate import ListStateDescriptor, LocalKeyedOperator, ValueStateDescriptor
+from keyedstate import ListStateDescriptor, ValueStateDescriptor
 from keyedstate.backends.base.backend import KeyedStateBackend
 from keyedstate.errors import KeyedStateError
 from keyedstate.processor.inspection import find_garbage
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.testing.chaos.drills import damage_file
 
 pytestmark = pytest.mark.chaos

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from keyedstate import ListStateDescriptor, LocalKeyedOperator, ValueStateDescriptor
+from keyedstate import ListStateDescriptor, ValueStateDescriptor
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.checkpoint.savepoint import verify_snapshot_files
 from keyedstate.errors import CorruptCheckpointError, MissingCheckpointFileError
 from keyedstate.processor.inspection import find_garbage, show
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.cache import all_process_caches
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import checkpoint_id_of_shared_file

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from keyedstate import LocalKeyedOperator
 from keyedstate.errors import StorageAccessError, StorageLocationError, TransientStorageError
 from keyedstate.processor.inspection import find_garbage
+from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.cache import all_process_caches
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.testing.faults import FaultPlan
