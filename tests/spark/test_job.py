@@ -70,6 +70,17 @@ def run_job(spark: Any, root: str, fn: Any, parallelism: int, backend: str = "ro
     return query
 
 
+def committed_and_aborted(root: Any) -> tuple[list[str], list[str]]:
+    """The ``chk-N`` directories of a job's checkpoint directory: committed ones (with
+    ``_metadata``) and aborted ones (only their tombstone ``_aborted`` left: ids are never
+    reused, docs/checkpoints.md)."""
+    dirs = sorted(root.glob("chk-*"))
+    committed = [p.name for p in dirs if (p / "_metadata").exists()]
+    aborted = [p.name for p in dirs if [f.name for f in p.iterdir()] == ["_aborted"]]
+    assert len(committed) + len(aborted) == len(dirs), dirs
+    return committed, aborted
+
+
 def check_against_pandas(root: str, out: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every output row (``out``, default: the ParquetSink's files in ``<root>/out``) equals
     the running totals over the input files up to its batch, and each (user, batch) appears
@@ -401,7 +412,7 @@ def test_unreadable_checkpoint_stops_with_the_file_named(spark, tmp_path):
         run_job(spark, root, RunningTotals(), parallelism=3)
     assert shared[0].name in str(failure.value) and "batch 1" in str(failure.value)
     # Nothing committed was lost or replaced: checkpoint 1 is still the latest.
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("chk-*")) == ["chk-1"]
+    assert committed_and_aborted(tmp_path / "ckpt") == (["chk-1"], ["chk-2"])
 
 
 LOCAL_CLUSTER_SCRIPT = """

@@ -20,7 +20,13 @@ from keyedstate.spark.api import key_by
 from keyedstate.spark.query import KeyedQuery, StopGate
 from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import COUNT_SCHEMA, FailOnKey, RunningTotals
-from tests.spark.test_job import SCHEMA, check_against_pandas, run_job, write_files
+from tests.spark.test_job import (
+    SCHEMA,
+    check_against_pandas,
+    committed_and_aborted,
+    run_job,
+    write_files,
+)
 
 STOP_SCRIPT = """
 import json, os, sys, time
@@ -109,7 +115,7 @@ def test_spark_stop_cutting_a_batch_off_is_quiet_and_the_batch_runs_again(spark,
     assert report["batches"] == [[0, 1]], report
     assert report["interrupted"] == [1] and report["exception"] is None, report
     assert_quiet(stderr)
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("chk-*")) == ["chk-1"]
+    assert committed_and_aborted(tmp_path / "ckpt") == (["chk-1"], ["chk-2"])
     query = run_job(spark, root, RunningTotals(), parallelism=2)
     assert [s.batch_id for s in query.stats] == [1, 2, 3]
     check_against_pandas(root)
