@@ -40,13 +40,8 @@ from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
 from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
-from keyedstate.runtime.subtask import (
-    KG_COLUMN,
-    SUBTASK_COLUMN,
-    BatchPlan,
-    RestoreSource,
-    process_group,
-)
+from keyedstate.runtime.subtask import BatchPlan, RestoreSource, process_group
+from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN, decode_reports
 from keyedstate.serde import to_arrow_schema, type_ddl
 from keyedstate.state.ttl import TtlTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -408,7 +403,7 @@ class LocalJob:
                     for row in result.to_pylist()]
             # Step 3. Complete the checkpoint.
             completed, _, watermark = complete_batch(
-                self.coordinator, pending, rows, parallelism=cfg.parallelism,
+                self.coordinator, pending, decode_reports(rows), parallelism=cfg.parallelism,
                 batch_id=batch_id, watermark=self.watermark,
                 watermark_delay_ms=cfg.watermark_delay_ms, drain=drain,
                 key_columns=self.key_columns, lineage=self.lineage, config=cfg,

@@ -30,7 +30,6 @@ Nothing here is visible to readers until the driver commits the checkpoint and t
 from __future__ import annotations
 
 import bisect
-import json
 import operator
 import os
 import time
@@ -39,14 +38,13 @@ from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
-import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
-from keyedstate.checkpoint.properties import tokens_of
+from keyedstate.checkpoint.properties import MAX_WATERMARK, tokens_of
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, OutputSchemaError
@@ -64,29 +62,20 @@ from keyedstate.runtime.live_copies import (
     take_live,
 )
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
+from keyedstate.runtime.wire import (
+    KG_COLUMN,
+    SUBTASK_COLUMN,
+    WIRE_VERSION,
+    SubtaskFigures,
+    SubtaskReport,
+    report_batch,
+)
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, SnapshotFormat
 from keyedstate.storage.layout import METADATA_FILE, staging_dir
-
-KG_COLUMN = "_ks_key_group"
-SUBTASK_COLUMN = "_ks_subtask"
-MAX_WATERMARK = (1 << 63) - 1
-MIN_WATERMARK = -(1 << 63)
-
-RESULT_SCHEMA = pa.schema([
-    ("subtask", pa.int32()),
-    ("token", pa.string()),
-    ("handle", pa.binary()),
-    ("staged", pa.string()),
-    ("max_event_time", pa.int64()),
-    ("late", pa.int64()),
-    ("stats", pa.string()),
-])
-RESULT_DDL = ("subtask int, token string, handle binary, staged string, max_event_time long, "
-              "late long, stats string")
 
 
 @dataclass(frozen=True)
@@ -554,7 +543,8 @@ def process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.RecordB
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                     ) -> Iterator[pa.RecordBatch]:
     """One subtask of one batch, given its index (Spark-independent: tests and profiling call
-    it directly with the routed Arrow batches): its one report row (:data:`RESULT_SCHEMA`).
+    it directly with the routed Arrow batches): its one report row
+    (:func:`~keyedstate.runtime.wire.report_batch`).
     Whatever fails raises :class:`~keyedstate.errors.BatchFailedError` carrying the failure
     to the driver (:mod:`keyedstate.runtime.failures`)."""
     # A copy this worker is catching up in the background is done (or closed) before the
@@ -667,30 +657,16 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         raise
     keep_live((plan.job_id, index), LiveCopy(backend, token, plan.parallelism, plan.start_id),
                group=plan.largest_group)
-    # Step 7. Report.
-    stats = {
-        # rows_in: events into the function (on time); function_rows: the rows it received
-        # (one per key with a local aggregation, else rows_in)
-        "rows_in": rows_in, "function_rows": function_rows, "rows_out": main.num_rows,
-        "timers_fired": fired,
-        "process_s": process_s, "restore_s": restore_s, "reused_local_state": how == REUSED,
-        # restored from a snapshot (neither this nor reused: a new job's empty state)
-        "restored": how != REUSED and plan.restore is not None,
-        # restored by catching a stale live copy up (restore_s: only the changes since)
-        "caught_up": how == CAUGHT_UP,
-        # reused a copy this worker caught up in the background (the seconds it took, off
-        # the batch's path; 0: none)
-        "background_catch_up_s": background_s,
-        "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s,
-        "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
-        "worker_pid": os.getpid(),
-    }
-    return pa.RecordBatch.from_pylist([{
-        "subtask": index, "token": token, "handle": msgspec.json.encode(handle),
-        "staged": json.dumps(staged), "max_event_time": max_event_time, "late": late,
-        "stats": json.dumps(stats),
-    }], schema=RESULT_SCHEMA)
-
-
-def decode_handle(data: bytes) -> KeyedStateHandle:
-    return msgspec.json.decode(data, type=KeyedStateHandle)
+    # Step 7. Report (runtime.wire).
+    return report_batch(SubtaskReport(
+        version=WIRE_VERSION, subtask=index, token=token, handle=handle, staged=staged,
+        max_event_time=max_event_time, late=late,
+        figures=SubtaskFigures(
+            rows_in=rows_in, function_rows=function_rows, rows_out=main.num_rows,
+            timers_fired=fired, process_s=process_s, restore_s=restore_s,
+            reused_local_state=how == REUSED,
+            restored=how != REUSED and plan.restore is not None,
+            caught_up=how == CAUGHT_UP, background_catch_up_s=background_s,
+            sync_s=result.stats.sync_duration_s, async_s=result.stats.async_duration_s,
+            incremental_bytes=handle.incremental_size, full_bytes=handle.full_size,
+            worker_pid=os.getpid())))

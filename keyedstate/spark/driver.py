@@ -26,7 +26,6 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -37,7 +36,7 @@ from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
-from keyedstate.checkpoint.stats import CompletedCheckpointStats, history_of
+from keyedstate.checkpoint.stats import BatchStats, history_of
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
@@ -57,6 +56,7 @@ from keyedstate.errors import (
 )
 from keyedstate.runtime.batch import (
     MAIN_OUTPUT,
+    batch_stats,
     complete_batch,
     mark_output_committed,
     output_pending,
@@ -68,12 +68,8 @@ from keyedstate.runtime.failures import batch_failure, find_task_failure, for_sp
 from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.startup import start_configured_job
-from keyedstate.runtime.subtask import (
-    MIN_WATERMARK,
-    RESULT_DDL,
-    BatchPlan,
-    RestoreSource,
-)
+from keyedstate.runtime.subtask import BatchPlan, RestoreSource
+from keyedstate.runtime.wire import REPORT_DDL, SubtaskReport, decode_reports
 from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.connect import task_slots
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
@@ -97,85 +93,11 @@ from keyedstate.storage.handles import SnapshotFormat
 from keyedstate.storage.layout import (
     COMMITS_DIR,
 )
-from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 if TYPE_CHECKING:  # the job (api) builds its driver
     from keyedstate.spark.api import KeyedProcessJob
 
 log = logging.getLogger("keyedstate")
-
-
-@dataclass
-class BatchStats:
-    """What one micro-batch and its checkpoint cost (Flink's checkpoint statistics)."""
-
-    batch_id: int
-    checkpoint_id: int
-    #: events into the function (on time: late rows are not counted here)
-    rows_in: int = 0
-    #: rows the function received: ``rows_in``, or with a local aggregation one per key
-    function_rows: int = 0
-    rows_out: int = 0
-    late_events: int = 0
-    timers_fired: int = 0
-    watermark: int = MIN_WATERMARK
-    duration_s: float = 0.0
-    sync_duration_s: float = 0.0
-    async_duration_s: float = 0.0
-    incremental_bytes: int = 0
-    full_bytes: int = 0
-    state_bytes_per_subtask: list[int] = field(default_factory=list)
-    restore_s: float = 0.0
-    reused_subtasks: int = 0
-    restored_subtasks: int = 0
-    #: of the restored subtasks, those that caught a stale live copy up (a cheap restore)
-    caught_up_subtasks: int = 0
-    skipped_replay: bool = False
-    #: bytes the executors sent to checkpoint storage for this checkpoint
-    uploaded_bytes: int = 0
-    #: bytes the store duplicated itself for this checkpoint (no byte through the executors)
-    duplicated_bytes: int = 0
-    #: bytes stored inside ``_metadata`` (small files)
-    inlined_bytes: int = 0
-    #: objects this checkpoint created in the store
-    objects_written: int = 0
-    #: bytes restores downloaded before the batch, and took from the executors' file caches
-    restore_downloaded_bytes: int = 0
-    restore_cache_hit_bytes: int = 0
-    #: runs of the batch (> 1: its checkpoint failed on transient storage errors and it was
-    #: retried, ``execution.checkpointing.tolerable-failed-checkpoints``)
-    attempts: int = 1
-    #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
-    spark_tasks: int = 0
-    #: of the reused subtasks, those whose copy their worker had caught up in the background
-    #: (``keyedstate.live-copies.background-catch-up``), and the longest such catch-up (off
-    #: the batch's path)
-    background_caught_up_subtasks: int = 0
-    background_catch_up_s: float = 0.0
-
-    @classmethod
-    def from_checkpoint(cls, row: CompletedCheckpointStats) -> BatchStats:
-        """A batch's statistics as its checkpoint recorded them (Spark Connect: the client
-        reads them from the checkpoints, :meth:`KeyedJobDriver.recorded_stats`). Not recorded
-        there, so left at their defaults: ``function_rows``, ``late_events``, ``timers_fired``, ``watermark``,
-        ``state_bytes_per_subtask``, ``objects_written``, ``attempts``, ``spark_tasks``."""
-        def seconds(ms: float | None) -> float:
-            return 0.0 if ms is None else ms / 1000
-
-        return cls(
-            batch_id=-1 if row.batch_id is None else row.batch_id,
-            checkpoint_id=row.checkpoint_id, rows_in=row.rows_in or 0,
-            rows_out=row.rows_out or 0, duration_s=seconds(row.end_to_end_ms),
-            sync_duration_s=seconds(row.sync_ms), async_duration_s=seconds(row.async_ms),
-            incremental_bytes=row.incremental_bytes or 0, full_bytes=row.full_bytes or 0,
-            restore_s=seconds(row.restore_ms), reused_subtasks=row.reused_subtasks or 0,
-            restored_subtasks=row.restored_subtasks or 0,
-            caught_up_subtasks=row.caught_up_subtasks or 0,
-            background_caught_up_subtasks=row.background_caught_up_subtasks or 0,
-            uploaded_bytes=row.uploaded_bytes or 0,
-            duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
-            restore_downloaded_bytes=row.downloaded_bytes or 0,
-            restore_cache_hit_bytes=row.cache_hit_bytes or 0)
 
 
 class KeyedJobDriver:
@@ -663,7 +585,7 @@ class KeyedJobDriver:
                      self.max_parallelism, spark_tasks)
 
     def _checkpoint(self, df: Any, batch_id: int, *, drain: bool = False
-                    ) -> tuple[CompletedCheckpoint, list[Any], int]:
+                    ) -> tuple[CompletedCheckpoint, list[SubtaskReport], int]:
         """Step 2 and 3: run the batch's subtasks and complete its checkpoint; returns the
         completed checkpoint, the subtasks' result rows and the Spark tasks used. A failure
         aborts the checkpoint (the driver's state is then as before the call)."""
@@ -672,11 +594,11 @@ class KeyedJobDriver:
         tasks = self.spark_tasks(df.sparkSession)
         plan = self._plan(batch_id, pending.checkpoint_id, tasks, drain=drain)
         try:
-            rows = (self._route(df, tasks).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
+            rows = (self._route(df, tasks).mapInArrow(partial(run_subtask, plan), REPORT_DDL)
                     .collect())
             # Step 3. Acknowledge and complete the checkpoint.
             completed, results, watermark = complete_batch(
-                self.coordinator, pending, rows, parallelism=self.config.parallelism,
+                self.coordinator, pending, decode_reports(rows), parallelism=self.config.parallelism,
                 batch_id=batch_id, watermark=self.watermark,
                 watermark_delay_ms=self.config.watermark_delay_ms, drain=drain,
                 key_columns=self.job.stream.key_columns, lineage=self.lineage,
@@ -732,39 +654,10 @@ class KeyedJobDriver:
             for sink in sinks:
                 sink.commit(spark, batch_id, outputs[output])
 
-    def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
-               started: float) -> BatchStats:
-        per = [json.loads(r["stats"]) for r in results]
-        transfer, restored = TransferStats(), TransferStats()
-        for handle in completed.metadata.handles:
-            transfer.merge(TransferStats.from_properties(handle.properties))
-            restored.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
-        return BatchStats(
-            batch_id=batch_id, checkpoint_id=completed.checkpoint_id,
-            rows_in=sum(s["rows_in"] for s in per), rows_out=sum(s["rows_out"] for s in per),
-            function_rows=sum(s.get("function_rows", s["rows_in"]) for s in per),
-            late_events=sum(r["late"] for r in results),
-            timers_fired=sum(s["timers_fired"] for s in per), watermark=self.watermark,
-            duration_s=time.perf_counter() - started,
-            sync_duration_s=max(s["sync_s"] for s in per),
-            async_duration_s=max(s["async_s"] for s in per),
-            incremental_bytes=completed.metadata.incremental_size,
-            full_bytes=completed.metadata.full_size,
-            state_bytes_per_subtask=[h.full_size for h in completed.metadata.handles],
-            restore_s=max(s["restore_s"] for s in per),
-            reused_subtasks=sum(1 for s in per if s["reused_local_state"]),
-            restored_subtasks=sum(1 for s in per if not s["reused_local_state"]),
-            caught_up_subtasks=sum(1 for s in per if s.get("caught_up")),
-            uploaded_bytes=transfer.uploaded_bytes,
-            duplicated_bytes=transfer.duplicated_bytes,
-            inlined_bytes=transfer.inlined_bytes,
-            objects_written=transfer.uploaded_objects + transfer.duplicated_objects,
-            restore_downloaded_bytes=restored.downloaded_bytes,
-            restore_cache_hit_bytes=restored.cache_hit_bytes,
-            background_caught_up_subtasks=sum(1 for s in per
-                                              if s.get("background_catch_up_s")),
-            background_catch_up_s=max(s.get("background_catch_up_s", 0.0) for s in per),
-        )
+    def _stats(self, batch_id: int, completed: CompletedCheckpoint,
+               results: list[SubtaskReport], started: float) -> BatchStats:
+        return batch_stats(results, completed, watermark=self.watermark,
+                           duration_s=time.perf_counter() - started)
 
     def _record(self, stats: BatchStats) -> None:
         self.stats.append(stats)

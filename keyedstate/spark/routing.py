@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN
+from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 
 
 def with_routing_columns(df: Any, key_columns: list[str], parallelism: int,

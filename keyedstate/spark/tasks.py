@@ -11,13 +11,13 @@ import pyarrow.compute as pc
 from keyedstate.runtime.failures import subtask_failed
 from keyedstate.runtime.live_copies import catch_up_in_background
 from keyedstate.runtime.subtask import (
-    SUBTASK_COLUMN,
     BatchPlan,
     process_group,
     process_subtask,
     restorer,
     subtasks_of_task,
 )
+from keyedstate.runtime.wire import SUBTASK_COLUMN
 
 
 def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

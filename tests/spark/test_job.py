@@ -261,6 +261,7 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
     from collections import OrderedDict
 
     from keyedstate.backends.rocksdb import RocksDBStateBackend
+    from keyedstate.checkpoint.properties import MIN_WATERMARK
     from keyedstate.config import LateEvents
     from keyedstate.runtime import live_copies
     from keyedstate.runtime import subtask as runtime
@@ -277,7 +278,7 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
             key_columns=["user_id"], key_types=["string"], backend=RocksDBStateBackend(),
             storage=CheckpointStorage(str(tmp_path / job)), function=RunningTotals(),
             output_schema=pa.schema([("user_id", pa.string())]), side_output_schemas={},
-            watermark=runtime.MIN_WATERMARK, watermark_column=None,
+            watermark=MIN_WATERMARK, watermark_column=None,
             late_events=LateEvents.DROP, restore=None,
             share_restored_files=True, local_dir=str(tmp_path / "local"))
         list(runtime.process_subtask(plan, index, iter([])))
