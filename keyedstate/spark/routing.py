@@ -1,7 +1,7 @@
 """Routing a batch's rows to the Spark tasks of their subtasks, as JVM expressions: each row's
 key group is Spark's ``pmod(xxhash64(key columns), maxP)`` (:mod:`keyedstate.keys` computes the
 same in Python), its subtask ``key_group * p div maxP``, and Spark task ``t`` of ``spark_tasks``
-gets the rows of the subtasks it runs (:func:`~keyedstate.runtime.subtask.subtasks_of_task`)."""
+gets the rows of the subtasks it runs (:func:`~keyedstate.runtime.grouping.subtasks_of_task`)."""
 
 from __future__ import annotations
 

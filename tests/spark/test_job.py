@@ -244,7 +244,7 @@ def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
 
 @given(st.integers(1, 300).flatmap(lambda p: st.tuples(st.just(p), st.integers(1, p))))
 def test_spark_tasks_run_every_subtask_once_in_balanced_contiguous_groups(p_and_tasks):
-    from keyedstate.runtime.subtask import subtasks_of_task
+    from keyedstate.runtime.grouping import subtasks_of_task
 
     parallelism, tasks = p_and_tasks
     groups = [subtasks_of_task(t, tasks, parallelism) for t in range(tasks)]

@@ -137,7 +137,7 @@ def test_the_aggregation_runs_after_the_one_shuffle_that_routes_the_rows(spark, 
     after it; every aggregated row is in its subtask's Spark task."""
     from pyspark.sql import functions as F
 
-    from keyedstate.runtime.subtask import subtasks_of_task
+    from keyedstate.runtime.grouping import subtasks_of_task
     from keyedstate.runtime.wire import SUBTASK_COLUMN
     from keyedstate.spark.local_aggregation import aggregate_and_route
 
