@@ -52,6 +52,7 @@ import time
 from importlib.util import find_spec
 from typing import Any, Callable, Iterator, Sequence, cast
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -355,7 +356,7 @@ def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
         original = d._stats
 
         def stats(batch_id: int, completed: Any, results: list[Any], started: float) -> Any:
-            per_batch.append([json.loads(r["stats"]) for r in results])
+            per_batch.append([msgspec.structs.asdict(r.figures) for r in results])
             return original(batch_id, completed, results, started)
 
         d._stats = stats  # type: ignore[method-assign]

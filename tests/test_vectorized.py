@@ -21,8 +21,9 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.processor.canonical import read_range_tables
 from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction
+from keyedstate.runtime.grouping import keyed_batch, sort_by_key
 from keyedstate.runtime.local import LocalJob
-from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN, keyed_batch, sort_by_key
+from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.state.descriptors import ValueStateDescriptor
 from tests.spark.jobs import COUNT_SCHEMA, VectorizedIdleCounts, VectorizedTotals
 from tests.test_local_job import INPUT, batches, config, new_job, reference, rows

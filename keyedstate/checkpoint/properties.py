@@ -22,6 +22,9 @@ from keyedstate.storage.transfer import strip_transfer_properties
 BATCH_ID = "batch_id"
 #: The event-time watermark after the batch (ms).
 WATERMARK = "watermark"
+#: The watermark before any event (a new job's) and after a drain (every timer due).
+MIN_WATERMARK = -(1 << 63)
+MAX_WATERMARK = (1 << 63) - 1
 #: The snapshot token of each subtask's live copy (JSON list): a worker reuses only that copy.
 TOKENS = "tokens"
 #: The batch's staged outputs (JSON: output tag -> files), committed to the sinks after it.

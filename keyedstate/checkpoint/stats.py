@@ -39,11 +39,17 @@ savepoint starts its own history.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 import msgspec
 
-from keyedstate.checkpoint.properties import BATCH_ID, CHECKPOINT_HISTORY, SUBTASK_STATS
+from keyedstate.checkpoint.properties import (
+    BATCH_ID,
+    CHECKPOINT_HISTORY,
+    MIN_WATERMARK,
+    SUBTASK_STATS,
+)
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
@@ -75,6 +81,17 @@ class SubtaskStateStats(msgspec.Struct, frozen=True, array_like=True):
     #: reused a copy its worker caught up in the background since the last batch: how long
     #: that took, off the batch's path (``keyedstate.live-copies.background-catch-up``)
     background_catch_up_ms: float | None = None
+
+    @classmethod
+    def of_seconds(cls, *, sync_s: float, async_s: float, restore_s: float, reused: bool,
+                   restored: bool, rows_in: int, rows_out: int, caught_up: bool,
+                   background_catch_up_s: float) -> SubtaskStateStats:
+        """The statistics of one subtask from the figures it reported to the driver
+        (:class:`~keyedstate.runtime.wire.SubtaskFigures`, in seconds)."""
+        return cls(sync_ms=_ms(sync_s), async_ms=_ms(async_s), restore_ms=_ms(restore_s),
+                   reused=bool(reused), restored=bool(restored), rows_in=rows_in,
+                   rows_out=rows_out, caught_up=bool(caught_up),
+                   background_catch_up_ms=_ms(background_catch_up_s))
 
 
 class CompletedCheckpointStats(msgspec.Struct, frozen=True, array_like=True):
@@ -122,21 +139,6 @@ _encoder = msgspec.json.Encoder()
 
 def _ms(seconds: Any) -> float | None:
     return None if seconds is None else round(float(seconds) * 1000, 1)
-
-
-def subtask_stats(stats: Mapping[str, Any]) -> SubtaskStateStats:
-    """The statistics of one subtask from what it reported to the driver (the ``stats`` of
-    its result row, :func:`~keyedstate.runtime.subtask.process_subtask`)."""
-    reused, restored = stats.get("reused_local_state"), stats.get("restored")
-    caught_up = stats.get("caught_up")
-    return SubtaskStateStats(
-        sync_ms=_ms(stats.get("sync_s")), async_ms=_ms(stats.get("async_s")),
-        restore_ms=_ms(stats.get("restore_s")),
-        reused=None if reused is None else bool(reused),
-        restored=None if restored is None else bool(restored),
-        rows_in=stats.get("rows_in"), rows_out=stats.get("rows_out"),
-        caught_up=None if caught_up is None else bool(caught_up),
-        background_catch_up_ms=_ms(stats.get("background_catch_up_s")))
 
 
 def _max(values: Sequence[float | None]) -> float | None:
@@ -245,5 +247,88 @@ def stats_properties(row: CompletedCheckpointStats, subtasks: Sequence[SubtaskSt
             SUBTASK_STATS: _encoder.encode(list(subtasks)).decode()}
 
 
-__all__ = ["CompletedCheckpointStats", "HISTORY_SIZE", "SubtaskStateStats", "completed_stats",
-           "history_of", "stats_of", "stats_properties", "subtask_stats", "subtask_stats_of"]
+@dataclass
+class BatchStats:
+    """What one micro-batch and its checkpoint cost: the figures of its checkpoint's history
+    row (:class:`CompletedCheckpointStats`, here in seconds and at full precision) and what
+    only the running driver knows (the watermark, attempts, Spark tasks, ...). A Spark job's
+    ``query.stats`` and listeners get one per batch (built from its subtasks' reports,
+    :func:`~keyedstate.runtime.batch.batch_stats`); a Spark Connect client reads them back from
+    the checkpoints (:meth:`from_checkpoint`)."""
+
+    batch_id: int
+    checkpoint_id: int
+    #: events into the function (on time: late rows are not counted here)
+    rows_in: int = 0
+    #: rows the function received: ``rows_in``, or with a local aggregation one per key
+    function_rows: int = 0
+    rows_out: int = 0
+    late_events: int = 0
+    timers_fired: int = 0
+    watermark: int = MIN_WATERMARK
+    duration_s: float = 0.0
+    sync_duration_s: float = 0.0
+    async_duration_s: float = 0.0
+    incremental_bytes: int = 0
+    full_bytes: int = 0
+    state_bytes_per_subtask: list[int] = field(default_factory=list)
+    restore_s: float = 0.0
+    reused_subtasks: int = 0
+    restored_subtasks: int = 0
+    #: of the restored subtasks, those that caught a stale live copy up (a cheap restore)
+    caught_up_subtasks: int = 0
+    skipped_replay: bool = False
+    #: bytes the executors sent to checkpoint storage for this checkpoint
+    uploaded_bytes: int = 0
+    #: bytes the store duplicated itself for this checkpoint (no byte through the executors)
+    duplicated_bytes: int = 0
+    #: bytes stored inside ``_metadata`` (small files)
+    inlined_bytes: int = 0
+    #: objects this checkpoint created in the store
+    objects_written: int = 0
+    #: bytes restores downloaded before the batch, and took from the executors' file caches
+    restore_downloaded_bytes: int = 0
+    restore_cache_hit_bytes: int = 0
+    #: runs of the batch (> 1: its checkpoint failed on transient storage errors and it was
+    #: retried, ``execution.checkpointing.tolerable-failed-checkpoints``)
+    attempts: int = 1
+    #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
+    spark_tasks: int = 0
+    #: of the reused subtasks, those whose copy their worker had caught up in the background
+    #: (``keyedstate.live-copies.background-catch-up``), and the longest such catch-up (off
+    #: the batch's path)
+    background_caught_up_subtasks: int = 0
+    background_catch_up_s: float = 0.0
+
+    @classmethod
+    def from_checkpoint(cls, row: CompletedCheckpointStats) -> BatchStats:
+        """A batch's statistics as its checkpoint recorded them: every field the history row
+        has under the same name (or the name :data:`_ROW_NAMES` gives; milliseconds for
+        those of :data:`_ROW_MILLISECONDS`), figures it left blank at their defaults (the
+        batch id at -1). Not recorded there, so left at their defaults: ``function_rows``,
+        ``late_events``, ``timers_fired``, ``watermark``, ``state_bytes_per_subtask``,
+        ``objects_written``, ``attempts``, ``spark_tasks``, ``background_catch_up_s``."""
+        values: dict[str, Any] = {"batch_id": -1}
+        for name in (f.name for f in fields(cls)):
+            if name in _ROW_MILLISECONDS:
+                ms = getattr(row, _ROW_MILLISECONDS[name])
+                values[name] = 0.0 if ms is None else ms / 1000
+            elif (recorded := _ROW_NAMES.get(name, name)) in _ROW_FIELDS:
+                value = getattr(row, recorded)
+                if value is not None:
+                    values[name] = value
+        return cls(**values)
+
+
+#: :class:`BatchStats` fields a history row records under another name ...
+_ROW_NAMES = {"restore_downloaded_bytes": "downloaded_bytes",
+              "restore_cache_hit_bytes": "cache_hit_bytes"}
+#: ... and those it records in milliseconds
+_ROW_MILLISECONDS = {"duration_s": "end_to_end_ms", "sync_duration_s": "sync_ms",
+                     "async_duration_s": "async_ms", "restore_s": "restore_ms"}
+_ROW_FIELDS = frozenset(CompletedCheckpointStats.__struct_fields__)
+
+
+__all__ = ["BatchStats", "CompletedCheckpointStats", "HISTORY_SIZE", "SubtaskStateStats",
+           "completed_stats", "history_of", "stats_of", "stats_properties",
+           "subtask_stats_of"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,17 +30,19 @@ from keyedstate.checkpoint.properties import (
     DRAINED,
     JOB_CONFIG,
     JOB_FUNCTION,
+    MIN_WATERMARK,
     RESTORED_FROM,
     STAGED,
     TOKENS,
     WATERMARK,
 )
-from keyedstate.checkpoint.stats import completed_stats, stats_properties, subtask_stats
+from keyedstate.checkpoint.stats import BatchStats, completed_stats, stats_properties
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
 from keyedstate.errors import CheckpointProtocolError, JobDrainedError
 from keyedstate.processor.canonical import PROP_KEY_COLUMNS
 from keyedstate.runtime.startup import JobStart
-from keyedstate.runtime.subtask import MIN_WATERMARK, RestoreSource, decode_handle
+from keyedstate.runtime.subtask import RestoreSource
+from keyedstate.runtime.wire import SubtaskReport
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import (
     COMMITS_DIR,
@@ -48,6 +50,7 @@ from keyedstate.storage.layout import (
     commit_marker,
     staging_dir,
 )
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 #: the tag of a job's main output (side outputs have their own tags)
 MAIN_OUTPUT = "main"
@@ -150,16 +153,15 @@ def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
 
 
 def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoint,
-                   results: Sequence[Any], *, parallelism: int, batch_id: int, watermark: int,
+                   reports: Sequence[SubtaskReport], *, parallelism: int, batch_id: int, watermark: int,
                    watermark_delay_ms: int, drain: bool, key_columns: Sequence[str],
                    lineage: Mapping[str, str], extra: Mapping[str, str] | None = None,
                    config: JobConfig | None = None, function: str = "",
-                   ) -> tuple[CompletedCheckpoint, list[Any], int]:
+                   ) -> tuple[CompletedCheckpoint, list[SubtaskReport], int]:
     """Acknowledge every subtask's handle and complete ``pending``; returns the completed
-    checkpoint, the results in subtask order and the watermark after the batch.
+    checkpoint, the reports in subtask order and the watermark after the batch.
 
-    ``results``: one result row per subtask (:data:`~keyedstate.runtime.subtask.RESULT_SCHEMA`,
-    anything indexable by field name). The watermark advances to the batch's largest event
+    ``reports``: one per subtask (:func:`~keyedstate.runtime.wire.decode_reports`). The watermark advances to the batch's largest event
     time less ``watermark_delay_ms``, never back. The checkpoint's properties record
     ``lineage`` (where the job started from), the batch id, the new watermark, each subtask's
     snapshot token, the staged outputs, whether the batch drained the job, the key columns,
@@ -170,34 +172,34 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
     :class:`CheckpointProtocolError` unless there is exactly one result per subtask; the
     caller aborts ``pending`` on any failure.
     """
-    ordered = sorted(results, key=lambda r: r["subtask"])
-    if [r["subtask"] for r in ordered] != list(range(parallelism)):
+    ordered = sorted(reports, key=lambda r: r.subtask)
+    if [r.subtask for r in ordered] != list(range(parallelism)):
         raise CheckpointProtocolError(
             f"batch {batch_id}: expected one result per subtask 0..{parallelism - 1}, "
-            f"got {[r['subtask'] for r in ordered]}"
+            f"got {[r.subtask for r in ordered]}"
         )
-    handles = [decode_handle(r["handle"]) for r in ordered]
+    handles = [r.handle for r in ordered]
     for handle in handles:
         coordinator.acknowledge(pending, handle)
     # Flink's end-to-end duration: trigger to the last acknowledgement (just now).
     end_to_end_ms = max(0.0, time.time() * 1000 - pending.timestamp_ms)
-    subtasks = [subtask_stats(json.loads(r["stats"])) for r in ordered]
+    subtasks = [r.figures.state_stats() for r in ordered]
     row = completed_stats(pending.checkpoint_id, batch_id=batch_id,
                           trigger_ms=pending.timestamp_ms, handles=handles,
                           subtasks=subtasks, end_to_end_ms=end_to_end_ms)
     previous = coordinator.latest_completed
-    event_times = [r["max_event_time"] for r in ordered if r["max_event_time"] is not None]
+    event_times = [r.max_event_time for r in ordered if r.max_event_time is not None]
     if event_times:
         watermark = max(watermark, max(event_times) - watermark_delay_ms)
     staged: dict[str, list[str]] = {}
     for r in ordered:
-        for tag, path in json.loads(r["staged"]).items():
+        for tag, path in r.staged.items():
             staged.setdefault(tag, []).append(path)
     properties = {
         **lineage,
         BATCH_ID: str(batch_id),
         WATERMARK: str(watermark),
-        TOKENS: json.dumps([r["token"] for r in ordered]),
+        TOKENS: json.dumps([r.token for r in ordered]),
         STAGED: json.dumps(staged),
         DRAINED: "true" if drain else "false",
         **stats_properties(row, subtasks, None if previous is None else previous.metadata),
@@ -249,3 +251,39 @@ def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoo
              if (marked := checkpoint_id_of_commit_marker(p)) is not None
              and marked < min(retained)]
     storage.delete(stale)
+
+
+def batch_stats(reports: Sequence[SubtaskReport], completed: CompletedCheckpoint, *,
+                watermark: int, duration_s: float) -> BatchStats:
+    """The statistics of a batch whose checkpoint ``completed`` from its subtasks'
+    ``reports`` (sums and, for durations, the slowest subtask) and its handles' transfer
+    counts; ``watermark`` after the batch, ``duration_s`` from its start to its commit."""
+    figures = [r.figures for r in reports]
+    metadata = completed.metadata
+    transfer, restored = TransferStats(), TransferStats()
+    for handle in metadata.handles:
+        transfer.merge(TransferStats.from_properties(handle.properties))
+        restored.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
+    return BatchStats(
+        batch_id=int(metadata.properties[BATCH_ID]), checkpoint_id=completed.checkpoint_id,
+        rows_in=sum(f.rows_in for f in figures), rows_out=sum(f.rows_out for f in figures),
+        function_rows=sum(f.function_rows for f in figures),
+        late_events=sum(r.late for r in reports),
+        timers_fired=sum(f.timers_fired for f in figures), watermark=watermark,
+        duration_s=duration_s,
+        sync_duration_s=max(f.sync_s for f in figures),
+        async_duration_s=max(f.async_s for f in figures),
+        incremental_bytes=metadata.incremental_size, full_bytes=metadata.full_size,
+        state_bytes_per_subtask=[h.full_size for h in metadata.handles],
+        restore_s=max(f.restore_s for f in figures),
+        reused_subtasks=sum(1 for f in figures if f.reused_local_state),
+        restored_subtasks=sum(1 for f in figures if not f.reused_local_state),
+        caught_up_subtasks=sum(1 for f in figures if f.caught_up),
+        uploaded_bytes=transfer.uploaded_bytes, duplicated_bytes=transfer.duplicated_bytes,
+        inlined_bytes=transfer.inlined_bytes,
+        objects_written=transfer.uploaded_objects + transfer.duplicated_objects,
+        restore_downloaded_bytes=restored.downloaded_bytes,
+        restore_cache_hit_bytes=restored.cache_hit_bytes,
+        background_caught_up_subtasks=sum(1 for f in figures if f.background_catch_up_s),
+        background_catch_up_s=max(f.background_catch_up_s for f in figures),
+    )

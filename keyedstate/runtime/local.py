@@ -10,6 +10,7 @@ pyspark.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
@@ -27,26 +28,18 @@ from keyedstate.keygroups import KeyGroupRange, check_parallelism, operator_inde
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.batch import (
     MAIN_OUTPUT,
-    complete_batch,
-    mark_output_committed,
     read_staged,
-    resume_point,
     side_output_schemas,
     staged_outputs,
 )
 from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
-from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
-from keyedstate.runtime.startup import open_coordinator, start_configured_job, start_job
-from keyedstate.runtime.subtask import (
-    KG_COLUMN,
-    SUBTASK_COLUMN,
-    BatchPlan,
-    RestoreSource,
-    process_group,
-)
+from keyedstate.runtime.loop import BatchLoop, write_savepoint
+from keyedstate.runtime.startup import open_coordinator, start_job
+from keyedstate.runtime.subtask import BatchPlan, process_group
+from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.serde import to_arrow_schema, type_ddl
 from keyedstate.state.ttl import TtlTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -232,7 +225,7 @@ class LocalKeyedOperator:
         self.close()
 
 
-class LocalJob:
+class LocalJob(BatchLoop):
     """A keyed job run in this process: the same :class:`KeyedProcessFunction` and
     :class:`~keyedstate.config.JobConfig` as on Spark, without Java (a user tests the job they
     run on Spark, a demo runs anywhere).
@@ -241,7 +234,9 @@ class LocalJob:
     amount double", output_schema=..., side_outputs={...}, config=config)`` is Spark's
     ``key_by(df, "user_id").process(fn, output_schema, side_outputs)`` over a DataFrame of
     ``input_schema``, with ``config`` (a :class:`JobConfig` or its dotted keys). Each
-    :meth:`process_batch` is one micro-batch and one checkpoint, as on Spark:
+    :meth:`process_batch` is one micro-batch and one checkpoint, as on Spark (the protocol is
+    :class:`~keyedstate.runtime.loop.BatchLoop`'s; this class runs steps 1-2 in this process
+    and delivers the output of step 4 to the caller):
 
     1. Trigger checkpoint N; for a function with a local aggregation, aggregate the rows per
        key with pyarrow (:func:`~keyedstate.runtime.local_aggregation.aggregate_table`, as
@@ -300,25 +295,13 @@ class LocalJob:
         self.lineage = {RESTORED_FROM: cfg.restore_path or ""}
         #: the outputs of the last batch (processed or drained)
         self.last_outputs: dict[str, pa.Table] = {}
+        self._delivered: dict[str, pa.Table] = {}
         self.drained = False
         self._closed = False
-        # Steps 0-3 (runtime/startup.py), then what the first batch resumes from.
-        start = start_configured_job(self.storage, cfg, backend=self.backend.name,
-                                     key_types=self.key_types,
-                                     on_restore=self._claim_properties, function=function,
-                                     key_columns=self.key_columns)
-        self.max_parallelism = start.max_parallelism
-        self.coordinator = start.coordinator
-        self.start_id = start.start_id
+        # Steps 0-3 (runtime/startup.py), then what the first batch resumes from; a local job
+        # has no source positions: its batch ids continue the restored state's.
+        self._start(self._claim_properties)
         self.key_serializer = KeySerializer(self.key_types)
-        point = resume_point(start, cfg)
-        # A restart keeps the lineage its checkpoints record, whatever restore path it has.
-        self.lineage[RESTORED_FROM] = point.restored_from
-        self.base: RestoreSource | None = point.base
-        self.share_restored_files = point.share_restored_files
-        self.watermark = point.watermark
-        # A local job has no source positions: its batch ids continue the restored state's.
-        self.last_batch_id = point.batch_id
 
     def _claim_properties(self, snapshot: ResolvedSnapshot) -> dict[str, str]:
         """The properties of the checkpoint a claimed snapshot becomes: this job's lineage,
@@ -374,63 +357,42 @@ class LocalJob:
                      .append_column(SUBTASK_COLUMN,
                                     pa.array([kg * p // max_p for kg in groups], pa.int32())))
 
-    def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False) -> BatchPlan:
-        """What every subtask of batch ``batch_id`` gets (as the Spark driver's ``_plan``)."""
-        cfg = self.config
-        return BatchPlan(
-            job_id=self.storage.url, start_id=self.start_id, batch_id=batch_id,
-            checkpoint_id=checkpoint_id,
-            parallelism=cfg.parallelism, max_parallelism=self.max_parallelism,
-            key_columns=self.key_columns, key_types=self.key_types, backend=self.backend,
-            storage=self.storage, function=self.function, output_schema=self.output_schema,
-            side_output_schemas=side_output_schemas(self.side_outputs, cfg.late_events,
-                                                    self.input_schema),
-            watermark=self.watermark, watermark_column=cfg.watermark_column,
-            late_events=cfg.late_events, restore=self.base,
-            share_restored_files=self.share_restored_files, drain=drain,
-            local_dir=cfg.local_dir, drop_states=cfg.drop_states)
-
     def _run(self, table: pa.Table, batch_id: int, *, drain: bool) -> dict[str, pa.Table]:
-        cfg = self.config
-        # Step 1. Trigger and route.
-        pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
-        plan = self._plan(batch_id, pending.checkpoint_id, drain=drain)
-        try:
-            # Step 2. Every subtask, as one Spark task running them all would; with a local
-            # aggregation, over the rows aggregated per key first (as Spark's JVM does).
-            if self.local_aggregation is not None:
-                table = aggregate_table(table, self.key_columns, self.local_aggregation,
-                                        watermark=self.watermark,
-                                        watermark_column=cfg.watermark_column)
-            routed = self._route(table)
-            rows = [row for result in process_group(plan, range(cfg.parallelism),
-                                                     iter(routed.to_batches()))
-                    for row in result.to_pylist()]
-            # Step 3. Complete the checkpoint.
-            completed, _, watermark = complete_batch(
-                self.coordinator, pending, rows, parallelism=cfg.parallelism,
-                batch_id=batch_id, watermark=self.watermark,
-                watermark_delay_ms=cfg.watermark_delay_ms, drain=drain,
-                key_columns=self.key_columns, lineage=self.lineage, config=cfg,
-                function=function_name(self.function))
-        except BaseException as exc:
-            if not pending.is_completed:
-                self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
-            if isinstance(exc, Exception):
-                raise batch_failure(exc, batch_id) from exc
-            raise
-        self.watermark = watermark
-        self.last_batch_id = batch_id
-        self.drained = drain
-        self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
-        self.share_restored_files = True
-        # Step 4. The output, then its commit marker.
-        schemas = {MAIN_OUTPUT: self.output_schema, **plan.side_output_schemas}
-        outputs = {tag: read_staged(staged) for tag, staged in
-                   staged_outputs(self.storage, completed.metadata.properties, schemas).items()}
-        mark_output_committed(self.storage, self.coordinator, completed)
-        self.last_outputs = outputs
-        return outputs
+        """One batch through the loop (:class:`~keyedstate.runtime.loop.BatchLoop`); its
+        output, also kept as :attr:`last_outputs`."""
+        self._delivered = {}
+        self._run_batch(table, batch_id, started=time.perf_counter(), drain=drain)
+        self.last_outputs = self._delivered
+        return self.last_outputs
+
+    def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+        """Steps 1-2 of the class docstring: every subtask, one after another in this
+        process, as one Spark task running them all would; with a local aggregation, over
+        the rows aggregated per key first (as Spark's JVM does)."""
+        table: pa.Table = batch
+        if self.local_aggregation is not None:
+            table = aggregate_table(table, self.key_columns, self.local_aggregation,
+                                    watermark=self.watermark,
+                                    watermark_column=self.config.watermark_column)
+        routed = self._route(table)
+        return [row for result in process_group(plan, range(self.config.parallelism),
+                                                iter(routed.to_batches()))
+                for row in result.to_pylist()]
+
+    def _commit_output(self, context: Any, storage: CheckpointStorage,
+                       props: Mapping[str, str]) -> None:
+        """Step 4: read the staged output, one table per tag (the caller gets it)."""
+        schemas = {MAIN_OUTPUT: self.output_schema,
+                   **side_output_schemas(self.side_outputs, self.config.late_events,
+                                         self.input_schema)}
+        self._delivered = {tag: read_staged(staged)
+                           for tag, staged in staged_outputs(storage, props, schemas).items()}
+
+    def _late_schema(self) -> pa.Schema:
+        return self.input_schema
+
+    def _failure(self, exc: Exception, batch_id: int) -> BaseException | None:
+        return batch_failure(exc, batch_id)
 
     # -- snapshots and stop --------------------------------------------------------------------
 
@@ -452,11 +414,7 @@ class LocalJob:
                 "no checkpoint completed yet: nothing to take a savepoint of; process a batch "
                 "first")
         source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
-        if fmt is SnapshotFormat.NATIVE:
-            return write_native_savepoint(source, target, self.config.storage_options)
-        from keyedstate.processor.canonical import write_canonical_savepoint
-
-        return write_canonical_savepoint(source, target, self.config.storage_options)
+        return write_savepoint(source, target, self.config.storage_options, fmt)
 
     def stop(self, *, drain: bool = False, savepoint: str | None = None,
              format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str | None:

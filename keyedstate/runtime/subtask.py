@@ -4,7 +4,7 @@ A Spark task runs one subtask, or a contiguous group of them one after another w
 has more subtasks than the cluster has task slots (``keyedstate.spark.tasks``): Spark's fixed
 cost per task (~50-80 ms here, mostly handing the task to a Python worker) is then paid once
 per slot, not once per subtask. Steps of each subtask (:func:`process_subtask`), in order (the
-driver's side is in :mod:`keyedstate.spark.driver`):
+driver's side is :mod:`keyedstate.runtime.loop`):
 
 1. Get the subtask's state at the last committed checkpoint: the live copy this Python worker
    holds if this start of the job made it and it is exactly that version (same snapshot
@@ -17,36 +17,34 @@ driver's side is in :mod:`keyedstate.spark.driver`):
    watermark advanced at the end of the previous batch, as Flink fires timers when a
    watermark arrives after the elements before it.
 3. Split late rows (event time before the watermark) off: counted, dropped or side output.
-4. Run the function key by key over the rows (grouped by key, arrival order kept), or, for a
-   function overriding ``process_batch``, once over all of them (:class:`KeyedBatch`).
-5. Stage the outputs as Parquet files under the checkpoint directory (not yet visible).
+4. Run the function key by key over the rows (grouped by key, arrival order kept:
+   :mod:`keyedstate.runtime.grouping`), or, for a function overriding ``process_batch``, once
+   over all of them (:class:`KeyedBatch`).
+5. Check the outputs against their schemas (:mod:`keyedstate.runtime.output`) and stage them
+   as Parquet files under the checkpoint directory (not yet visible).
 6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch
    (:mod:`keyedstate.runtime.live_copies`).
-7. Return one row: the snapshot handle, staged files, max event time, counts and timings.
+7. Return one row: the subtask's report (:mod:`keyedstate.runtime.wire`): the snapshot
+   handle, staged files, max event time, counts and timings.
 
 Nothing here is visible to readers until the driver commits the checkpoint and the sinks.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
-import operator
 import os
 import time
 import uuid
 from dataclasses import dataclass, replace
-from itertools import repeat
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple
 
-import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
-from keyedstate.checkpoint.properties import tokens_of
+from keyedstate.checkpoint.properties import MAX_WATERMARK, tokens_of
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
 from keyedstate.errors import BatchFailedError, OutputSchemaError
@@ -54,8 +52,9 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.event_time import event_time_ms
 from keyedstate.runtime.failures import NO_KEY, subtask_failed
-from keyedstate.runtime.function import Context, KeyedBatch, KeyedProcessFunction, Output, Row
+from keyedstate.runtime.function import Context, KeyedProcessFunction, Output
 from keyedstate.runtime.gc_freeze import collection_paused, freeze_survivors, thaw
+from keyedstate.runtime.grouping import keyed_batch, sort_by_key
 from keyedstate.runtime.live_copies import (
     LiveCopy,
     close_live,
@@ -64,29 +63,20 @@ from keyedstate.runtime.live_copies import (
     take_live,
 )
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
-from keyedstate.state.batch_keys import BatchKeys
+from keyedstate.runtime.output import Emitter, rows_to_table
+from keyedstate.runtime.wire import (
+    KG_COLUMN,
+    SUBTASK_COLUMN,
+    WIRE_VERSION,
+    SubtaskFigures,
+    SubtaskReport,
+    report_batch,
+)
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import SystemTimeProvider
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, SnapshotFormat
 from keyedstate.storage.layout import METADATA_FILE, staging_dir
-
-KG_COLUMN = "_ks_key_group"
-SUBTASK_COLUMN = "_ks_subtask"
-MAX_WATERMARK = (1 << 63) - 1
-MIN_WATERMARK = -(1 << 63)
-
-RESULT_SCHEMA = pa.schema([
-    ("subtask", pa.int32()),
-    ("token", pa.string()),
-    ("handle", pa.binary()),
-    ("staged", pa.string()),
-    ("max_event_time", pa.int64()),
-    ("late", pa.int64()),
-    ("stats", pa.string()),
-])
-RESULT_DDL = ("subtask int, token string, handle binary, staged string, max_event_time long, "
-              "late long, stats string")
 
 
 @dataclass(frozen=True)
@@ -266,108 +256,6 @@ def _restored(plan: BatchPlan, index: int) -> KeyedStateBackend:
     ))
 
 
-def _rows_to_table(rows: list[Row], schema: pa.Schema, output: str,
-                   keys: Sequence[tuple[int, Any]] = ()) -> pa.Table:
-    """The rows a function emitted to ``output`` as a table of its declared ``schema``.
-
-    A dict row has exactly the schema's fields: one it lacks is an error (emit ``None`` for a
-    null: a DDL schema's fields are all nullable, so "nullable" would let any typo through),
-    and so is one the schema does not declare (a misspelled name would be dropped silently).
-    A tuple row has one value per field, in the schema's order. Raises
-    :class:`OutputSchemaError` naming the output, the row, its key (``keys``: the index of
-    the first row of each key, in order, from :class:`_Emitter`) and the field.
-
-    The checks run in C, no Python bytecode per row: every row is a dict, the union of their
-    fields is the schema's (none extra), and each has as many fields as the schema (none
-    missing); only a failure walks the rows in Python, to say which one. Measured on 100,000
-    dict rows: 34 -> 46 ms with 4 fields, 295 -> 340 ms with 20 (docs/spark.md).
-    """
-    if not rows:
-        return schema.empty_table()
-    if isinstance(rows[0], dict):
-        same = (all(map(isinstance, rows, repeat(dict)))
-                and set().union(*rows) == set(schema.names)
-                and set(map(len, rows)) == {len(schema)})
-        if not same:
-            raise _field_error(rows, schema, output, keys)
-        try:
-            return pa.Table.from_pylist(rows, schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            raise _value_error(rows, schema, output, keys, exc) from exc
-    same = (all(map(isinstance, rows, repeat((tuple, list))))
-            and set(map(len, rows)) == {len(schema)})
-    if not same:
-        raise _field_error(rows, schema, output, keys)
-    arrays = []
-    for field, column in zip(schema, zip(*rows)):
-        try:
-            arrays.append(pa.array(column, type=field.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            raise _value_error(rows, schema, output, keys, exc) from exc
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _row_name(output: str, index: int, keys: Sequence[tuple[int, Any]]) -> str:
-    """``output 'main', row 3 (key 'u1')``: the key is the one whose rows ``index`` is among."""
-    at = bisect.bisect_right([start for start, _ in keys], index) - 1
-    key = f" (key {keys[at][1]!r})" if at >= 0 and keys[at][1] is not NO_KEY else ""
-    return f"output {output!r}, row {index}{key}"
-
-
-def _field_error(rows: list[Row], schema: pa.Schema, output: str,
-                 keys: Sequence[tuple[int, Any]]) -> OutputSchemaError:
-    """The first row whose fields differ from the schema's (or the first row of another
-    kind than the first one), and how."""
-    names = schema.names
-    name_set = set(names)
-    declared = f"the schema declares {', '.join(names)}"
-    first_is_dict = isinstance(rows[0], dict)
-    for i, row in enumerate(rows):
-        where = _row_name(output, i, keys)
-        if first_is_dict != isinstance(row, dict) or not isinstance(row, (dict, tuple, list)):
-            return OutputSchemaError(
-                f"{where} is a {type(row).__name__}, the first row a "
-                f"{type(rows[0]).__name__}: emit dicts or tuples, one kind per output")
-        if isinstance(row, dict):
-            extra = [f for f in row if f not in name_set]
-            missing = [f for f in names if f not in row]
-            if extra:
-                return OutputSchemaError(
-                    f"{where}: field {extra[0]!r} is not in the output schema ({declared}); "
-                    f"a misspelled name, or a field to declare")
-            if missing:
-                return OutputSchemaError(
-                    f"{where}: field {missing[0]!r} is missing ({declared}); every field must "
-                    f"be given, None for a null")
-        elif len(row) != len(names):
-            return OutputSchemaError(
-                f"{where} has {len(row)} values, the schema {len(names)} fields ({declared})")
-    raise AssertionError("no row differs from the schema")  # the caller saw one
-
-
-def _value_error(rows: list[Row], schema: pa.Schema, output: str,
-                 keys: Sequence[tuple[int, Any]], exc: Exception) -> OutputSchemaError:
-    """Which field of which row holds a value its type can't take (pyarrow names neither)."""
-    for position, field in enumerate(schema):
-        get = (operator.itemgetter(field.name) if isinstance(rows[0], dict)
-               else operator.itemgetter(position))
-        try:
-            pa.array(map(get, rows), type=field.type, size=len(rows))
-            continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            pass
-        for i, row in enumerate(rows):
-            try:
-                pa.array([get(row)], type=field.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError,
-                    OverflowError) as err:
-                return OutputSchemaError(
-                    f"{_row_name(output, i, keys)}: field {field.name!r} is {field.type}, "
-                    f"got {get(row)!r} ({err})")
-    return OutputSchemaError(f"output {output!r}: the rows do not match the schema {schema}: "
-                             f"{exc}")
-
-
 def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | None:
     if table.num_rows == 0:
         return None
@@ -384,72 +272,6 @@ def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | Non
     return relative
 
 
-class _Emitter:
-    """Collects output rows, remembering which key produced them for error messages, and the
-    Arrow tables of ``process_batch``, each with its place among the rows."""
-
-    def __init__(self) -> None:
-        self.rows: list[Row] = []
-        #: (index of the key's first row, key), in row order
-        self.keys: list[tuple[int, Any]] = []
-        #: (number of rows emitted before it, table), in order
-        self.tables: list[tuple[int, pa.Table]] = []
-
-    def extend(self, key: Any, result: Output) -> None:
-        if isinstance(result, (pa.Table, pa.RecordBatch)):
-            if result.num_rows:
-                table = result if isinstance(result, pa.Table) else pa.Table.from_batches([result])
-                self.tables.append((len(self.rows), table))
-        elif result:
-            self.keys.append((len(self.rows), key))
-            self.rows.extend(result)
-
-    def main_output(self, schema: pa.Schema) -> pa.Table:
-        """Every row and table emitted, in order, as one table of ``schema``."""
-        rows = _rows_to_table(self.rows, schema, "main", self.keys)
-        if not self.tables:
-            return rows
-        pieces, done = [], 0
-        for position, table in self.tables:
-            pieces.append(rows.slice(done, position - done))
-            pieces.append(_table_to_output(table, schema, "main"))
-            done = position
-        pieces.append(rows.slice(done))
-        return pa.concat_tables(pieces)
-
-
-def _table_to_output(table: pa.Table, schema: pa.Schema, output: str) -> pa.Table:
-    """``table`` (returned by ``process_batch``) as a table of ``schema``: its columns by name,
-    cast to the declared types; other or missing columns are an :class:`OutputSchemaError`."""
-    names = schema.names
-    declared = f"the schema declares {', '.join(names)}"
-    extra = [c for c in table.column_names if c not in names]
-    if extra:
-        raise OutputSchemaError(
-            f"output {output!r}: the table returned by process_batch has column {extra[0]!r}, "
-            f"which is not in the output schema ({declared}); a misspelled name, or a field to "
-            f"declare")
-    missing = [n for n in names if n not in table.column_names]
-    if missing:
-        raise OutputSchemaError(
-            f"output {output!r}: the table returned by process_batch lacks column "
-            f"{missing[0]!r} ({declared}); every column must be given, nulls for a null")
-    columns = []
-    for field in schema:
-        column = table.column(field.name)
-        try:
-            columns.append(column.cast(field.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise OutputSchemaError(
-                f"output {output!r}: column {field.name!r} returned by process_batch is "
-                f"{column.type}, the schema declares {field.type}: {exc}") from exc
-    try:
-        return pa.Table.from_arrays(columns, schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise OutputSchemaError(f"output {output!r}: the table returned by process_batch does "
-                                f"not match the schema {schema}: {exc}") from exc
-
-
 def _call(ctx: Context, key: Any, fn: Any, *args: Any) -> Output:
     """Call the user's ``fn`` (for ``key``, or :data:`NO_KEY`); what it raises fails the
     subtask with the function's traceback (:func:`~keyedstate.runtime.failures.subtask_failed`).
@@ -464,7 +286,7 @@ def _call(ctx: Context, key: Any, fn: Any, *args: Any) -> Output:
                              user_code=True) from exc
 
 
-def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: _Emitter
+def _fire_timers(plan: BatchPlan, backend: KeyedStateBackend, ctx: Context, out: Emitter
                  ) -> int:
     fired = 0
     fn = plan.function
@@ -486,57 +308,6 @@ def is_vectorized(function: KeyedProcessFunction) -> bool:
     return getattr(type(function), "process_batch", None) is not KeyedProcessFunction.process_batch
 
 
-def sort_by_key(table: pa.Table, key_columns: list[str]) -> pa.Table:
-    """``table`` sorted by its key columns, ascending, stable (a key's rows keep their arrival
-    order). One string or binary key column is sorted through its dictionary: the distinct
-    keys are ranked, then the rows by their key's rank (an integer sort), the same order in
-    about half the time of a string sort over every row."""
-    if len(key_columns) == 1:
-        column = table.column(key_columns[0])
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
-                or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            encoded = pc.dictionary_encode(column.combine_chunks())
-            # Nulls: index null, rank null, sorted last as sort_indices puts null keys.
-            ranks = pc.rank(encoded.dictionary, sort_keys="ascending", tiebreaker="first")
-            return table.take(pc.sort_indices(pc.take(ranks, encoded.indices)))
-    return table.take(pc.sort_indices(table, [(c, "ascending") for c in key_columns]))
-
-
-def keyed_batch(table: pa.Table, key_columns: list[str], key_serializer: KeySerializer
-                ) -> KeyedBatch:
-    """The :class:`KeyedBatch` of ``table``: rows sorted by key (stable, :func:`sort_by_key`)
-    with their key group column, as step 4 prepares them for both paths. Key runs are where
-    any key column changes between neighbouring rows (nulls equal to nulls); the keys' bytes
-    are :meth:`KeySerializer.serialize_many` of the same Python values."""
-    n = table.num_rows
-    changed = None
-    for name in key_columns:
-        column = table.column(name)
-        before, after = column.slice(0, n - 1), column.slice(1)
-        differs = pc.or_(pc.fill_null(pc.not_equal(before, after), False),
-                         pc.xor(pc.is_null(before), pc.is_null(after)))
-        changed = differs if changed is None else pc.or_(changed, differs)
-    starts = pa.concat_arrays([
-        pa.array([0], pa.int64()),
-        pc.add(pc.indices_nonzero(changed), 1).cast(pa.int64()) if changed is not None
-        else pa.array([], pa.int64())])
-    offsets = pa.concat_arrays([starts, pa.array([n], pa.int64())])
-    key_table = table.select(key_columns).take(starts)
-    columns = [key_table.column(c).to_pylist() for c in key_columns]
-    keys: list[Any] = columns[0] if len(columns) == 1 else list(zip(*columns))
-    key_groups = table.column(KG_COLUMN).take(starts).to_pylist()
-    batch_keys = BatchKeys(keys, key_serializer.serialize_many(keys), key_groups)
-    rows = table.drop_columns([c for c in (KG_COLUMN, SUBTASK_COLUMN) if c in table.column_names])
-    return KeyedBatch(batch_keys, key_table, rows, offsets)
-
-
-def subtasks_of_task(task: int, spark_tasks: int, parallelism: int) -> range:
-    """The subtasks Spark task ``task`` of ``spark_tasks`` runs: those routed to it, subtask
-    ``i`` going to task ``i * spark_tasks // parallelism`` (a contiguous, balanced group)."""
-    return range(-(-task * parallelism // spark_tasks),
-                 -(-(task + 1) * parallelism // spark_tasks))
-
-
 def process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.RecordBatch]
                    ) -> Iterator[pa.RecordBatch]:
     """Several subtasks in one Spark task: its rows split by subtask (arrival order kept), then
@@ -554,7 +325,8 @@ def process_group(plan: BatchPlan, subtasks: range, batches: Iterator[pa.RecordB
 def process_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                     ) -> Iterator[pa.RecordBatch]:
     """One subtask of one batch, given its index (Spark-independent: tests and profiling call
-    it directly with the routed Arrow batches): its one report row (:data:`RESULT_SCHEMA`).
+    it directly with the routed Arrow batches): its one report row
+    (:func:`~keyedstate.runtime.wire.report_batch`).
     Whatever fails raises :class:`~keyedstate.errors.BatchFailedError` carrying the failure
     to the driver (:mod:`keyedstate.runtime.failures`)."""
     # A copy this worker is catching up in the background is done (or closed) before the
@@ -587,7 +359,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                       batch_id=plan.batch_id, watermark=watermark,
                       processing_time=time.time_ns() // 1_000_000)
         fn = plan.function
-        out = _Emitter()
+        out = Emitter()
         _call(ctx, NO_KEY, fn.open, ctx)
         # Step 2. Timers due at the watermark reached by the previous batch, and now.
         fired = _fire_timers(plan, backend, ctx, out)
@@ -650,7 +422,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                 raise OutputSchemaError(
                     f"side output {tag!r} is not declared on the job; declared: "
                     f"{sorted(plan.side_output_schemas)}")
-            if (path := _stage(plan, index, tag, _rows_to_table(rows, schema, tag))) is not None:
+            if (path := _stage(plan, index, tag, rows_to_table(rows, schema, tag))) is not None:
                 staged[tag] = path
         # Step 6. Snapshot.
         step = "the snapshot failed with"
@@ -667,30 +439,16 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         raise
     keep_live((plan.job_id, index), LiveCopy(backend, token, plan.parallelism, plan.start_id),
                group=plan.largest_group)
-    # Step 7. Report.
-    stats = {
-        # rows_in: events into the function (on time); function_rows: the rows it received
-        # (one per key with a local aggregation, else rows_in)
-        "rows_in": rows_in, "function_rows": function_rows, "rows_out": main.num_rows,
-        "timers_fired": fired,
-        "process_s": process_s, "restore_s": restore_s, "reused_local_state": how == REUSED,
-        # restored from a snapshot (neither this nor reused: a new job's empty state)
-        "restored": how != REUSED and plan.restore is not None,
-        # restored by catching a stale live copy up (restore_s: only the changes since)
-        "caught_up": how == CAUGHT_UP,
-        # reused a copy this worker caught up in the background (the seconds it took, off
-        # the batch's path; 0: none)
-        "background_catch_up_s": background_s,
-        "sync_s": result.stats.sync_duration_s, "async_s": result.stats.async_duration_s,
-        "incremental_bytes": handle.incremental_size, "full_bytes": handle.full_size,
-        "worker_pid": os.getpid(),
-    }
-    return pa.RecordBatch.from_pylist([{
-        "subtask": index, "token": token, "handle": msgspec.json.encode(handle),
-        "staged": json.dumps(staged), "max_event_time": max_event_time, "late": late,
-        "stats": json.dumps(stats),
-    }], schema=RESULT_SCHEMA)
-
-
-def decode_handle(data: bytes) -> KeyedStateHandle:
-    return msgspec.json.decode(data, type=KeyedStateHandle)
+    # Step 7. Report (runtime.wire).
+    return report_batch(SubtaskReport(
+        version=WIRE_VERSION, subtask=index, token=token, handle=handle, staged=staged,
+        max_event_time=max_event_time, late=late,
+        figures=SubtaskFigures(
+            rows_in=rows_in, function_rows=function_rows, rows_out=main.num_rows,
+            timers_fired=fired, process_s=process_s, restore_s=restore_s,
+            reused_local_state=how == REUSED,
+            restored=how != REUSED and plan.restore is not None,
+            caught_up=how == CAUGHT_UP, background_catch_up_s=background_s,
+            sync_s=result.stats.sync_duration_s, async_s=result.stats.async_duration_s,
+            incremental_bytes=handle.incremental_size, full_bytes=handle.full_size,
+            worker_pid=os.getpid())))

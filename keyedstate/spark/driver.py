@@ -2,7 +2,9 @@
 
 ``key_by(df, "user_id").process(MyFunction(), output_schema=...).sink(ParquetSink(...))
 .start(config)`` runs ``MyFunction`` over every micro-batch of ``df`` with keyedstate keeping
-its state. Per batch (``foreachBatch``), the driver is the checkpoint coordinator:
+its state. Per batch (``foreachBatch``), the driver is the checkpoint coordinator and the
+Spark engine of the batch loop (:class:`~keyedstate.runtime.loop.BatchLoop` owns steps 2-4;
+the driver executes the plan and commits to the sinks):
 
 1. If the batch is already covered by a completed checkpoint (a replay after a driver crash),
    re-commit its sinks from the staged output and return.
@@ -26,18 +28,16 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pyarrow as pa
 
 from keyedstate.backends import load_backend
-from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.checkpoint.savepoint import check_savepoint_target, write_native_savepoint
-from keyedstate.checkpoint.stats import CompletedCheckpointStats, history_of
+from keyedstate.checkpoint.savepoint import check_savepoint_target
+from keyedstate.checkpoint.stats import BatchStats, history_of
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
@@ -53,27 +53,14 @@ from keyedstate.errors import (
     NoCheckpointError,
     SinkRollbackError,
     SourcePositionsError,
-    TransientStorageError,
 )
-from keyedstate.runtime.batch import (
-    MAIN_OUTPUT,
-    complete_batch,
-    mark_output_committed,
-    output_pending,
-    resume_point,
-    side_output_schemas,
-    staged_outputs,
-)
+from keyedstate.runtime.batch import MAIN_OUTPUT, ResumePoint, staged_outputs
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
-from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.local_aggregation import check_local_aggregation
-from keyedstate.runtime.startup import start_configured_job
-from keyedstate.runtime.subtask import (
-    MIN_WATERMARK,
-    RESULT_DDL,
-    BatchPlan,
-    RestoreSource,
-)
+from keyedstate.runtime.loop import BatchLoop, write_savepoint
+from keyedstate.runtime.startup import JobStart
+from keyedstate.runtime.subtask import BatchPlan, RestoreSource
+from keyedstate.runtime.wire import REPORT_DDL
 from keyedstate.spark.carry import carry, output_committed, source_log_of
 from keyedstate.spark.connect import task_slots
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
@@ -97,7 +84,6 @@ from keyedstate.storage.handles import SnapshotFormat
 from keyedstate.storage.layout import (
     COMMITS_DIR,
 )
-from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 
 if TYPE_CHECKING:  # the job (api) builds its driver
     from keyedstate.spark.api import KeyedProcessJob
@@ -105,86 +91,19 @@ if TYPE_CHECKING:  # the job (api) builds its driver
 log = logging.getLogger("keyedstate")
 
 
-@dataclass
-class BatchStats:
-    """What one micro-batch and its checkpoint cost (Flink's checkpoint statistics)."""
-
-    batch_id: int
-    checkpoint_id: int
-    #: events into the function (on time: late rows are not counted here)
-    rows_in: int = 0
-    #: rows the function received: ``rows_in``, or with a local aggregation one per key
-    function_rows: int = 0
-    rows_out: int = 0
-    late_events: int = 0
-    timers_fired: int = 0
-    watermark: int = MIN_WATERMARK
-    duration_s: float = 0.0
-    sync_duration_s: float = 0.0
-    async_duration_s: float = 0.0
-    incremental_bytes: int = 0
-    full_bytes: int = 0
-    state_bytes_per_subtask: list[int] = field(default_factory=list)
-    restore_s: float = 0.0
-    reused_subtasks: int = 0
-    restored_subtasks: int = 0
-    #: of the restored subtasks, those that caught a stale live copy up (a cheap restore)
-    caught_up_subtasks: int = 0
-    skipped_replay: bool = False
-    #: bytes the executors sent to checkpoint storage for this checkpoint
-    uploaded_bytes: int = 0
-    #: bytes the store duplicated itself for this checkpoint (no byte through the executors)
-    duplicated_bytes: int = 0
-    #: bytes stored inside ``_metadata`` (small files)
-    inlined_bytes: int = 0
-    #: objects this checkpoint created in the store
-    objects_written: int = 0
-    #: bytes restores downloaded before the batch, and took from the executors' file caches
-    restore_downloaded_bytes: int = 0
-    restore_cache_hit_bytes: int = 0
-    #: runs of the batch (> 1: its checkpoint failed on transient storage errors and it was
-    #: retried, ``execution.checkpointing.tolerable-failed-checkpoints``)
-    attempts: int = 1
-    #: Spark tasks the subtasks ran in (``keyedstate.spark.tasks``)
-    spark_tasks: int = 0
-    #: of the reused subtasks, those whose copy their worker had caught up in the background
-    #: (``keyedstate.live-copies.background-catch-up``), and the longest such catch-up (off
-    #: the batch's path)
-    background_caught_up_subtasks: int = 0
-    background_catch_up_s: float = 0.0
-
-    @classmethod
-    def from_checkpoint(cls, row: CompletedCheckpointStats) -> BatchStats:
-        """A batch's statistics as its checkpoint recorded them (Spark Connect: the client
-        reads them from the checkpoints, :meth:`KeyedJobDriver.recorded_stats`). Not recorded
-        there, so left at their defaults: ``function_rows``, ``late_events``, ``timers_fired``, ``watermark``,
-        ``state_bytes_per_subtask``, ``objects_written``, ``attempts``, ``spark_tasks``."""
-        def seconds(ms: float | None) -> float:
-            return 0.0 if ms is None else ms / 1000
-
-        return cls(
-            batch_id=-1 if row.batch_id is None else row.batch_id,
-            checkpoint_id=row.checkpoint_id, rows_in=row.rows_in or 0,
-            rows_out=row.rows_out or 0, duration_s=seconds(row.end_to_end_ms),
-            sync_duration_s=seconds(row.sync_ms), async_duration_s=seconds(row.async_ms),
-            incremental_bytes=row.incremental_bytes or 0, full_bytes=row.full_bytes or 0,
-            restore_s=seconds(row.restore_ms), reused_subtasks=row.reused_subtasks or 0,
-            restored_subtasks=row.restored_subtasks or 0,
-            caught_up_subtasks=row.caught_up_subtasks or 0,
-            background_caught_up_subtasks=row.background_caught_up_subtasks or 0,
-            uploaded_bytes=row.uploaded_bytes or 0,
-            duplicated_bytes=row.duplicated_bytes or 0, inlined_bytes=row.inlined_bytes or 0,
-            restore_downloaded_bytes=row.downloaded_bytes or 0,
-            restore_cache_hit_bytes=row.cache_hit_bytes or 0)
-
-
-class KeyedJobDriver:
-    """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator."""
+class KeyedJobDriver(BatchLoop):
+    """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator: the
+    Spark engine of the batch loop (:class:`~keyedstate.runtime.loop.BatchLoop`), which
+    executes a plan with ``mapInArrow`` and commits output to the job's sinks."""
 
     def __init__(self, job: KeyedProcessJob, config: JobConfig,
                  spark_checkpoint_location: str | None = None) -> None:
         self.job = job
         self.config = config
+        self.function = job.function
+        self.key_columns = list(job.stream.key_columns)
+        self.output_schema = job.output_schema
+        self.side_outputs = dict(job.side_outputs)
         #: where Spark keeps the source offsets: batch ids are comparable only within it
         self.spark_checkpoint_location = spark_checkpoint_location or ""
         self.storage = CheckpointStorage(config.checkpoint_dir, config.storage_options,
@@ -295,31 +214,21 @@ class KeyedJobDriver:
         self._branch: Branch | None = None
         self._branch_read = False
         self._resumed_batch = -1
-        # Steps 1-3 (runtime/startup.py), with this driver's own steps on the snapshot
-        # (_on_restore) before it is claimed.
-        start = start_configured_job(self.storage, cfg, backend=self.backend.name,
-                                     key_types=self.key_types, on_restore=self._on_restore,
-                                     function=self.job.function,
-                                     key_columns=self.job.stream.key_columns)
-        self.max_parallelism = start.max_parallelism
-        self.coordinator = start.coordinator
-        self.start_id = start.start_id
-        # Step 3 (the recovered checkpoint's lineage and drain checked) or step 4 (NO_CLAIM /
-        # LEGACY: the first checkpoint references none of the snapshot's files, the backends
-        # duplicate them into this job's root instead).
-        point = resume_point(start, cfg)
-        # A restart keeps the lineage its checkpoints record, whatever restore path it has.
-        self.lineage[RESTORED_FROM] = point.restored_from
-        self.base = point.base
-        self.share_restored_files = point.share_restored_files
-        self.watermark = point.watermark
-        # Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
-        # source positions were restored in this job's offset log (_resume_source).
-        self.last_batch_id = point.batch_id if start.recovered else self._resumed_batch
+        # Steps 1-3 (runtime/startup.py, through the loop), with this driver's own steps on
+        # the snapshot (_on_restore) before it is claimed; then step 3 (the recovered
+        # checkpoint's lineage and drain checked) or step 4 (NO_CLAIM / LEGACY: the first
+        # checkpoint references none of the snapshot's files, the backends duplicate them
+        # into this job's root instead).
+        start = self._start(self._on_restore)
         if start.recovered:
             latest = self.coordinator.latest_completed
             assert latest is not None
             self._check_query(latest.metadata.properties)
+
+    def _resumed_batch_id(self, start: JobStart, point: ResumePoint) -> int:
+        """Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
+        source positions were restored in this job's offset log (:meth:`_resume_source`)."""
+        return point.batch_id if start.recovered else self._resumed_batch
 
     def _on_restore(self, snap: ResolvedSnapshot) -> dict[str, str]:
         """Step 1, the driver's part, on the checked snapshot a new job starts from: restore
@@ -569,74 +478,43 @@ class KeyedJobDriver:
 
     def _run_with_retries(self, df: Any, batch_id: int, started: float, *,
                           drain: bool = False) -> None:
-        """Run the batch and commit its output.
+        """Run the batch through the loop (:meth:`~keyedstate.runtime.loop.BatchLoop.
+        _run_batch`) and record its statistics.
 
-        Step A. Checkpoint the batch (:meth:`_checkpoint`). When that fails on transient
-            storage errors (throttling, timeouts, 5xx that outlasted the per-call retries),
-            the checkpoint was aborted (nothing it wrote is referenced): run the batch again
-            from the last committed checkpoint, up to
+        Step A. Checkpoint the batch. When that fails on transient storage errors
+            (throttling, timeouts, 5xx that outlasted the per-call retries), the checkpoint
+            was aborted (nothing it wrote is referenced): run the batch again from the last
+            committed checkpoint, up to
             ``execution.checkpointing.tolerable-failed-checkpoints`` times.
         Step B. The checkpoint is complete: the batch is never run again. Only its sink
-            commit is retried on transient errors (:meth:`_commit_with_retries`); if that
-            still fails, or a listener raises, the error ends the batch without Spark marking
-            it done, and the replay after a restart commits the output (step 1 of the module
-            docstring).
+            commit is retried on transient errors; if that still fails, or a listener raises,
+            the error ends the batch without Spark marking it done, and the replay after a
+            restart commits the output (step 1 of the module docstring).
         """
-        tolerable = self.config.tolerable_failed_checkpoints
-        for attempt in range(1, tolerable + 2):
-            try:
-                completed, results, tasks = self._checkpoint(df, batch_id, drain=drain)
-                break
-            except Exception as exc:
-                if attempt > tolerable or not _is_transient_failure(exc):
-                    raise
-                delay = self.storage.transfer.backoff(attempt)
-                log.warning("batch %s: checkpoint failed on transient storage errors (%s); "
-                            "running the batch again in %.1f s (attempt %d of %d)", batch_id,
-                            _batch_failure(exc) or exc, delay, attempt + 1, tolerable + 1)
-                time.sleep(delay)
-        # Step B.
-        self._commit_with_retries(df.sparkSession, completed)
-        stats = self._stats(batch_id, completed, results, started)
-        stats.attempts = attempt
-        stats.spark_tasks = tasks
-        self._record(stats)
+        self._record(self._run_batch(df, batch_id, started=started, drain=drain,
+                                     context=df.sparkSession))
 
-    def _commit_with_retries(self, spark: Any, completed: CompletedCheckpoint) -> None:
-        """Commit a completed checkpoint's output, retrying transient storage errors (the
-        commit is idempotent by batch id) as often as a failed checkpoint would be."""
-        tolerable = self.config.tolerable_failed_checkpoints
-        for attempt in range(1, tolerable + 2):
-            try:
-                self._commit_sinks(spark, completed)
-                return
-            except TransientStorageError as exc:
-                if attempt > tolerable:
-                    raise
-                delay = self.storage.transfer.backoff(attempt)
-                log.warning("checkpoint %d is complete, committing its output failed on "
-                            "transient storage errors (%s); committing again in %.1f s "
-                            "(attempt %d of %d)", completed.checkpoint_id, exc, delay,
-                            attempt + 1, tolerable + 1)
-                time.sleep(delay)
+    def _tolerable_failures(self) -> int:
+        return self.config.tolerable_failed_checkpoints
 
-    def _plan(self, batch_id: int, checkpoint_id: int, spark_tasks: int, *,
-              drain: bool = False) -> BatchPlan:
-        cfg = self.config
-        return BatchPlan(
-            job_id=self.storage.url, start_id=self.start_id, batch_id=batch_id,
-            checkpoint_id=checkpoint_id, parallelism=cfg.parallelism, spark_tasks=spark_tasks,
-            max_parallelism=self.max_parallelism, key_columns=self.job.stream.key_columns,
-            key_types=self.key_types, backend=self.backend, storage=self.storage,
-            function=self.job.function, output_schema=self.job.output_schema,
-            side_output_schemas=side_output_schemas(self.job.side_outputs, cfg.late_events,
-                                                    self._late_schema()),
-            watermark=self.watermark, watermark_column=cfg.watermark_column,
-            late_events=cfg.late_events, restore=self.base,
-            share_restored_files=self.share_restored_files, drain=drain,
-            local_dir=cfg.local_dir, drop_states=cfg.drop_states,
-            background_catch_up=cfg.background_catch_up,
-            background_restore=cfg.background_restore)
+    def _tasks(self, batch: Any) -> int:
+        return self.spark_tasks(batch.sparkSession)
+
+    def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+        """Route the batch's rows and run every subtask in Spark tasks (``mapInArrow``)."""
+        return (self._route(batch, plan.tasks)
+                .mapInArrow(partial(run_subtask, plan), REPORT_DDL).collect())
+
+    def _failure(self, exc: Exception, batch_id: int) -> BaseException | None:
+        """A Spark task's failure inside ``exc`` as the :class:`BatchFailedError` it was."""
+        if isinstance(exc, BatchFailedError):
+            return None
+        cause = _batch_failure(exc)
+        return None if cause is None else BatchFailedError(cause)
+
+    def _checkpoint_properties(self) -> Mapping[str, str]:
+        # The query the batch id belongs to: names the sinks' output, checked at restart.
+        return self._query_properties()
 
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.input_schema)
@@ -662,59 +540,6 @@ class KeyedJobDriver:
         return route(df, self.job.stream.key_columns, self.config.parallelism,
                      self.max_parallelism, spark_tasks)
 
-    def _checkpoint(self, df: Any, batch_id: int, *, drain: bool = False
-                    ) -> tuple[CompletedCheckpoint, list[Any], int]:
-        """Step 2 and 3: run the batch's subtasks and complete its checkpoint; returns the
-        completed checkpoint, the subtasks' result rows and the Spark tasks used. A failure
-        aborts the checkpoint (the driver's state is then as before the call)."""
-        # Step 2. Trigger, route, run every subtask.
-        pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
-        tasks = self.spark_tasks(df.sparkSession)
-        plan = self._plan(batch_id, pending.checkpoint_id, tasks, drain=drain)
-        try:
-            rows = (self._route(df, tasks).mapInArrow(partial(run_subtask, plan), RESULT_DDL)
-                    .collect())
-            # Step 3. Acknowledge and complete the checkpoint.
-            completed, results, watermark = complete_batch(
-                self.coordinator, pending, rows, parallelism=self.config.parallelism,
-                batch_id=batch_id, watermark=self.watermark,
-                watermark_delay_ms=self.config.watermark_delay_ms, drain=drain,
-                key_columns=self.job.stream.key_columns, lineage=self.lineage,
-                config=self.config, function=function_name(self.job.function),
-                # The query the batch id belongs to: names the sinks' output, checked at
-                # restart.
-                extra=self._query_properties())
-        except BaseException as exc:
-            if not pending.is_completed:
-                self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
-            if isinstance(exc, Exception) and not isinstance(exc, BatchFailedError):
-                cause = _batch_failure(exc)
-                if cause is not None:
-                    raise BatchFailedError(cause) from exc
-            raise
-        self.watermark = watermark
-        self.last_batch_id = batch_id
-        self.drained = drain
-        self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
-        self.share_restored_files = True
-        return completed, results, tasks
-
-    def _commit_sinks(self, spark: Any, completed: CompletedCheckpoint) -> None:
-        """Step 4: commit a completed checkpoint's output to the sinks (skipped when its
-        marker says that happened), then write the marker and drop the staged files."""
-        # A claimed snapshot staged nothing: its output is not this job's to commit. Its own
-        # job committed it, or this job did at start from the copy the snapshot carried
-        # (_commit_carried_output); committing "nothing" for its batch on a replay would
-        # replace that output.
-        if not output_pending(self.storage, completed):
-            return
-        self._committing = completed.checkpoint_id
-        try:
-            self._commit_output(spark, self.storage, completed.metadata.properties)
-            mark_output_committed(self.storage, self.coordinator, completed)
-        finally:
-            self._committing = None
-
     def _commit_output(self, spark: Any, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
         """Hand every output staged in ``storage`` (``props[STAGED]``) to its sinks, under
@@ -731,40 +556,6 @@ class KeyedJobDriver:
         for output, sinks in self.job.sinks.items():
             for sink in sinks:
                 sink.commit(spark, batch_id, outputs[output])
-
-    def _stats(self, batch_id: int, completed: CompletedCheckpoint, results: list[Any],
-               started: float) -> BatchStats:
-        per = [json.loads(r["stats"]) for r in results]
-        transfer, restored = TransferStats(), TransferStats()
-        for handle in completed.metadata.handles:
-            transfer.merge(TransferStats.from_properties(handle.properties))
-            restored.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
-        return BatchStats(
-            batch_id=batch_id, checkpoint_id=completed.checkpoint_id,
-            rows_in=sum(s["rows_in"] for s in per), rows_out=sum(s["rows_out"] for s in per),
-            function_rows=sum(s.get("function_rows", s["rows_in"]) for s in per),
-            late_events=sum(r["late"] for r in results),
-            timers_fired=sum(s["timers_fired"] for s in per), watermark=self.watermark,
-            duration_s=time.perf_counter() - started,
-            sync_duration_s=max(s["sync_s"] for s in per),
-            async_duration_s=max(s["async_s"] for s in per),
-            incremental_bytes=completed.metadata.incremental_size,
-            full_bytes=completed.metadata.full_size,
-            state_bytes_per_subtask=[h.full_size for h in completed.metadata.handles],
-            restore_s=max(s["restore_s"] for s in per),
-            reused_subtasks=sum(1 for s in per if s["reused_local_state"]),
-            restored_subtasks=sum(1 for s in per if not s["reused_local_state"]),
-            caught_up_subtasks=sum(1 for s in per if s.get("caught_up")),
-            uploaded_bytes=transfer.uploaded_bytes,
-            duplicated_bytes=transfer.duplicated_bytes,
-            inlined_bytes=transfer.inlined_bytes,
-            objects_written=transfer.uploaded_objects + transfer.duplicated_objects,
-            restore_downloaded_bytes=restored.downloaded_bytes,
-            restore_cache_hit_bytes=restored.cache_hit_bytes,
-            background_caught_up_subtasks=sum(1 for s in per
-                                              if s.get("background_catch_up_s")),
-            background_catch_up_s=max(s.get("background_catch_up_s", 0.0) for s in per),
-        )
 
     def _record(self, stats: BatchStats) -> None:
         self.stats.append(stats)
@@ -813,13 +604,7 @@ class KeyedJobDriver:
             source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
             attach = carry(source, self.config.storage_options,
                            committed=None if committing else True)
-            if fmt is SnapshotFormat.NATIVE:
-                return write_native_savepoint(source, target, self.config.storage_options,
-                                              attach=attach)
-            from keyedstate.processor.canonical import write_canonical_savepoint
-
-            return write_canonical_savepoint(source, target, self.config.storage_options,
-                                             attach=attach)
+            return write_savepoint(source, target, self.config.storage_options, fmt, attach)
 
     def recorded_stats(self) -> list[BatchStats]:
         """The statistics of this run's batches as its checkpoints recorded them (the latest
@@ -855,13 +640,7 @@ class KeyedJobDriver:
         relative = self.storage.metadata_path(ids[-1])
         source = ResolvedSnapshot(self.storage, relative, self.storage.read_metadata(relative))
         attach = carry(source, self.config.storage_options)
-        if fmt is SnapshotFormat.NATIVE:
-            return write_native_savepoint(source, target, self.config.storage_options,
-                                          attach=attach)
-        from keyedstate.processor.canonical import write_canonical_savepoint
-
-        return write_canonical_savepoint(source, target, self.config.storage_options,
-                                         attach=attach)
+        return write_savepoint(source, target, self.config.storage_options, fmt, attach)
 
     def drain(self, spark: Any) -> None:
         """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint.
@@ -907,15 +686,6 @@ def _batch_list(ids: list[int]) -> str:
     if len(shown) > 8:
         shown = [*shown[:4], f"... ({len(ids) - 6} more)", *shown[-2:]]
     return ", ".join(shown)
-
-
-def _is_transient_failure(exc: BaseException) -> bool:
-    """Whether a failed batch failed on storage errors a later run may not meet: a
-    :class:`TransientStorageError` raised here or in a Spark task."""
-    if isinstance(exc, TransientStorageError):
-        return True
-    task = find_task_failure(exc)
-    return task is not None and task.error == TransientStorageError.__name__
 
 
 def _batch_failure(exc: BaseException) -> str | None:

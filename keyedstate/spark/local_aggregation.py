@@ -22,7 +22,7 @@ from keyedstate.runtime.local_aggregation import (
     Min,
     Sum,
 )
-from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN
+from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.spark.routing import task_of_subtask, with_routing_columns
 
 

@@ -1,13 +1,13 @@
 """Routing a batch's rows to the Spark tasks of their subtasks, as JVM expressions: each row's
 key group is Spark's ``pmod(xxhash64(key columns), maxP)`` (:mod:`keyedstate.keys` computes the
 same in Python), its subtask ``key_group * p div maxP``, and Spark task ``t`` of ``spark_tasks``
-gets the rows of the subtasks it runs (:func:`~keyedstate.runtime.subtask.subtasks_of_task`)."""
+gets the rows of the subtasks it runs (:func:`~keyedstate.runtime.grouping.subtasks_of_task`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from keyedstate.runtime.subtask import KG_COLUMN, SUBTASK_COLUMN
+from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 
 
 def with_routing_columns(df: Any, key_columns: list[str], parallelism: int,

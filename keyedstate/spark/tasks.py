@@ -9,15 +9,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyedstate.runtime.failures import subtask_failed
+from keyedstate.runtime.grouping import subtasks_of_task
 from keyedstate.runtime.live_copies import catch_up_in_background
-from keyedstate.runtime.subtask import (
-    SUBTASK_COLUMN,
-    BatchPlan,
-    process_group,
-    process_subtask,
-    restorer,
-    subtasks_of_task,
-)
+from keyedstate.runtime.subtask import BatchPlan, process_group, process_subtask, restorer
+from keyedstate.runtime.wire import SUBTASK_COLUMN
 
 
 def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

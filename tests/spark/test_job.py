@@ -255,7 +255,7 @@ def test_killed_python_worker_leaves_no_working_directory(spark, tmp_path):
 
 @given(st.integers(1, 300).flatmap(lambda p: st.tuples(st.just(p), st.integers(1, p))))
 def test_spark_tasks_run_every_subtask_once_in_balanced_contiguous_groups(p_and_tasks):
-    from keyedstate.runtime.subtask import subtasks_of_task
+    from keyedstate.runtime.grouping import subtasks_of_task
 
     parallelism, tasks = p_and_tasks
     groups = [subtasks_of_task(t, tasks, parallelism) for t in range(tasks)]
@@ -272,6 +272,7 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
     from collections import OrderedDict
 
     from keyedstate.backends.rocksdb import RocksDBStateBackend
+    from keyedstate.checkpoint.properties import MIN_WATERMARK
     from keyedstate.config import LateEvents
     from keyedstate.runtime import live_copies
     from keyedstate.runtime import subtask as runtime
@@ -288,7 +289,7 @@ def test_live_state_cache_is_bounded(tmp_path, monkeypatch):
             key_columns=["user_id"], key_types=["string"], backend=RocksDBStateBackend(),
             storage=CheckpointStorage(str(tmp_path / job)), function=RunningTotals(),
             output_schema=pa.schema([("user_id", pa.string())]), side_output_schemas={},
-            watermark=runtime.MIN_WATERMARK, watermark_column=None,
+            watermark=MIN_WATERMARK, watermark_column=None,
             late_events=LateEvents.DROP, restore=None,
             share_restored_files=True, local_dir=str(tmp_path / "local"))
         list(runtime.process_subtask(plan, index, iter([])))

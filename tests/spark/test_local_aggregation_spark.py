@@ -137,7 +137,8 @@ def test_the_aggregation_runs_after_the_one_shuffle_that_routes_the_rows(spark, 
     after it; every aggregated row is in its subtask's Spark task."""
     from pyspark.sql import functions as F
 
-    from keyedstate.runtime.subtask import SUBTASK_COLUMN, subtasks_of_task
+    from keyedstate.runtime.grouping import subtasks_of_task
+    from keyedstate.runtime.wire import SUBTASK_COLUMN
     from keyedstate.spark.local_aggregation import aggregate_and_route
 
     data = two_phase_batches(1, events=2000, users=200)[0]
@@ -156,7 +157,7 @@ def test_a_task_refuses_rows_of_a_subtask_it_does_not_run():
     import pyarrow as pa
 
     from keyedstate.errors import BatchFailedError
-    from keyedstate.runtime.subtask import SUBTASK_COLUMN
+    from keyedstate.runtime.wire import SUBTASK_COLUMN
     from keyedstate.spark.tasks import routed_to
 
     batch = pa.RecordBatch.from_pydict({SUBTASK_COLUMN: pa.array([2, 3, 4], pa.int32())})

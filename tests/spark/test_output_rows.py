@@ -1,4 +1,4 @@
-"""Output rows to Arrow (``_rows_to_table``): exactly the declared fields, named errors;
+"""Output rows to Arrow (``rows_to_table``): exactly the declared fields, named errors;
 no Spark needed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keyedstate.errors import OutputSchemaError
-from keyedstate.runtime.subtask import _rows_to_table
+from keyedstate.runtime.output import rows_to_table
 from keyedstate.spark.schema import to_arrow_schema
 
 SCHEMA = to_arrow_schema("user_id string, count bigint, note string")
@@ -14,12 +14,12 @@ KEYS = [(0, "a"), (2, "b")]  # rows 0-1 of key "a", 2- of key "b"
 
 
 def test_dict_and_tuple_rows_convert():
-    table = _rows_to_table([{"user_id": "a", "count": 1, "note": None},
+    table = rows_to_table([{"user_id": "a", "count": 1, "note": None},
                             {"note": "x", "count": 2, "user_id": "b"}], SCHEMA, "main")
     assert table.to_pylist() == [{"user_id": "a", "count": 1, "note": None},
                                  {"user_id": "b", "count": 2, "note": "x"}]
-    assert _rows_to_table([("a", 1, None)], SCHEMA, "main").equals(table.slice(0, 1))
-    assert _rows_to_table([], SCHEMA, "main").num_rows == 0
+    assert rows_to_table([("a", 1, None)], SCHEMA, "main").equals(table.slice(0, 1))
+    assert rows_to_table([], SCHEMA, "main").num_rows == 0
 
 
 @pytest.mark.parametrize(("rows", "message"), [
@@ -47,10 +47,10 @@ def test_dict_and_tuple_rows_convert():
 ])
 def test_rows_not_matching_the_schema_name_the_row_key_and_field(rows, message):
     with pytest.raises(OutputSchemaError) as failure:
-        _rows_to_table(rows, SCHEMA, "main", KEYS)
+        rows_to_table(rows, SCHEMA, "main", KEYS)
     assert message in str(failure.value)
 
 
 def test_side_output_rows_without_keys_name_the_output():
     with pytest.raises(OutputSchemaError, match=r"^output 'alerts', row 0: field 'x' is not"):
-        _rows_to_table([{"x": 1}], SCHEMA, "alerts")
+        rows_to_table([{"x": 1}], SCHEMA, "alerts")

@@ -1,0 +1,138 @@
+"""What crosses from a Python worker to the driver: the one home of the wire.
+
+A batch's rows reach a subtask carrying two routing columns (:data:`KG_COLUMN`,
+:data:`SUBTASK_COLUMN`: the key group and subtask that Spark's JVM, or the local runtime,
+computed for each row). Each subtask answers with one row of :data:`REPORT_SCHEMA` (Spark's
+``mapInArrow`` declares it as :data:`REPORT_DDL`, derived from the schema): a
+:class:`SubtaskReport`, a frozen, versioned msgspec model, JSON-encoded in the ``report``
+column by :func:`report_batch` and decoded by :func:`decode_reports` alone.
+
+The driver and its workers run the same keyedstate (Spark ships no code between them); the
+version still tells a mismatch apart from damage: a report of another version is refused with
+:class:`~keyedstate.errors.UnsupportedFormatVersionError` naming both versions, one that does
+not decode with :class:`~keyedstate.errors.CheckpointProtocolError`. Nothing here is stored:
+the checkpoint records what :meth:`SubtaskReport` figures turn into
+(:class:`~keyedstate.checkpoint.stats.SubtaskStateStats`), not the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import msgspec
+import pyarrow as pa
+
+from keyedstate.checkpoint.stats import SubtaskStateStats
+from keyedstate.errors import CheckpointProtocolError, UnsupportedFormatVersionError
+from keyedstate.serde import type_ddl
+from keyedstate.storage.handles import KeyedStateHandle
+
+#: the routing columns a subtask's input rows carry: their key group and subtask
+KG_COLUMN = "_ks_key_group"
+SUBTASK_COLUMN = "_ks_subtask"
+
+#: the version of :class:`SubtaskReport` this keyedstate writes and reads
+WIRE_VERSION = 1
+
+#: a subtask's one result row: its report, JSON-encoded
+REPORT_SCHEMA = pa.schema([pa.field("report", pa.binary(), nullable=False)])
+#: :data:`REPORT_SCHEMA` as Spark DDL (``mapInArrow``'s result schema)
+REPORT_DDL = ", ".join(f"{f.name} {type_ddl(f.type)}" for f in REPORT_SCHEMA)
+
+
+class SubtaskFigures(msgspec.Struct, frozen=True):
+    """What one subtask's part of one batch counted and took (seconds)."""
+
+    #: events into the function (on time: late rows are not counted)
+    rows_in: int
+    #: rows the function received: ``rows_in``, or with a local aggregation one per key
+    function_rows: int
+    rows_out: int
+    timers_fired: int
+    #: the function's run (timers, rows, close)
+    process_s: float
+    #: getting the state before the batch (0 when the live copy was reused)
+    restore_s: float
+    #: reused the live copy as it was
+    reused_local_state: bool
+    #: restored from a snapshot (neither this nor reused: a new job's empty state)
+    restored: bool
+    #: restored by catching a stale live copy up (``restore_s``: only the changes since)
+    caught_up: bool
+    #: reused a copy its worker caught up in the background: the seconds that took, off the
+    #: batch's path (0: none)
+    background_catch_up_s: float
+    sync_s: float
+    async_s: float
+    incremental_bytes: int
+    full_bytes: int
+    worker_pid: int
+
+    def state_stats(self) -> SubtaskStateStats:
+        """The subtask's statistics as its checkpoint records them."""
+        return SubtaskStateStats.of_seconds(
+            sync_s=self.sync_s, async_s=self.async_s, restore_s=self.restore_s,
+            reused=self.reused_local_state, restored=self.restored, rows_in=self.rows_in,
+            rows_out=self.rows_out, caught_up=self.caught_up,
+            background_catch_up_s=self.background_catch_up_s)
+
+
+class SubtaskReport(msgspec.Struct, frozen=True):
+    """One subtask's answer for one batch: its snapshot and what it staged and counted."""
+
+    #: :data:`WIRE_VERSION` of the writer
+    version: int
+    subtask: int
+    #: the token of the live copy the subtask kept (the next batch reuses it if it matches)
+    token: str
+    handle: KeyedStateHandle
+    #: output tag -> the staged Parquet file (relative to the checkpoint storage)
+    staged: dict[str, str]
+    #: the largest event time among the subtask's rows (None: none had one)
+    max_event_time: int | None
+    #: late rows split off (counted, dropped or side output)
+    late: int
+    figures: SubtaskFigures
+
+
+class _Version(msgspec.Struct):
+    version: int
+
+
+_encoder = msgspec.json.Encoder()
+_version_decoder = msgspec.json.Decoder(_Version)
+_report_decoder = msgspec.json.Decoder(SubtaskReport)
+
+
+def report_batch(report: SubtaskReport) -> pa.RecordBatch:
+    """``report`` as the subtask's one result row (:data:`REPORT_SCHEMA`)."""
+    return pa.RecordBatch.from_pylist([{"report": _encoder.encode(report)}],
+                                      schema=REPORT_SCHEMA)
+
+
+def decode_reports(rows: Iterable[Any]) -> list[SubtaskReport]:
+    """The reports of a batch's result rows (Spark ``Row``s or dicts of
+    :data:`REPORT_SCHEMA`), in the order given."""
+    reports = []
+    for row in rows:
+        data = row["report"]
+        try:
+            version = _version_decoder.decode(data).version
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CheckpointProtocolError(
+                f"a subtask's report can't be read ({exc}): not a keyedstate report") from exc
+        if version != WIRE_VERSION:
+            raise UnsupportedFormatVersionError(
+                f"a subtask reported in wire version {version}, this driver reads version "
+                f"{WIRE_VERSION}: the driver and the Python workers run different keyedstate "
+                f"versions; install the same version on both")
+        try:
+            reports.append(_report_decoder.decode(data))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CheckpointProtocolError(
+                f"a subtask's report (wire version {version}) can't be read: {exc}") from exc
+    return reports
+
+
+__all__ = ["KG_COLUMN", "REPORT_DDL", "REPORT_SCHEMA", "SUBTASK_COLUMN", "SubtaskFigures",
+           "SubtaskReport", "WIRE_VERSION", "decode_reports", "report_batch"]
