@@ -241,10 +241,12 @@ def test_the_setting_is_a_boolean(tmp_path):
                                   "keyedstate.live-copies.background-catch-up": False})
     assert off.background_catch_up is False
     assert JobConfig(checkpoint_dir=str(tmp_path)).background_catch_up is True
-    with pytest.raises(ConfigurationError, match="background-catch-up .*can't be 'yes': it takes true or false"):
+    with pytest.raises(ConfigurationError,
+                       match="background-catch-up .*can't be 'yes': it takes true or false"):
         JobConfig(checkpoint_dir=str(tmp_path), background_catch_up="yes")  # type: ignore[arg-type]
     assert JobConfig(checkpoint_dir=str(tmp_path)).background_restore is False
-    with pytest.raises(ConfigurationError, match="background-restore must be true or false"):
+    with pytest.raises(ConfigurationError,
+                       match="background-restore .*can't be 1: it takes true or false"):
         JobConfig(checkpoint_dir=str(tmp_path), background_restore=1)  # type: ignore[arg-type]
 
 
