@@ -1,5 +1,6 @@
-"""The checkpoint coordinator on real files: seed 003's walkthrough and race, aborts, crashes at
-every step of ``complete``, corrupt and incompatible checkpoints on recovery."""
+"""The checkpoint coordinator on real files: the walkthrough and the race of Flink's blog post on
+incremental checkpoints ("Managing Large State in Apache Flink"), aborts, crashes at every step
+of ``complete``, corrupt and incompatible checkpoints on recovery."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def assert_restorable(coordinator: CheckpointCoordinator) -> None:
     assert find_garbage(coordinator.storage).files == []
 
 
-# -- seed 003 ----------------------------------------------------------------------------------
+# -- the incremental checkpointing blog post ---------------------------------------------------
 
 def test_seed_003_walkthrough(storage: CheckpointStorage) -> None:
     """The blog post's example: one subtask, two retained checkpoints, CP1..CP4 (and CP5)."""
