@@ -70,7 +70,7 @@ def assert_restorable(coordinator: CheckpointCoordinator) -> None:
 
 # -- the incremental checkpointing blog post ---------------------------------------------------
 
-def test_seed_003_walkthrough(storage: CheckpointStorage) -> None:
+def test_incremental_checkpoint_walkthrough(storage: CheckpointStorage) -> None:
     """The blog post's example: one subtask, two retained checkpoints, CP1..CP4 (and CP5)."""
     coordinator = CheckpointCoordinator(storage, **config(parallelism=1, num_retained=2))
     files: dict[str, StreamHandle] = {}
@@ -112,7 +112,8 @@ def test_seed_003_walkthrough(storage: CheckpointStorage) -> None:
     assert_restorable(coordinator)
 
 
-def test_seed_003_race_unconfirmed_or_deleted_base(storage: CheckpointStorage) -> None:
+def test_incremental_checkpoint_race_unconfirmed_or_deleted_base(
+        storage: CheckpointStorage) -> None:
     """Concurrent checkpoints: one that builds on a subsumed checkpoint's deleted file, or on
     a checkpoint that has not completed, is aborted, and its new files are deleted."""
     coordinator = CheckpointCoordinator(storage, **config(parallelism=1))
