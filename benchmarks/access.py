@@ -30,7 +30,8 @@ DBs; the figures are medians.
 must find RocksDB in its normal regime. At 1,000,000 keys in one DB the SST's bloom filter
 block (~1.2 MiB) no longer fits in one 1 MiB shard of the default 64 MiB block cache, so every
 lookup on both sides reloads it and takes ~40 us (see docs/benchmarks.md).
-Goal (issue 2): keyedstate rocksdb at most 2x raw rocksdict.
+Goal (set with the keyed state core, docs/benchmarks.md): keyedstate rocksdb at most 2x raw
+rocksdict.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ fresh random ``fraction`` of the keys, insert ``grow`` x ``keys`` new ones, chec
 confirm. Each checkpoint's ``incremental_size`` (what it wrote) is divided by its
 ``full_size`` (what a full checkpoint of the same state would write).
 
-Goal (issue 14): no checkpoint uploads much more than one shard plus its change, so the
-largest checkpoint stays close to the median one.
+Goal (bounded checkpoints, docs/rocksdb-backend.md): no checkpoint uploads much more than one shard
+plus its change, so the largest checkpoint stays close to the median one.
 
     python -m keyedstate_benchmarks.checkpoint_bound --keys 1000000 --rounds 60
 """

@@ -1,4 +1,4 @@
-"""``keyedstate bench evolution``: restoring a state whose type evolved (issue 13).
+"""``keyedstate bench evolution``: restoring a state whose type evolved (docs/schema-evolution.md).
 
 One subtask holds ``keys`` keys of a value state ``struct<count: bigint, total: double>``,
 snapshotted in full. It is restored twice per round, side by side: *plain* with the same

@@ -1,4 +1,4 @@
-"""Does a batch cost the same when the state is 50 times larger? (issue 14 part 3)
+"""Does a batch cost the same when the state is 50 times larger? (bounded batch cost)
 
 The keyed count of ``bench throughput`` (:class:`~.throughput.KeyedCount`: a
 ``KeyedProcessFunction`` with a bigint ``ValueState`` per key, the per-key path

@@ -1,4 +1,4 @@
-"""State on object storage: bytes moved per checkpoint, savepoint and restore (issue 5).
+"""State on object storage: bytes moved per checkpoint, savepoint and restore.
 
 Runs against a local S3-compatible server (moto, started here on loopback) through s3fs, with
 the in-process runtime (:class:`~keyedstate.runtime.local.LocalKeyedOperator`, 2 subtasks, RocksDB).

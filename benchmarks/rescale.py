@@ -1,5 +1,5 @@
 """Rescaling a keyed job on Spark: keyedstate's restore at another parallelism against Spark's
-offline state repartition (issue 4).
+offline state repartition (docs/rescaling.md).
 
 **The state.** ``keys`` keys (``user-00000000`` ...), one event each, in Parquet files of
 ``chunk_keys`` keys; key ``i`` carries ``amount = i % 997``. Both systems keep, per key, one
@@ -48,8 +48,9 @@ goal's; the per-key comparison with the full-size keyedstate state is reported t
 same disk; and byte copies onto another filesystem, ``/dev/shm``, where no link is possible)
 and canonical (Parquet, re-encoded), with their sizes against the checkpoint's.
 
-Goals (issue 4): a rescaled restore takes at most 1.5x a same-parallelism restore of the same
-snapshot; keyedstate's rescale is at least 5x faster than Spark's repartition.
+Goals (set with savepoints and rescaling, docs/rescaling.md): a rescaled restore takes at most 1.5x
+a same-parallelism restore of the same snapshot; keyedstate's rescale is at least 5x faster than
+Spark's repartition.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ output is read back by the table format's reader and must hold every batch exact
 rows, sum of counts and sum of squared counts of all batches equal the generated data's, and
 one Delta version / Iceberg snapshot / Parquet batch directory per batch), or the run fails.
 
-Goal (issue 15): a table sink adds at most 20% per batch over ``ParquetSink``:
-``ratio_to_parquet`` (the median batch after the first, against ParquetSink's) at most 1.2.
+Goal (set with the table sinks, docs/sinks.md): a table sink adds at most 20% per batch over
+``ParquetSink``: ``ratio_to_parquet`` (the median batch after the first, against ParquetSink's) at
+most 1.2.
 """
 
 from __future__ import annotations

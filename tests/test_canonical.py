@@ -452,7 +452,7 @@ def test_state_read_command_on_native_and_canonical(source):
 
 
 def test_a_canonical_savepoint_carries_what_a_native_one_does():
-    """One rule for every savepoint (issue 12): the job's properties travel, including a
+    """One rule for every savepoint (the house plan): the job's properties travel, including a
     runtime's own (Spark's offset location and query id), which the processor never names;
     job-local ones, the context's, transfer figures and the source format's bookkeeping stay."""
     from keyedstate.checkpoint import properties as p

@@ -1,5 +1,6 @@
-"""Restore modes (seed 004) across subsume cycles, with the files on disk checked after every
-step: who deletes what, and when. Both backends, real files, :class:`LocalKeyedOperator`."""
+"""Restore modes (CLAIM / NO_CLAIM / LEGACY, docs/restore-modes.md) across subsume cycles, with the
+files on disk checked after every step: who deletes what, and when. Both backends, real files,
+:class:`LocalKeyedOperator`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A job restarted with changed state descriptors continues (issue 13): every rule × backend ×
-snapshot kind (checkpoint, native savepoint, canonical savepoint, the savepoints rescaled),
-on the local runtime; the output equals pandas over the whole input. Incompatible changes fail
-at job start, naming the field, with the checkpoint directory unchanged."""
+"""A job restarted with changed state descriptors continues (state schema evolution): every rule ×
+backend × snapshot kind (checkpoint, native savepoint, canonical savepoint, the savepoints
+rescaled), on the local runtime; the output equals pandas over the whole input. Incompatible changes
+fail at job start, naming the field, with the checkpoint directory unchanged."""
 
 from __future__ import annotations
 

@@ -211,7 +211,8 @@ class CheckpointCoordinator:
         Step 2. Every shared file that is not new in this checkpoint is registered by a retained
             checkpoint with the same size and checksum, and private files lie in ``chk-<N>/``;
             otherwise the checkpoint is aborted and :class:`CheckpointAbortedError` names the
-            file (a backend built on an unconfirmed or subsumed base: seed 003's race).
+            file (a backend built on an unconfirmed or subsumed base: the race of incremental
+            checkpoints, ``docs/checkpoints.md``).
         Step 3. ``chk-<N>/_metadata`` is written atomically: the checkpoint is complete.
         Step 4. Its shared files are registered.
         Step 5. Checkpoints beyond ``num_retained`` are subsumed: their ``_metadata``, then

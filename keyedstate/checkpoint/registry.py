@@ -1,8 +1,9 @@
 """The shared-state registry: which shared files are still needed, and when one may go.
 
 Flink's ``SharedStateRegistryImpl`` as it works today (not the reference counts of the 2017
-blog post in seed 003, which it replaced): every shared file, keyed by its path relative to
-the snapshot root, remembers the *last* checkpoint that used it. When checkpoints are subsumed,
+blog post "Managing Large State in Apache Flink: An Intro to Incremental Checkpointing", which
+it replaced): every shared file, keyed by its path relative to the snapshot root, remembers
+the *last* checkpoint that used it. When checkpoints are subsumed,
 the coordinator passes the lowest retained checkpoint id; every file last used below it is
 referenced by no retained checkpoint (ids only grow, and a checkpoint uses a file only if it
 registered it), so it is dropped and, if owned, deleted.
@@ -94,8 +95,8 @@ class SharedStateRegistry:
         None. It must be registered, so that a retained checkpoint keeps it alive, with the same
         size and checksum. Flink refuses a placeholder of unknown state the same way: the
         backend built on an unconfirmed checkpoint (one of ``unconfirmed``, the pending ids)
-        or on a subsumed one whose file is deleted (seed 003's race). The reason starts with
-        the file's path."""
+        or on a subsumed one whose file is deleted (the race of incremental checkpoints). The
+        reason starts with the file's path."""
         entry = self._entries.get(handle.path)
         if entry is None:
             writer = checkpoint_id_of_shared_file(handle.path)

@@ -1,7 +1,7 @@
 """State schema evolution: is a restored state's recorded type readable as the descriptor's type?
 
-The rules of issue 13 (``docs/schema-evolution.md`` is the reference), resolved to one of
-Flink's three outcomes (``TypeSerializerSchemaCompatibility``):
+The rules of state schema evolution (``docs/schema-evolution.md`` is the reference), resolved
+to one of Flink's three outcomes (``TypeSerializerSchemaCompatibility``):
 
 * :attr:`SchemaCompatibility.COMPATIBLE_AS_IS`: the types are equal; old values are new values.
 * :attr:`SchemaCompatibility.COMPATIBLE_AFTER_MIGRATION`: every old value has one value in the

@@ -432,7 +432,7 @@ def test_restore_shares_the_chain_only_when_allowed(tmp_path):
     assert [n for n, _ in chain_of(job.snapshot(shared, 2))] == ["000000000001-full",
                                                                  "000000000002-diff"]
     # NO_CLAIM: the first snapshot extends a copy of the chain, duplicated by the store
-    # (issue 5: no re-upload), and references none of the restored files.
+    # (state on object storage: no re-upload), and references none of the restored files.
     no_claim = job.create(handles=[handle], share=False)
     after = job.snapshot(no_claim, 3)
     assert list(after.shared) == ["000000000000-0000-full", "000000000003-diff"]

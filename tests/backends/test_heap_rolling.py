@@ -1,11 +1,11 @@
-"""Rolling materialization of the heap backend (issue 14 part 3): after the first snapshot no
-checkpoint writes the whole state. Each writes its diff plus images of the key groups whose
-latest image is oldest, about as many entries as it changed, and a restore starts each key group
-at its newest image. Checked here: the images stay within their budget over a long run; every
-checkpoint of a long rolling chain restores to what a per-entry oracle expects, rescaled or
-not; files before the oldest needed image leave the registry (and the disk); a chain of format
-version 1 still restores and is extended; a storage fault around a rolling file leaves the
-previous checkpoint restorable. Real files, real coordinator; nothing mocked."""
+"""Rolling materialization of the heap backend (batch cost bounded as state grows): after the first
+snapshot no checkpoint writes the whole state. Each writes its diff plus images of the key groups
+whose latest image is oldest, about as many entries as it changed, and a restore starts each key
+group at its newest image. Checked here: the images stay within their budget over a long run; every
+checkpoint of a long rolling chain restores to what a per-entry oracle expects, rescaled or not;
+files before the oldest needed image leave the registry (and the disk); a chain of format version 1
+still restores and is extended; a storage fault around a rolling file leaves the previous checkpoint
+restorable. Real files, real coordinator; nothing mocked."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""State migration on restore (issue 13), on every backend and both RocksDB migration modes:
-a state restored through a descriptor whose type evolved holds the old values mapped by the
+"""State migration on restore (state schema evolution), on every backend and both RocksDB migration
+modes: a state restored through a descriptor whose type evolved holds the old values mapped by the
 rule, keeps them through later snapshots (incremental and full, rescaled), and refuses an
 incompatible change before anything changes."""
 

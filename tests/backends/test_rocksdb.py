@@ -226,7 +226,7 @@ def test_user_function_errors_name_the_state(local_dir: str) -> None:
             _state(kb, AggregatingStateDescriptor("agg", Broken(), "bigint")).add(1)
 
 
-# -- incremental snapshots (seed 003) --------------------------------------------------------
+# -- incremental snapshots (Flink's incremental checkpoints) ---------------------------------
 
 
 def test_second_checkpoint_uploads_only_new_ssts(storage: CheckpointStorage,
@@ -346,7 +346,7 @@ def test_corrupt_sst_fails_restore_with_a_typed_error(storage: CheckpointStorage
     assert [os.listdir(os.path.join(local_dir, d)) for d in os.listdir(local_dir)] in ([], [[]])
 
 
-# -- rescaling (seed 001) --------------------------------------------------------------------
+# -- rescaling (clip + SST ingest, Flink's DeleteRange rescaling) ----------------------------
 
 
 def _check_instances(kb: RocksDBKeyedStateBackend) -> None:

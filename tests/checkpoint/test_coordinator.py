@@ -1,5 +1,6 @@
-"""The checkpoint coordinator on real files: seed 003's walkthrough and race, aborts, crashes at
-every step of ``complete``, corrupt and incompatible checkpoints on recovery."""
+"""The checkpoint coordinator on real files: the walkthrough and the race of Flink's blog post on
+incremental checkpoints ("Managing Large State in Apache Flink"), aborts, crashes at every step
+of ``complete``, corrupt and incompatible checkpoints on recovery."""
 
 from __future__ import annotations
 
@@ -67,9 +68,9 @@ def assert_restorable(coordinator: CheckpointCoordinator) -> None:
     assert find_garbage(coordinator.storage).files == []
 
 
-# -- seed 003 ----------------------------------------------------------------------------------
+# -- the incremental checkpointing blog post ---------------------------------------------------
 
-def test_seed_003_walkthrough(storage: CheckpointStorage) -> None:
+def test_incremental_checkpoint_walkthrough(storage: CheckpointStorage) -> None:
     """The blog post's example: one subtask, two retained checkpoints, CP1..CP4 (and CP5)."""
     coordinator = CheckpointCoordinator(storage, **config(parallelism=1, num_retained=2))
     files: dict[str, StreamHandle] = {}
@@ -111,7 +112,8 @@ def test_seed_003_walkthrough(storage: CheckpointStorage) -> None:
     assert_restorable(coordinator)
 
 
-def test_seed_003_race_unconfirmed_or_deleted_base(storage: CheckpointStorage) -> None:
+def test_incremental_checkpoint_race_unconfirmed_or_deleted_base(
+        storage: CheckpointStorage) -> None:
     """Concurrent checkpoints: one that builds on a subsumed checkpoint's deleted file, or on
     a checkpoint that has not completed, is aborted, and its new files are deleted."""
     coordinator = CheckpointCoordinator(storage, **config(parallelism=1))

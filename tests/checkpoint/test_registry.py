@@ -96,7 +96,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # num-retained 1 is the default and the one where seed 003's race deletes files.
+    # num-retained 1 is the default and the one where the race of incremental checkpoints
+    # deletes files.
     @initialize(num_retained=st.sampled_from([1, 1, 2, 3]), parallelism=st.integers(1, 3))
     def start(self, num_retained: int, parallelism: int) -> None:
         self.storage = CheckpointStorage(self.root)
@@ -190,8 +191,8 @@ class CheckpointMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.coordinator is not None)
     @rule(data=st.data())
     def concurrent_checkpoints(self, data: st.DataObject) -> None:
-        """Seed 003's race: two checkpoints start on one base; the first to complete may
-        subsume it, deleting files the second still references."""
+        """The race of incremental checkpoints: two checkpoints start on one base; the first to
+        complete may subsume it, deleting files the second still references."""
         first, second = self.trigger_one(), self.trigger_one()
         self.complete_one(first, data)
         self.complete_one(second, data)

@@ -1,6 +1,6 @@
-"""State on object storage (issue 5), the same tests on the local S3 server and on a local
-directory: files move once, the store duplicates what it already holds, small files are inlined
-or merged with exact references, restores read through the file cache, and every checkpoint,
+"""State on object storage (docs/object-storage.md), the same tests on the local S3 server and on a
+local directory: files move once, the store duplicates what it already holds, small files are
+inlined or merged with exact references, restores read through the file cache, and every checkpoint,
 restore and savepoint records what it moved."""
 
 from __future__ import annotations

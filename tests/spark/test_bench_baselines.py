@@ -1,4 +1,4 @@
-"""The Spark baselines of ``keyedstate bench throughput`` run after ``make install`` (issue 16:
+"""The Spark baselines of ``keyedstate bench throughput`` run after ``make install`` (first run:
 ``transformWithStateInPandas`` needs protobuf and grpcio in Spark's Python workers; the
 ``bench`` extra installs them)."""
 

@@ -1,9 +1,8 @@
-"""Schema evolution on Spark (issue 13): a job restarted with an evolved state type continues
-from its checkpoints (both backends, rescaled) and its output equals pandas over the whole
-input; an incompatible change fails at start(); the state processor API reads a snapshot in
-the new type: a Spark job's checkpoint, and the local runtime's checkpoints, native and
-canonical savepoints of both backends by every rule (the values ``tests/test_read_evolved.py``
-reads without Spark)."""
+"""Schema evolution on Spark (docs/schema-evolution.md): a job restarted with an evolved state type
+continues from its checkpoints (both backends, rescaled) and its output equals pandas over the whole
+input; an incompatible change fails at start(); the state processor API reads a snapshot in the new
+type: a Spark job's checkpoint, and the local runtime's checkpoints, native and canonical savepoints
+of both backends by every rule (the values ``tests/test_read_evolved.py`` reads without Spark)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Both table sinks under a worker fault (issue 15 item 3): a Python worker SIGKILLed mid-batch
-makes Spark re-run the batch's task; the Delta table and the Iceberg table each hold every
-batch exactly once (read back by delta-rs and pyiceberg, compared with pandas over the input).
-The driver-side faults (a crash on either side of a sink's commit, a replayed batch) are in
+"""Both table sinks under a worker fault (exactly once into Delta and Iceberg): a Python worker
+SIGKILLed mid-batch makes Spark re-run the batch's task; the Delta table and the Iceberg table each
+hold every batch exactly once (read back by delta-rs and pyiceberg, compared with pandas over the
+input). The driver-side faults (a crash on either side of a sink's commit, a replayed batch) are in
 test_delta_sink.py and test_iceberg_sink.py."""
 
 from __future__ import annotations

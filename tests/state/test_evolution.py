@@ -1,4 +1,4 @@
-"""State schema evolution rules (keyedstate.state.evolution, issue 13 step 1).
+"""State schema evolution rules (keyedstate.state.evolution, docs/schema-evolution.md).
 
 Every rule is a row: old type, new type, outcome, an old value and its migrated value. Each
 compatible row is checked through both migrations (one Python value, one Arrow array) and the

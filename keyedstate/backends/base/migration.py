@@ -1,5 +1,5 @@
 """State migration on restore: a restored state read through a descriptor of another type
-(issue 13; the rules are :mod:`keyedstate.state.evolution`, the reference is
+(state schema evolution; the rules are :mod:`keyedstate.state.evolution`, the reference is
 docs/schema-evolution.md).
 
 A restored state meets its descriptor in :meth:`KeyedStateBackend.get_state`. Kind and map-key

@@ -1,7 +1,8 @@
 """The RocksDB state backend (rocksdict): ``load_backend("rocksdb")``.
 
-Keyed state in a local RocksDB per subtask, incremental snapshots of its SST files (seed 003),
-restore and rescale by clip + SST ingest (seed 001). See ``docs/rocksdb-backend.md``.
+Keyed state in a local RocksDB per subtask, incremental snapshots of its SST files (as in
+Flink's incremental checkpoints), restore and rescale by clip + SST ingest (Flink's
+``DeleteRange`` rescaling). See ``docs/rocksdb-backend.md``.
 """
 
 from keyedstate.backends.rocksdb.backend import RocksDBStateBackend

@@ -47,9 +47,10 @@ class RocksDBStateBackend(StateBackend):
     """Configuration of the RocksDB backend; pickles (sent to executors as is).
 
     ``incremental``: snapshots upload only SST files the last confirmed snapshot doesn't have
-    (seed 003); False uploads every file each time. ``rescale_strategy``: ``"ingest"`` (each
-    overlapping old instance reopened and clipped, seed 001) or ``"copy"`` (one instance,
-    key by key, only the benchmark baseline). ``max_instances``: the most RocksDB instances
+    (Flink's incremental checkpoints); False uploads every file each time.
+    ``rescale_strategy``: ``"ingest"`` (each overlapping old instance reopened and clipped,
+    Flink's ``DeleteRange`` rescaling) or ``"copy"`` (one instance, key by key, only the
+    benchmark baseline). ``max_instances``: the most RocksDB instances
     (key-group shards) one keyed backend opens on a restore; sub-handles over the cap are
     rewritten into a neighbouring instance (SST ingestion). None (the default):
     :attr:`instance_cap`, twice ``options.key_group_shards`` (at least

@@ -1,5 +1,6 @@
 """Restoring the RocksDB instances of one subtask from snapshot handles (Flink's
-``RocksDBIncrementalRestoreOperation``), with and without rescaling (seed 001).
+``RocksDBIncrementalRestoreOperation``), with and without rescaling (clip + SST ingest, as in
+Flink's ``DeleteRange`` rescaling).
 
 Every instance of every overlapping handle is a sub-handle with its own key-group range
 (:func:`~keyedstate.backends.rocksdb.snapshot.split_instances`; a handle written before

@@ -27,7 +27,7 @@ Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`, processing goes on
    :meth:`~RocksDBIncrementalSnapshotStrategy.notify_checkpoint_complete` turns into the base.
 
 SST files are immutable and their names are never reused within one DB, so a name the confirmed
-snapshot has is the same bytes (seed 003).
+snapshot has is the same bytes (the premise of Flink's incremental checkpoints).
 """
 
 from __future__ import annotations
