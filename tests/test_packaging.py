@@ -156,13 +156,16 @@ def test_the_built_wheel_installs_into_a_new_venv_and_runs_from_another_director
     assert "Classifier: Typing :: Typed" in metadata
     assert "Project-URL" not in metadata  # none until the project has a public address
     # Step 2. A new venv (its own site-packages only), the wheel and its core dependencies.
+    # Nothing of the checkout on the path from here on: with the checkout on PYTHONPATH (the
+    # Spark tests put it there for their workers) pip finds its keyedstate.egg-info, takes
+    # keyedstate for installed and installs nothing.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], cwd=str(elsewhere))
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=str(elsewhere), env=env)
     bin_dir = venv / "bin"
     _run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet",
-          "--disable-pip-version-check", str(wheel)], cwd=str(elsewhere))
-    # Step 3. From another directory, nothing of the checkout on the path.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+          "--disable-pip-version-check", str(wheel)], cwd=str(elsewhere), env=env)
+    # Step 3. From another directory.
     shown = _run([str(bin_dir / "keyedstate"), "--version"], cwd=str(elsewhere), env=env)
     assert shown.stdout.strip() == f"keyedstate, version {version}"
     helped = _run([str(bin_dir / "keyedstate"), "--help"], cwd=str(elsewhere), env=env)
