@@ -235,13 +235,17 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             if state_name == timer_name:
                 return (StateEntry(t.key_group, t.key_bytes, t.namespace_bytes, None, t.timestamp)
                         for t in self._timers.timers(domain))
+        return self._entries(self._table_of(state_name))
+
+    def _table_of(self, state_name: str) -> StateTable:
+        """The table of a registered or restored state, else :class:`StateNotFoundError`."""
         table = self.tables.get(state_name)
         if table is None:
             raise StateNotFoundError(
                 f"state {state_name!r} is neither registered nor restored in subtask "
                 f"{self.subtask_index} (known: {sorted(self.tables)}); check the state name"
             )
-        return self._entries(table)
+        return table
 
     def _entries(self, table: StateTable) -> Iterator[StateEntry]:
         # Each key group is copied before yielding, so callers may change state meanwhile.
@@ -270,13 +274,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Live elements ordered by key group (then key and namespace bytes); list elements in
         list order."""
         self._check_open()
-        table = self.tables.get(state_name)
-        if table is None:
-            raise StateNotFoundError(
-                f"state {state_name!r} is neither registered nor restored in subtask "
-                f"{self.subtask_index} (known: {sorted(self.tables)}); check the state name"
-            )
-        return self._records(table)
+        return self._records(self._table_of(state_name))
 
     def _records(self, table: StateTable) -> Iterator[StateRecord]:
         # As _entries: each key group is copied before yielding.
