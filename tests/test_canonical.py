@@ -456,7 +456,7 @@ def test_a_canonical_savepoint_carries_what_a_native_one_does():
     runtime's own (Spark's offset location and query id), which the processor never names;
     job-local ones, the context's, transfer figures and the source format's bookkeeping stay."""
     from keyedstate.checkpoint import properties as p
-    from keyedstate.processor.canonical_layout import PROP_SOURCE, carried_properties
+    from keyedstate.processor.canonical.layout import PROP_SOURCE, carried_properties
 
     job = {p.BATCH_ID: "7", p.WATERMARK: "1000", p.RESTORED_FROM: "/sp", p.DRAINED: "false",
            "spark_checkpoint_location": "/spark", "spark_query_id": "q-1", "key_columns": '["u"]'}

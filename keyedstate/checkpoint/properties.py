@@ -4,7 +4,7 @@ snapshot written from another one carries.
 Keys keep the spellings already on disk (snapshots written so far must read back): snake
 case for the job's and the protocol's keys, dotted prefixes for a writer's own family
 (``transfer.*`` in :mod:`keyedstate.storage.transfer`, ``canonical.*`` in
-:mod:`keyedstate.processor.canonical_layout`, ``rocksdb.*`` on the RocksDB backend's handles).
+:mod:`keyedstate.processor.canonical.layout`, ``rocksdb.*`` on the RocksDB backend's handles).
 A runtime that needs keys of its own defines them in its package (Spark's:
 :mod:`keyedstate.spark.offsets`), and they travel with the rest (:func:`portable_properties`).
 """

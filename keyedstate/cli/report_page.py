@@ -37,7 +37,7 @@ from keyedstate.cli.output import human_bytes
 from keyedstate.cli.report_assets import CSP, CSS, JS
 from keyedstate.cli.report_plot import BYTE_UNITS, MS_UNITS, Series, line_plot
 from keyedstate.cli.report_plot import escape as _e
-from keyedstate.processor.canonical_layout import PROP_KEY_COLUMNS
+from keyedstate.processor.canonical.layout import PROP_KEY_COLUMNS
 from keyedstate.processor.report import CheckpointReport, SnapshotReport
 from keyedstate.storage.transfer import PROP_PREFIX, RESTORE_PREFIX
 

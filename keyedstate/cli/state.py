@@ -39,7 +39,7 @@ from keyedstate.processor.canonical import (
     read_range_tables,
     snapshot_states,
 )
-from keyedstate.processor.canonical_schema import (
+from keyedstate.processor.canonical.schema import (
     MAP_KEY,
     NAMESPACE,
     PICKLE,

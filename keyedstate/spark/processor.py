@@ -9,7 +9,7 @@ Reading (``docs/state-processor.md``)::
 
 Every DataFrame is read by executors in parallel, one Spark task per key-group range: the task
 restores its range of the snapshot (native: the snapshot's own backend; canonical: its Parquet
-files) and emits the canonical rows (:mod:`keyedstate.processor.canonical_schema`): key
+files) and emits the canonical rows (:mod:`keyedstate.processor.canonical.schema`): key
 group, the typed key columns, namespace, map key (map states), position (list states: one row
 per element), value, TTL timestamp (TTL states). Entries whose TTL ran out when ``state()``
 was called are left out.
@@ -55,7 +55,7 @@ from keyedstate.processor.canonical import (
     snapshot_states,
     state_dir_names,
 )
-from keyedstate.processor.canonical_schema import (
+from keyedstate.processor.canonical.schema import (
     DOMAIN,
     KEY_GROUP,
     MAP_KEY,

@@ -23,7 +23,7 @@ from keyedstate.processor.canonical import (
     read_range_tables,
     split_file_name,
 )
-from keyedstate.processor.canonical_schema import (
+from keyedstate.processor.canonical.schema import (
     DOMAIN,
     KEY_GROUP,
     MAP_KEY,

@@ -1,8 +1,8 @@
 """The layout of canonical savepoints: names, ``_metadata`` helpers, the Parquet file writer.
 
-Shared by the core writer and restore (:mod:`keyedstate.processor.canonical`) and the Spark
-writer (:mod:`keyedstate.spark.processor`); the columns are in
-:mod:`keyedstate.processor.canonical_schema`, the reference is ``docs/canonical-format.md``.
+Shared by the core writer, restore and reads (:mod:`keyedstate.processor.canonical`) and the
+Spark writer (:mod:`keyedstate.spark.processor`); the columns are in
+:mod:`keyedstate.processor.canonical.schema`, the reference is ``docs/canonical-format.md``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import re
 import time
 import uuid
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from keyedstate.checkpoint.properties import SAVEPOINT_OF, portable_properties
 from keyedstate.errors import ConfigurationError, CorruptCheckpointError
 from keyedstate.keygroups import KeyGroupRange
-from keyedstate.processor.canonical_schema import (
+from keyedstate.processor.canonical.schema import (
     CANONICAL_FORMAT_VERSION,
     default_key_columns,
 )
@@ -50,6 +50,18 @@ PROP_SOURCE_BACKEND = "canonical.source-backend"
 CANONICAL_PREFIX = "canonical."
 #: Rows per Parquet row group, and per chunk converted in memory.
 ROW_GROUP_ROWS = 65_536
+
+
+def row_groups(items: Iterable[Any]) -> Iterator[list[Any]]:
+    """``items`` in lists of at most :data:`ROW_GROUP_ROWS`: one Parquet row group each."""
+    group: list[Any] = []
+    for item in items:
+        group.append(item)
+        if len(group) == ROW_GROUP_ROWS:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 # --------------------------------------------------------------------------------------------
