@@ -14,19 +14,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from keyedstate.testing.chaos.oracle import (
-    Oracle,
-    OracleState,
+from keyedstate.testing.chaos.compare import (
     actual_state,
     compare_state,
     expected_state,
     lineage_conflicts,
     match_branches,
     read_sink,
-    run_branches,
     sink_lineages,
     split_jobs,
 )
+from keyedstate.testing.chaos.oracle import Oracle, OracleState, run_branches
 from keyedstate.testing.chaos.workload import (
     STATS_LAST_DEFAULT,
     TTL_LAST_SEEN_MS,

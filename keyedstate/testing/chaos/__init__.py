@@ -16,6 +16,7 @@ and that the final state read through the state processor API is the oracle's. S
 - :mod:`~keyedstate.testing.chaos.runner`: the controller;
 - :mod:`~keyedstate.testing.chaos.verdict`: the verdict (oracle, drills, directories, bounds);
 - :mod:`~keyedstate.testing.chaos.oracle`: the expected outputs and state (pandas);
+- :mod:`~keyedstate.testing.chaos.compare`: the sinks and checkpoints compared with them;
 - :mod:`~keyedstate.testing.chaos.drills`: corruption and positions drills;
 - :mod:`~keyedstate.testing.chaos.resources`: memory, processes and disk from ``/proc``.
 

@@ -190,7 +190,7 @@ def spark_drill(spark: Any, plan: Any, run_dir: str, job: Any,
         name = os.path.basename(dmg.file)
         result.names_file = name in str(exc) or f"chk-{dmg.checkpoint_id}" in str(exc)
         return result.to_json()
-    from keyedstate.testing.chaos.oracle import compare_main
+    from keyedstate.testing.chaos.compare import compare_main
 
     # Every branch of the run agrees on the state at each batch (a rollback reruns one batch
     # with the same file and definition), so the run's schedule gives the batch's rows.

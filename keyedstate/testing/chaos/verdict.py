@@ -16,6 +16,7 @@ import os
 import statistics
 from typing import TYPE_CHECKING, Any, Callable
 
+from keyedstate.testing.chaos import compare
 from keyedstate.testing.chaos import oracle as oracle_mod
 from keyedstate.testing.chaos.boundary import EXPECTED_VIA, SECOND_DIR
 from keyedstate.testing.chaos.driver import EVENTS_FILE, FINAL_DIR
@@ -87,11 +88,11 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
     main = [r for o in expected for r in o.main]
     # The main output path is shared with the second job: its rows carry a column of their own.
     out_main, out_late = (os.path.join(run_dir, "out", name) for name in ("main", "late"))
-    rows, second_rows = oracle_mod.split_jobs(oracle_mod.read_sink(out_main), SECOND_JOB_COLUMN,
+    rows, second_rows = compare.split_jobs(compare.read_sink(out_main), SECOND_JOB_COLUMN,
                                               SECOND_JOB_TAG)
-    late_rows = oracle_mod.read_sink(out_late)
+    late_rows = compare.read_sink(out_late)
     second_ids = {str(e.get("query_id")) for e in events if e.get("event") == "second-job"}
-    lineages = {**oracle_mod.sink_lineages(out_late), **oracle_mod.sink_lineages(out_main)}
+    lineages = {**compare.sink_lineages(out_late), **compare.sink_lineages(out_main)}
     if not lineages and len(rows):
         # A kept run of before the sink named batches by query id: one lineage, by batch id.
         branches = [Branch(0, None, -1, [j.index for j in plan.jobs], plan.schedule())]
@@ -99,17 +100,17 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
         rows = rows.assign(_lineage="-")
         late_rows = late_rows.assign(_lineage="-") if len(late_rows) else late_rows
         lineages = {"-": ("", -1)}
-    matched, problems = oracle_mod.match_branches(branches, lineages, second_ids)
-    problems += oracle_mod.lineage_conflicts(out_main) + oracle_mod.lineage_conflicts(out_late)
-    main_cmp, late_cmp = oracle_mod.Comparison(), oracle_mod.Comparison()
+    matched, problems = compare.match_branches(branches, lineages, second_ids)
+    problems += compare.lineage_conflicts(out_main) + compare.lineage_conflicts(out_late)
+    main_cmp, late_cmp = compare.Comparison(), compare.Comparison()
     per_branch = []
     for branch, outcome in zip(branches, expected):
         lineage = matched.get(branch.index)
         mine = rows[rows["_lineage"] == lineage] if len(rows) and lineage else rows.iloc[0:0]
         late_mine = (late_rows[late_rows["_lineage"] == lineage] if len(late_rows) and lineage
                      else late_rows.iloc[0:0])
-        m = oracle_mod.compare_main(outcome.main, mine)
-        lt = oracle_mod.compare_late(outcome.late, late_mine)
+        m = compare.compare_main(outcome.main, mine)
+        lt = compare.compare_late(outcome.late, late_mine)
         main_cmp.add(m, f"branch {branch.index}: ")
         late_cmp.add(lt, f"branch {branch.index}: ")
         per_branch.append({"branch": branch.index, "lineage": lineage,
@@ -131,15 +132,15 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
     final = os.path.join(run_dir, FINAL_DIR)
     import pandas as pd
 
-    for name in list(oracle_mod.STATES) + ["timers"]:
+    for name in list(compare.STATES) + ["timers"]:
         path = os.path.join(final, f"{name}.parquet")
         if os.path.exists(path):
             frames[name] = pd.read_parquet(path)
     # The final state is the last job's branch's.
     last = next(o for b, o in zip(branches, expected) if len(plan.jobs) - 1 in b.jobs)
-    state_cmp = oracle_mod.compare_state(
-        oracle_mod.expected_state(last.state),
-        oracle_mod.actual_state(frames, plan.last_batch(), last.state.definition))
+    state_cmp = compare.compare_state(
+        compare.expected_state(last.state),
+        compare.actual_state(frames, plan.last_batch(), last.state.definition))
     ledger = _ledger_conflicts(run_dir)
     drills = [e for e in events if e.get("event") == "drill"]
     silent = [d for d in drills if d.get("violation")]
@@ -228,7 +229,7 @@ def _judge_second_job(plan: Plan, run_dir: str, events: list[dict[str, Any]],
     spec = plan.second_job
     orc = oracle_mod.Oracle(os.path.join(run_dir, SECOND_DIR, "generated"))
     expected = orc.run(spec["files"])[0]
-    cmp = oracle_mod.compare_main(expected, second_rows)
+    cmp = compare.compare_main(expected, second_rows)
     batches = sorted({int(b) for b in ran[-1].get("batches", [])})
     want = {b: sum(1 for r in main if r["batch_id"] == b) for b in batches}
     got = {b: int((rows["batch_id"] == b).sum()) if len(rows) else 0 for b in batches}
