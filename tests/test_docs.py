@@ -134,7 +134,7 @@ def test_the_docs_name_the_metadata_format_version_writers_write() -> None:
 def test_the_offline_python_savepoint_snippet_runs(tmp_path: Any) -> None:
     """docs/savepoints.md's offline Python savepoint, run on a local job's checkpoint: both
     savepoints are written and restore."""
-    from tests.test_local_job import batches, config, new_job
+    from tests.runtime.test_local_job import batches, config, new_job
 
     ckpt = str(tmp_path / "ckpt")
     with new_job(config(tmp_path)) as job:

@@ -1,6 +1,6 @@
 """The examples run on the local runtime (no Java) from their own command lines and match their
 oracles; the oracles' checks fail on a wrong output. Their Spark runs are in
-tests/spark/test_examples.py; click_sessions is run by tests/test_cli.py and
+tests/spark/test_examples.py; click_sessions is run by tests/cli/test_cli.py and
 tests/spark/test_job.py."""
 
 from __future__ import annotations

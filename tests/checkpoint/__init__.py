@@ -1,4 +1,5 @@
-"""Tests of checkpoint metadata, storage, the shared-state registry and the coordinator.
+"""Tests of the checkpoint protocol (``keyedstate/checkpoint/``): the coordinator, the shared-state
+registry, statistics, restore modes and savepoints (``_metadata`` and storage: ``tests/storage/``).
 
 Helpers shared by these tests: a simulated subtask that snapshots the way an incremental
 backend does (new files through the pending checkpoint's location, re-referenced files of its

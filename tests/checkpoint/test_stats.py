@@ -25,7 +25,7 @@ from keyedstate.checkpoint.stats import (
 )
 from keyedstate.config import JobConfig
 from keyedstate.storage.handles import CheckpointMetadata
-from tests.test_local_job import batches, config, new_job
+from tests.runtime.test_local_job import batches, config, new_job
 
 
 def latest(root) -> CheckpointMetadata:

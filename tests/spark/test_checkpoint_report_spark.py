@@ -11,8 +11,8 @@ from keyedstate.processor.report import read_report
 from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
 from tests.browser import Browser, require_chromium
+from tests.runtime.test_local_job import INPUT, batches, config
 from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts, file_stream
-from tests.test_local_job import INPUT, batches, config
 
 pytestmark = pytest.mark.spark
 

@@ -76,7 +76,7 @@ def test_two_phase_totals_match_pandas_across_a_restart(spark, tmp_path, backend
 def test_the_same_function_gives_the_same_output_on_both_runtimes(spark, tmp_path):
     """The pyarrow aggregation (local runtime) and the JVM's give one result, without a
     watermark too."""
-    from tests.test_local_aggregation import main_rows, new_job, two_phase_config
+    from tests.runtime.test_local_aggregation import main_rows, new_job, two_phase_config
 
     data = two_phase_batches(3, seed=5)
     events = file_stream(spark, str(tmp_path / "input"), data, TWO_PHASE_INPUT)

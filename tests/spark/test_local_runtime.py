@@ -13,8 +13,8 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical import read_range_tables
 from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
+from tests.runtime.test_local_job import INPUT, batches, config, new_job
 from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts, file_stream
-from tests.test_local_job import INPUT, batches, config, new_job
 
 pytestmark = pytest.mark.spark
 

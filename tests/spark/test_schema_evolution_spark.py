@@ -2,7 +2,7 @@
 continues from its checkpoints (both backends, rescaled) and its output equals pandas over the whole
 input; an incompatible change fails at start(); the state processor API reads a snapshot in the new
 type: a Spark job's checkpoint, and the local runtime's checkpoints, native and canonical savepoints
-of both backends by every rule (the values ``tests/test_read_evolved.py`` reads without Spark)."""
+of both backends by every rule (the values ``tests/processor/test_read_evolved.py`` reads without Spark)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 from keyedstate.errors import StateTypeMismatchError
 from keyedstate.runtime.function import Context
 from keyedstate.state.descriptors import ValueStateDescriptor
+from tests.processor.test_read_evolved import DAY, descriptor, migrated, snapshot_path
 from tests.spark.jobs import RunningTotals
 from tests.spark.test_job import check_against_pandas, run_job, write_files
 from tests.spark.test_savepoints_spark import start
-from tests.test_read_evolved import DAY, descriptor, migrated, snapshot_path
-from tests.test_schema_evolution_job import KINDS, RULES, Totals
+from tests.state.test_schema_evolution_job import KINDS, RULES, Totals
 
 pytestmark = pytest.mark.spark
 

@@ -14,7 +14,7 @@ from keyedstate.backends.base.backend import OTHER_FILES
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.cli import main
 from keyedstate.runtime.local import LocalKeyedOperator
-from tests.test_savepoints import BACKENDS, SOME_KEYS, read_all, run_job
+from tests.checkpoint.test_savepoints import BACKENDS, SOME_KEYS, read_all, run_job
 
 LISTING_FIELDS = {"id", "batch_id", "parallelism", "max_parallelism", "backend",
                   "incremental_bytes", "full_bytes", "files"}

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from keyedstate.cli import main
 from keyedstate.processor.inspection import TRANSFER_FIELDS
+from tests.runtime.test_local_job import batches, config, new_job
 from tests.spark.jobs import RunningTotals
-from tests.test_local_job import batches, config, new_job
 
 
 class Map:

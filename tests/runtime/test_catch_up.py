@@ -18,7 +18,7 @@ from keyedstate.checkpoint.stats import subtask_stats_of
 from keyedstate.errors import BatchFailedError
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from tests.backends.test_heap import MAX_P, VALUE, FileParts, Job, contents
-from tests.test_local_job import T0, batches, config, new_job, reference, rows
+from tests.runtime.test_local_job import T0, batches, config, new_job, reference, rows
 
 
 def _latest_subtasks(root: Any) -> list[Any]:

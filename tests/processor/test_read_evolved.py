@@ -1,6 +1,6 @@
 """Reading a snapshot's state in an evolved type without Spark (the local runtime's state
 processor: ``processor.canonical.read_range_tables`` given a descriptor): every rule of
-``tests/test_schema_evolution_job.py`` × backend × snapshot kind (checkpoint, native
+``tests/state/test_schema_evolution_job.py`` × backend × snapshot kind (checkpoint, native
 savepoint, canonical savepoint), each value the recorded one migrated by the rule; an
 incompatible descriptor refused before anything is read; the TTL column as the snapshot
 records it. ``tests/spark/test_schema_evolution_spark.py`` reads the same snapshots with
@@ -22,7 +22,15 @@ from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical import read_range_tables
 from keyedstate.serde import type_from_string
 from keyedstate.state.descriptors import StateDescriptor, StateTtlConfig, ValueStateDescriptor
-from tests.test_schema_evolution_job import KINDS, RULES, V1, Totals, _batches, _first_run, _job
+from tests.state.test_schema_evolution_job import (
+    KINDS,
+    RULES,
+    V1,
+    Totals,
+    _batches,
+    _first_run,
+    _job,
+)
 
 DAY = StateTtlConfig(dt.timedelta(days=1))
 

@@ -25,8 +25,8 @@ from keyedstate.runtime.grouping import keyed_batch, sort_by_key
 from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.state.descriptors import ValueStateDescriptor
+from tests.runtime.test_local_job import INPUT, batches, config, new_job, reference, rows
 from tests.spark.jobs import COUNT_SCHEMA, VectorizedIdleCounts, VectorizedTotals
-from tests.test_local_job import INPUT, batches, config, new_job, reference, rows
 
 
 def state_rows(savepoint: str, state: str) -> list[tuple]:

@@ -19,6 +19,7 @@ from keyedstate.errors import ConfigurationError
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.local_aggregation import aggregate_table, split_aggregated
+from tests.runtime.test_local_job import config
 from tests.spark.jobs import (
     TWO_PHASE_INPUT,
     TWO_PHASE_SCHEMA,
@@ -27,11 +28,10 @@ from tests.spark.jobs import (
     two_phase_batches,
     two_phase_oracle,
 )
-from tests.test_local_job import config
 
 
 def two_phase_config(root: Any, **changes: Any) -> JobConfig:
-    """``tests.test_local_job.config`` with late rows dropped (a local aggregation refuses
+    """``tests.runtime.test_local_job.config`` with late rows dropped (a local aggregation refuses
     them to a side output)."""
     return config(root, **{"late_events": "drop", **changes})
 

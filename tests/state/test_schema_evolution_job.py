@@ -25,7 +25,7 @@ from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import StateTtlConfig, ValueStateDescriptor
 from keyedstate.state.evolution import SchemaEvolution
 from keyedstate.storage.handles import CheckpointMetadata
-from tests.test_savepoints import files_under
+from tests.checkpoint.test_savepoints import files_under
 
 INPUT = "user_id string, amount double"
 OUTPUT = "user_id string, count bigint, total double, peak double"

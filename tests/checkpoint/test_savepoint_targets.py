@@ -20,8 +20,8 @@ from keyedstate.errors import (
     TargetNotEmptyError,
 )
 from keyedstate.processor.canonical import write_canonical_savepoint
-from tests.test_local_job import batches, config, new_job
-from tests.test_savepoints import _damage, files_under, run_job
+from tests.checkpoint.test_savepoints import _damage, files_under, run_job
+from tests.runtime.test_local_job import batches, config, new_job
 
 
 def invoke(*args: str) -> tuple[int, str]:

@@ -27,8 +27,8 @@ from keyedstate.cli import main
 from keyedstate.cli.report_page import render_report
 from keyedstate.processor.report import read_report
 from tests.browser import MISSING, Browser, require_chromium, skip_without_chromium
-from tests.test_local_job import batches, config, new_job
-from tests.test_savepoints import run_job
+from tests.checkpoint.test_savepoints import run_job
+from tests.runtime.test_local_job import batches, config, new_job
 
 #: skipped at collection without Chromium, outside CI; under CI=true require_chromium() in the
 #: test fails it instead

@@ -1,7 +1,7 @@
 """A worker catches its stale live copies up in the background once the checkpoint its task
 wrote is committed (``runtime.live_copies.catch_up_in_background``), so that a later task of
 that subtask there reuses its copy; the next task stops the thread first and never sees a copy
-half caught up; a catch-up that fails closes the copy. Driven as ``tests/test_catch_up.py``
+half caught up; a catch-up that fails closes the copy. Driven as ``tests/runtime/test_catch_up.py``
 drives a stale copy: the local runtime, a copy moved out of ``LIVE`` and back standing for
 another worker."""
 
@@ -20,8 +20,8 @@ import keyedstate.runtime.subtask as runtime
 from keyedstate.backends.heap.backend import HeapKeyedStateBackend
 from keyedstate.checkpoint.properties import TOKENS
 from keyedstate.checkpoint.resolve import resolve_snapshot
-from tests.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
-from tests.test_local_job import batches, config, new_job, reference, rows
+from tests.runtime.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
+from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 
 
 def _committed(root: Any) -> tuple[int, list[str]]:

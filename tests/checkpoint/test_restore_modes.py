@@ -16,7 +16,14 @@ from keyedstate.errors import MissingCheckpointFileError, SnapshotClaimedError
 from keyedstate.processor.inspection import find_garbage
 from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.layout import CLAIM_MARKER_FILE, COMPLETED_MARKER_FILE, METADATA_FILE
-from tests.test_savepoints import BACKENDS, SOME_KEYS, feed, files_under, read_all, run_job
+from tests.checkpoint.test_savepoints import (
+    BACKENDS,
+    SOME_KEYS,
+    feed,
+    files_under,
+    read_all,
+    run_job,
+)
 
 
 def make_savepoint(tmp_path, backend: str) -> tuple[str, dict]:
@@ -274,7 +281,7 @@ def test_lost_metadata_of_a_restored_job_does_not_restart_it_from_its_snapshot(t
 def test_the_start_check_notes_the_files_it_hashed_for_the_restores(tmp_path):
     """open_restore_snapshot hashes every file of a local snapshot before anything is touched
     and records them on the snapshot's storage, which travels to the executors: their hard
-    links then check sizes only (tests/checkpoint/test_storage.py)."""
+    links then check sizes only (tests/storage/test_storage.py)."""
     import pickle
 
     from keyedstate.checkpoint.restore_modes import open_restore_snapshot

@@ -14,7 +14,7 @@ import pytest
 from keyedstate.processor.inspection import delete_garbage, find_garbage
 from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.layout import CLAIM_MARKER_FILE, commit_marker, staging_dir
-from tests.test_savepoints import BACKENDS, feed, files_under, read_all, run_job
+from tests.checkpoint.test_savepoints import BACKENDS, feed, files_under, read_all, run_job
 
 
 def _touch(root: str, relative: str) -> str:

@@ -19,7 +19,7 @@ import keyedstate.errors
 from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.cli import main
 from keyedstate.processor.inspection import describe
-from tests.test_local_job import batches, config, new_job
+from tests.runtime.test_local_job import batches, config, new_job
 
 #: The bad inputs of the matrix: a missing path, a plain file, a checkpoint's ``_metadata``
 #: file, the parent of a checkpoint directory, another job's directory (where a command
@@ -31,9 +31,9 @@ KINDS = ("missing", "file", "metadata", "parent", "other_job", "truncated", "dam
 NOT_IN_MATRIX = {
     "bench": "takes no snapshot path (its --out is a file it writes, dir_okay=False)",
     "chaos": "starts Spark; its --dir is a fresh run directory of its own",
-    "demo": "its --dir rule is the demo's own (tests/test_cli.py); --events below",
+    "demo": "its --dir rule is the demo's own (tests/cli/test_cli.py); --events below",
     "metrics serve": "serves until interrupted; its path check is metrics show's "
-                     "(tests/test_metrics.py)",
+                     "(tests/processor/test_metrics.py)",
 }
 
 OK, FAIL = "ok", "fail"

@@ -17,7 +17,7 @@ from keyedstate.checkpoint.stats import stats_of
 from keyedstate.cli import main
 from keyedstate.errors import MissingDependencyError, NoCheckpointError
 from keyedstate.processor.metrics import metrics_text, serve_metrics
-from tests.test_local_job import batches, config, new_job
+from tests.runtime.test_local_job import batches, config, new_job
 
 parser = pytest.importorskip("prometheus_client.parser")
 

@@ -17,8 +17,8 @@ from keyedstate.processor.inspection import find_garbage
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import ValueStateDescriptor
+from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 from tests.spark.jobs import COUNT_SCHEMA, IdleCounts
-from tests.test_local_job import batches, config, new_job, reference, rows
 
 SKU_INPUT = "sku string, ts timestamp, amount double"
 SKU_OUTPUT = "sku string, stock bigint"

@@ -11,8 +11,8 @@ from typing import Any, Iterator
 import pytest
 
 from keyedstate.runtime.function import Context
+from tests.runtime.test_local_job import batches, config, new_job
 from tests.spark.jobs import IdleCounts
-from tests.test_local_job import batches, config, new_job
 
 
 class _Cycle:
