@@ -329,3 +329,16 @@ def test_bad_storage_options_are_refused_naming_the_option(tmp_path):
 ])
 def test_requests_are_counted_by_the_area_of_the_snapshot_root_they_touch(path, area):
     assert area_of(path) == area
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("mbps=90", "'mbps' is ambiguous"),
+    ("none", "benchmark 'access' has no latency model"),
+])
+def test_bench_refuses_a_latency_it_cannot_read_or_use_before_running(spec, message):
+    from click.testing import CliRunner
+
+    from keyedstate.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "access", "--keys", "10", "--latency", spec])
+    assert result.exit_code == 2 and message in result.output
