@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: machine facts, timing, subtask construction."""
+"""Helpers shared by the benchmarks: machine facts, timing, subtask construction, where
+checkpoints go (a store, optionally behind a latency model)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence, cast
 
 from keyedstate.backends import load_backend
@@ -21,6 +23,7 @@ from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle
+from keyedstate.testing.latency import LatencyModel, behind_latency, parse_latency
 
 
 def machine() -> dict[str, Any]:
@@ -49,6 +52,38 @@ def _commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return f"{head}+dirty" if dirty.strip() else head
+
+
+@dataclass(frozen=True)
+class Location:
+    """A folder checkpoints (and savepoints) go to: ``url(name)`` is a folder in it,
+    ``options`` its fsspec storage options; ``model`` the latency model it is behind (None:
+    none), whose wrapper logs every request to ``log_dir`` when given."""
+
+    base: str
+    options: dict[str, Any] = field(default_factory=dict)
+    model: LatencyModel | None = None
+    log_dir: str | None = None
+
+    def url(self, name: str) -> str:
+        return f"{self.base.rstrip('/')}/{name}"
+
+
+def behind(base: str, options: dict[str, Any], model: LatencyModel | None,
+           log_dir: str | None = None) -> Location:
+    """The :class:`Location` of ``base`` (a local path or ``s3://...``) seen through ``model``
+    (``kslatency://``, :mod:`keyedstate.testing.latency`), or plainly without one."""
+    url, shaped = behind_latency(base, options, model, log_dir if model else None)
+    return Location(url, shaped, model, log_dir if model else None)
+
+
+def latency_model(spec: str | LatencyModel | None) -> LatencyModel | None:
+    """A benchmark's ``--latency``: ``none`` (or None), a model name, or figures
+    (:func:`~keyedstate.testing.latency.parse_latency`); refused with
+    :class:`~keyedstate.errors.LatencyModelError` before anything runs."""
+    if spec is None or isinstance(spec, LatencyModel):
+        return spec
+    return parse_latency(spec)
 
 
 class Timer:

@@ -46,6 +46,23 @@ background-catch-up``, with the longest such catch-up in ``background_catch_up_s
 batch's path), ``restore_s`` (the slowest subtask's restore, 0 when all reused) with the bytes
 restores downloaded or found in the executors' file caches; ``sink_s`` and ``verified``.
 
+**Behind a latency model** (``--latency``; docs/object-storage.md, "A latency model for
+benchmarks"): the checkpoints (``--store``: on the local S3 server, the default, or in a local
+directory) are reached through ``kslatency://``, every request paying the model's first-byte
+latency and its bytes at the model's per-stream bandwidth; the JSON records the model's
+parameters. Every process (the driver, which runs in this process, and Spark's Python workers)
+logs each request with its start time, so each batch's window (from its trigger to the next
+one's) gets its requests: ``driver_requests``, ``worker_requests`` (with their modeled
+seconds) and ``requests`` (by kind and by area of the root), and the phases the statistics do
+not record: ``staging_s`` (the slowest worker's wall seconds writing staged output),
+``metadata_commit_s`` (the driver's ``_metadata`` PUT), ``commit_requests_s`` (the commit
+marker, deleting the staged files, listing old markers) and ``output_commit_s`` (those plus
+``sink_s``). Each run summarizes the medians of every phase (``phases_median_s``: also
+``sync_s``, ``async_s``, ``restore_s`` from the statistics) and of the requests per batch.
+The local directory without a model is the baseline "checkpoints on local disk"; with a model
+the same directory behaves as an object store (inlining, merging, the file cache: checkpoint
+storage sees a remote filesystem) and pays its round trips.
+
 **Verification.** The job's only sink reads each batch's output (the staged files, in the
 driver) and compares it key by key with the generated data's counts: the keys of the batch,
 each with its count so far. A batch missing, differing or run with another number of input rows
@@ -57,19 +74,23 @@ fails the run.
 ``keys`` at most 1.3x the median at ``small_keys``; the p90 and the max at ``keys`` at most 2x
 the median at ``keys``.
 
-Run ``keyedstate bench growth [--keys N]`` or, with the master, backends and batches,
-``python -m keyedstate_benchmarks.growth --master local-cluster[2,1,1024] --out
-docs/bench-results/growth.json`` (the figure goes to ``docs/img/growth.png``, ``--plot``).
+Run ``keyedstate bench growth [--keys N] [--latency MODEL]`` or, with the master, backends,
+batches, store and sizes, ``python -m keyedstate_benchmarks.growth --master
+local-cluster[2,1,1024] --out docs/bench-results/growth.json`` (the figure goes to
+``docs/img/growth.png``, ``--plot``).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -80,8 +101,9 @@ import pyarrow.parquet as pq
 
 from keyedstate.runtime.batch import StagedOutput, read_staged
 from keyedstate.spark.sinks import Sink
+from keyedstate.testing.latency import LatencyModel, RequestRecord, counts_of, read_request_log
 
-from .common import machine, save_figure, workdir
+from .common import Location, behind, latency_model, machine, save_figure, workdir
 from .remote import LocalS3
 from .throughput import (
     INPUT_SCHEMA,
@@ -93,6 +115,8 @@ from .throughput import (
 )
 
 BACKENDS = ("rocksdb", "heap")
+#: where checkpoints go: the local S3 server (moto on loopback) or a local directory
+STORES = ("s3", "local")
 #: the small state's keys (the reference of the median goal)
 SMALL_KEYS = 100_000
 #: the goals: the large state's median at most this times the small state's ...
@@ -228,21 +252,23 @@ def _median_or_none(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def run_job(spark: Any, s3: LocalS3, backend: str, workload: Sequence[Batch], root: str,
-            parallelism: int, name: str) -> tuple[list[dict[str, Any]], float]:
+def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
+            workload: Sequence[Batch], root: str, parallelism: int, name: str
+            ) -> tuple[list[dict[str, Any]], float]:
     """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
-    of the bucket) and verify every batch's output; returns each batch's figures (module
-    docstring) and the query's wall seconds."""
+    of the store: ``store(root, name)`` gives it) and verify every batch's output; returns each
+    batch's figures (module docstring) and the query's wall seconds."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
     os.makedirs(root)
+    location = store(root, name)
     events = _input(spark, root, [b.path for b in workload])
     sink = VerifiedCounts(workload)
     job = key_by(events, "user_id").process(KeyedCount(), OUTPUT_DDL).sink(sink)
     started = time.perf_counter()
-    query = job.start(JobConfig(checkpoint_dir=s3.url(f"{name}/ckpt"), parallelism=parallelism,
-                                backend=backend, storage_options=s3.options,
+    query = job.start(JobConfig(checkpoint_dir=location.url("ckpt"), parallelism=parallelism,
+                                backend=backend, storage_options=location.options,
                                 local_dir=os.path.join(root, "local")),
                       spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})
@@ -264,10 +290,17 @@ def run_job(spark: Any, s3: LocalS3, backend: str, workload: Sequence[Batch], ro
     if sorted(stats) != list(range(len(workload))):
         raise AssertionError(f"{name}: checkpoints for batches {sorted(stats)}, expected "
                              f"0..{len(workload) - 1}")
-    # Step 2. Every batch's figures.
+    # Step 2. Every batch's figures; behind a latency model, its requests and the phases
+    # they time (each batch's window: from its trigger to the next one's).
+    records = read_request_log(location.log_dir) if location.log_dir else None
+    starts = [_epoch(progress[b].timestamp) for b in range(len(workload))]
     per_batch = []
     for batch_id, batch in enumerate(workload):
         s, p = stats[batch_id], progress[batch_id]
+        end = starts[batch_id + 1] if batch_id + 1 < len(starts) else float("inf")
+        requests = (request_phases(records, starts[batch_id], end, os.getpid(),
+                                   sink.seconds[batch_id])
+                    if records is not None else {})
         per_batch.append({
             "batch_id": batch_id, "phase": batch.phase, "events": batch.events,
             "keys": int(len(batch.keys)),
@@ -283,17 +316,57 @@ def run_job(spark: Any, s3: LocalS3, backend: str, workload: Sequence[Batch], ro
             "restore_cache_hit_bytes": s.restore_cache_hit_bytes,
             "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
             "verified": sink.verified[batch_id],
+            **requests,
         })
     return per_batch, wall_s
 
 
-def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence[Batch],
-            root: str, parallelism: int) -> dict[str, Any]:
+def _epoch(timestamp: str) -> float:
+    """Seconds since the epoch of a progress report's ISO timestamp (a trigger's start)."""
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+#: The phases of a batch that only a latency model's request log times (module docstring).
+LOGGED_PHASES = ("staging_s", "metadata_commit_s", "commit_requests_s", "output_commit_s")
+
+
+def request_phases(records: Sequence[RequestRecord], start: float, end: float,
+                   driver_pid: int, sink_s: float) -> dict[str, Any]:
+    """What the requests logged from ``start`` to ``end`` tell of one batch: ``staging_s``
+    (the slowest worker process's wall seconds writing staged output), ``metadata_commit_s``
+    (the driver's ``_metadata`` PUTs), ``commit_requests_s`` (the driver's requests after
+    the sink: the commit marker, deleting the staged files, listing old markers),
+    ``output_commit_s`` (those plus ``sink_s``, the sink's own commit: the sink-commit step
+    but for its Python between requests), the requests of the driver and of the workers
+    with their modeled seconds, ``requests`` (every process's, by kind and area) and
+    ``driver_requests_detail`` (the driver's, by kind and area: it makes them one after
+    another, on the batch's path)."""
+    inside = [r for r in records if start <= r.t < end]
+    driver = counts_of([r for r in inside if r.pid == driver_pid])
+    workers = {pid: counts_of([r for r in inside if r.pid == pid])
+               for pid in {r.pid for r in inside if r.pid != driver_pid}}
+    commit_requests_s = (driver.wall_s(area="commits") + driver.wall_s("delete", "staging")
+                         + driver.wall_s("list", "staging"))
+    return {
+        "staging_s": max((w.wall_s("write", "staging") for w in workers.values()), default=0.0),
+        "metadata_commit_s": driver.wall_s("write", "metadata"),
+        "commit_requests_s": commit_requests_s,
+        "output_commit_s": sink_s + commit_requests_s,
+        "driver_requests": driver.requests(), "driver_modeled_s": driver.modeled_s(),
+        "worker_requests": sum(w.requests() for w in workers.values()),
+        "worker_modeled_s": sum(w.modeled_s() for w in workers.values()),
+        "requests": counts_of(inside).as_dict(),
+        "driver_requests_detail": driver.as_dict(),
+    }
+
+
+def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
+            workload: Sequence[Batch], root: str, parallelism: int) -> dict[str, Any]:
     """:func:`run_job` for ``backend`` at ``keys`` keys, and the summary of its measured
     batches: median, p90 and max seconds (also the median of the batches where every subtask
     reused its live copy and of those where one restored: placement), uploads, state size."""
     load_before = os.getloadavg()[0]
-    per_batch, wall_s = run_job(spark, s3, backend, workload, root, parallelism,
+    per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism,
                                 f"{backend}-{keys}")
     measured = [b for b in per_batch if b["phase"] == MEASURED]
     seconds = [b["trigger_s"] for b in measured]
@@ -320,6 +393,14 @@ def run_one(spark: Any, s3: LocalS3, backend: str, keys: int, workload: Sequence
         "caught_up_subtasks": sum(b["caught_up_subtasks"] for b in measured),
         "background_caught_up_subtasks": sum(b["background_caught_up_subtasks"]
                                              for b in measured),
+        "phases_median_s": {phase: _median_or_none([b[phase] for b in measured
+                                                     if b.get(phase) is not None])
+                            for phase in ("sync_s", "async_s", "restore_s", *LOGGED_PHASES,
+                                          "sink_s")},
+        "requests_per_batch_median": {
+            who: _median_or_none([b[f"{who}_requests"] for b in measured
+                                  if f"{who}_requests" in b])
+            for who in ("driver", "worker")},
         "wall_s": wall_s,
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "verified": all(b["verified"] for b in per_batch),
@@ -336,14 +417,23 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         warm_up_batches: int = 1, events_per_batch: int = 200_000, distinct_keys: int = 50_000,
         load_batch_keys: int = 1_000_000, backends: Sequence[str] = BACKENDS,
         session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
-        progress: Callable[[str], None] | None = None, spark: Any = None) -> dict[str, Any]:
+        progress: Callable[[str], None] | None = None, spark: Any = None, store: str = "s3",
+        latency: str | LatencyModel | None = None) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
     (module docstring); fails if any batch's output differs from the generated data's. First,
     a throw-away run of the small state's loading batches and ``session_warm_up_batches``
     more on the first backend warms the session up. ``spark``: a session to use (else one on
-    ``master`` is started and stopped here)."""
+    ``master`` is started and stopped here). ``store``: checkpoints on the local S3 server
+    (``"s3"``) or a local directory (``"local"``); ``latency``: a latency model they are
+    behind (``--latency``: ``none``, a model's name or figures such as ``ms=30,mb_per_s=90``;
+    docs/object-storage.md, "A latency model for benchmarks")."""
     from keyedstate.spark.session import local_session
 
+    model = latency_model(latency)
+    if model is not None:
+        check_protocol_installed()
+    if store not in STORES:
+        raise ValueError(f"unknown store {store!r}; known: {list(STORES)}")
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown or not backends:
         raise ValueError(f"unknown backends {unknown or backends}; known: {list(BACKENDS)}")
@@ -360,7 +450,17 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     sizes = (small_keys, keys)
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with workdir("growth") as root, LocalS3() as s3:
+    with ExitStack() as stack:
+        root = stack.enter_context(workdir("growth"))
+        s3 = stack.enter_context(LocalS3()) if store == "s3" else None
+
+        def location(run_root: str, name: str) -> Location:
+            """A run's checkpoints: a folder of the bucket or of the run's directory, behind
+            the model, whose requests the run's directory logs."""
+            base, options = (s3.url(name), s3.options) if s3 is not None else \
+                (os.path.join(run_root, "store"), {})
+            return behind(base, options, model, os.path.join(run_root, "requests"))
+
         workloads: dict[int, list[Batch]] = {}
         for size in sizes:
             say(f"generating {size:,} keys' batches")
@@ -384,7 +484,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                 first = workloads[small_keys]
                 first = first[:sum(b.phase == LOAD for b in first) + session_warm_up_batches]
                 say(f"warming up the session: {len(first)} throw-away batches")
-                per_batch, wall_s = run_job(spark, s3, backends[0], first,
+                per_batch, wall_s = run_job(spark, location, backends[0], first,
                                             os.path.join(root, "session-warm-up"), parallelism,
                                             "session-warm-up")
                 warm_up.update(batches=len(per_batch), wall_s=wall_s,
@@ -396,7 +496,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                     workload = workloads[size]
                     say(f"{backend}, {size:,} keys: {sum(b.phase == LOAD for b in workload)} "
                         f"loading + {warm_up_batches} warm-up + {batches} measured batches")
-                    results.append(run_one(spark, s3, backend, size, workload,
+                    results.append(run_one(spark, location, backend, size, workload,
                                            os.path.join(root, f"{backend}-{size}"), parallelism))
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
@@ -413,7 +513,9 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                      "session_warm_up_batches": session_warm_up_batches,
                      "parallelism": parallelism, "backends": list(backends),
                      "function": "throughput.KeyedCount (process_key, bigint ValueState)",
-                     "storage": "moto S3 server on loopback, via s3fs",
+                     "storage": describe_store(store, model),
+                     "store": store,
+                     "latency": model.parameters() if model is not None else None,
                      "timing": "trigger_s: Spark's triggerExecution of each micro-batch; "
                                "median, p90, max of the measured batches"},
         "total_s": time.perf_counter() - started,
@@ -422,6 +524,32 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         "goals": goals,
         "goals_met": bool(goals) and all(g["met"] for g in goals.values()),
     }
+
+
+def check_protocol_installed() -> None:
+    """Spark's Python workers open ``kslatency://`` through fsspec's entry points, without
+    importing the wrapper first: refuse to start (``MissingDependencyError``) where a fresh
+    Python does not find the protocol (an editable install made before its entry point)."""
+    from keyedstate.errors import MissingDependencyError
+
+    probe = subprocess.run([sys.executable, "-c", "import fsspec; "
+                            "fsspec.get_filesystem_class('kslatency')"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise MissingDependencyError(
+            "kslatency:// is not registered in this Python's installed metadata, so Spark's "
+            "Python workers can't open the checkpoints; reinstall keyedstate (pip install -e "
+            f"'.[bench]', or make install) to register its fsspec entry point. "
+            f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'no error'})")
+
+
+def describe_store(store: str, model: LatencyModel | None) -> str:
+    """Where a run's checkpoints went, in words (the JSON's and the figure's)."""
+    where = "moto S3 server on loopback, via s3fs" if store == "s3" else "a local directory"
+    if model is None:
+        return where
+    bandwidth = f", {model.mb_per_s:g} MB/s per stream" if model.mb_per_s else ""
+    return f"{where}, behind {model.name} ({model.first_byte_ms:g} ms per request{bandwidth})"
 
 
 def compute_goals(results: Sequence[dict[str, Any]], small_keys: int, keys: int
@@ -500,7 +628,8 @@ def plot(result: dict[str, Any], path: str) -> None:
     m = result["machine"]
     fig.suptitle(f"Batch time as the state grows: {w['events_per_batch']:,} events over "
                  f"{w['distinct_keys_per_batch']:,} keys per batch, {m['master']}, checkpoints "
-                 f"on S3 (moto); {m['date']}, load average {m['load_average']}", fontsize=9)
+                 f"on {w.get('storage', 'S3 (moto)')}; {m['date']}, load average "
+                 f"{m['load_average']}", fontsize=9)
     save_figure(fig, path)
 
 
@@ -512,6 +641,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated, run in this order")
     parser.add_argument("--master", default="local[2]",
                         help="Spark master, e.g. local-cluster[2,1,1024]")
+    parser.add_argument("--store", choices=STORES, default="s3",
+                        help="checkpoints on the local S3 server or a local directory "
+                             "(default: %(default)s)")
+    parser.add_argument("--latency", default="none",
+                        help="the checkpoints' latency model: none, s3-standard-same-region or "
+                             "figures such as ms=30,mb_per_s=90 (default: %(default)s)")
+    parser.add_argument("--small-keys", type=int, default=SMALL_KEYS,
+                        help="the small state's keys (default: %(default)s)")
+    parser.add_argument("--events-per-batch", type=int, default=200_000)
+    parser.add_argument("--distinct-keys", type=int, default=50_000,
+                        help="distinct keys per measured batch (default: %(default)s)")
+    parser.add_argument("--load-batch-keys", type=int, default=1_000_000,
+                        help="keys per loading batch (default: %(default)s)")
+    parser.add_argument("--session-warm-up-batches", type=int, default=10)
     parser.add_argument("--out", default=None, help="write the JSON result here (and the "
                                                     "figure to --plot)")
     parser.add_argument("--plot", default=os.path.join("docs", "img", "growth.png"),
@@ -525,6 +668,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     result = run(keys=args.keys, batches=args.batches, master=args.master,
                  backends=[b.strip() for b in args.backends.split(",") if b.strip()],
+                 store=args.store, latency=args.latency, small_keys=args.small_keys,
+                 events_per_batch=args.events_per_batch, distinct_keys=args.distinct_keys,
+                 load_batch_keys=args.load_batch_keys,
+                 session_warm_up_batches=args.session_warm_up_batches,
                  progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.out:

@@ -27,6 +27,15 @@ Bytes through the job's processes are counted by the storage layer (uploads, dow
 streamed through the process); as an independent upper bound the loopback interface's bytes
 (``/proc/net/dev``: every process on the machine, both directions) are reported too. Goal:
 savepoint and NO_CLAIM duplication move < 1% of the state through the job's processes.
+
+**Behind a latency model** (``latency``, ``--latency``: ``none``, a model's name such as
+``s3-standard-same-region`` or figures such as ``ms=30,mb_per_s=90``; docs/object-storage.md,
+"A latency model for benchmarks"): every checkpoint, savepoint and restore reaches the server
+through ``kslatency://``, each request paying the model's first-byte latency and its bytes at
+the model's per-stream bandwidth. Everything runs in this process, so each checkpoint (and
+the large state's savepoint, restores and first checkpoints) also records its ``requests``:
+by kind and by area of the root, with the seconds the model charged and the wall seconds. The
+JSON records the model's parameters.
 """
 
 from __future__ import annotations
@@ -44,9 +53,10 @@ from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.descriptors import ValueStateDescriptor
 from keyedstate.storage.cache import all_process_caches, process_file_cache
 from keyedstate.storage.transfer import RESTORE_PREFIX, GiB, TransferOptions, TransferStats
+from keyedstate.testing.latency import LatencyModel, RequestCounts, process_counts
 from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
-from .common import machine, save_figure, timed
+from .common import Location, behind, latency_model, machine, save_figure, timed
 
 PROFILE = ValueStateDescriptor("profile", "count bigint, note string")
 BLOB = ValueStateDescriptor("blob", "binary")
@@ -100,6 +110,7 @@ class Meter:
         self.storages = storages
         self.before = [s.stats.as_dict() for s in storages]
         self.lo = loopback_bytes()
+        self.requests = process_counts()
 
     def done(self) -> dict[str, Any]:
         total = TransferStats()
@@ -113,7 +124,15 @@ class Meter:
                 "duplicated_bytes": total.duplicated_bytes,
                 "objects_written": total.uploaded_objects + total.duplicated_objects,
                 "retries": total.retries,
-                "loopback_bytes": None if lo is None or self.lo is None else lo - self.lo}
+                "loopback_bytes": None if lo is None or self.lo is None else lo - self.lo,
+                "requests": requests_since(self.requests)}
+
+
+def requests_since(before: RequestCounts) -> dict[str, Any] | None:
+    """The requests a latency model's wrapper counted in this process since ``before``, by
+    kind and area (None: nothing went through one)."""
+    moved = process_counts() - before
+    return moved.as_dict() if moved.cells else None
 
 
 def _sum_props(metadata: Any, prefix: str = "transfer.") -> dict[str, int]:
@@ -130,7 +149,7 @@ def _clear_caches() -> None:
 
 # -- incremental checkpoints -------------------------------------------------------------------
 
-def incremental(s3: LocalS3, work: str, keys: int, batches: int, fraction: float,
+def incremental(s3: LocalS3 | Location, work: str, keys: int, batches: int, fraction: float,
                 compaction: str, seed: int = 7) -> dict[str, Any]:
     backend = RocksDBStateBackend(RocksDBOptions(compaction_style=compaction,
                                                  level0_file_num_compaction_trigger=(
@@ -169,7 +188,7 @@ def incremental(s3: LocalS3, work: str, keys: int, batches: int, fraction: float
                               "objects_written": moved["objects_written"],
                               "inlined_bytes": _sum_props(checkpoint.metadata)["inlined_bytes"],
                               "full_bytes": checkpoint.metadata.full_size,
-                              "seconds": t_ckpt.seconds})
+                              "seconds": t_ckpt.seconds, "requests": moved["requests"]})
     finally:
         op.close()
     uploaded = sum(b["uploaded_bytes"] for b in per_batch)
@@ -194,7 +213,7 @@ def incremental(s3: LocalS3, work: str, keys: int, batches: int, fraction: float
 
 # -- a large state: savepoint and NO_CLAIM restores ---------------------------------------------
 
-def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
+def large(s3: LocalS3 | Location, work: str, keys: int, value_bytes: int,
           progress: Callable[[str], None]) -> dict[str, Any]:
     transfer = TransferOptions(cache_bytes=4 * GiB, cache_dir=work)
     backend = RocksDBStateBackend(RocksDBOptions(compaction_style="universal",
@@ -234,10 +253,11 @@ def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
     out["checkpoint"] = {"seconds": t.seconds, **meter.done()}
     # 2. A native savepoint of the running job.
     progress("large state: native savepoint")
-    lo_before = loopback_bytes()
+    lo_before, requests_before = loopback_bytes(), process_counts()
     with timed() as t:
         sp_url = source.savepoint(s3.url("large-savepoint"))
     lo_after = loopback_bytes()
+    savepoint_requests = requests_since(requests_before)
     savepoint = resolve_snapshot(sp_url, s3.options).metadata
     recorded = _sum_props(savepoint)  # counted by the savepoint's own storage object
     out["savepoint"] = {
@@ -246,7 +266,7 @@ def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
         "duplicated_bytes": recorded["duplicated_bytes"],
         "objects_written": recorded["duplicated_objects"] + recorded["uploaded_objects"],
         "loopback_bytes": None if lo_before is None or lo_after is None
-        else lo_after - lo_before}
+        else lo_after - lo_before, "requests": savepoint_requests}
     source.close()
     # 3. and 4. NO_CLAIM restores on a new executor, then on one with a warm cache.
     for case, clear in (("restore_new_executor", True), ("restore_warm_cache", False)):
@@ -254,10 +274,11 @@ def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
         if clear:
             _clear_caches()
         name = f"large-{case}"
-        lo_before = loopback_bytes()
+        lo_before, requests_before = loopback_bytes(), process_counts()
         with timed() as t_restore:
             restored = job(name, restore_path=s3.url("large-savepoint"))
         restore_lo = loopback_bytes()
+        restore_requests = requests_since(requests_before)
         meter = Meter(restored.storage)
         with timed() as t_first:
             first = restored.checkpoint()
@@ -270,6 +291,7 @@ def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
             "restore_cache_hit_bytes": restore["cache_hit_bytes"],
             "restore_loopback_bytes": (None if lo_before is None or restore_lo is None
                                        else restore_lo - lo_before),
+            "restore_requests": restore_requests,
             "first_checkpoint_s": t_first.seconds,
             "first_checkpoint": first_moved,
             "through_process_bytes": restore["downloaded_bytes"]
@@ -293,13 +315,18 @@ def large(s3: LocalS3, work: str, keys: int, value_bytes: int,
 
 def run(keys: int = 1_000_000, batches: int = 50, fraction: float = 0.01,
         big_keys: int | None = None, value_bytes: int = 1100,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[str], None] | None = None,
+        latency: str | LatencyModel | None = None) -> dict[str, Any]:
     """Both parts (module docstring); ``keys`` sizes the incremental part and, unless
     ``big_keys`` is given, the large one (``keys`` values of ``value_bytes``: 1 M x 1100 bytes
-    is 1.13 GB, over 1 GiB). Returns the figures as JSON-ready dicts."""
+    is 1.13 GB, over 1 GiB); ``latency``: the model the server is behind (None or ``"none"``:
+    none). Returns the figures as JSON-ready dicts."""
     say = progress or (lambda message: None)
+    model = latency_model(latency)
     big_keys = keys if big_keys is None else big_keys
-    with LocalS3() as s3, tempfile.TemporaryDirectory(prefix="keyedstate-bench-remote-") as work:
+    with LocalS3() as server, \
+            tempfile.TemporaryDirectory(prefix="keyedstate-bench-remote-") as work:
+        s3 = behind(f"s3://{server.bucket}", server.options, model)
         results = []
         for compaction in ("universal", "level"):
             say(f"incremental checkpoints, {compaction} compaction")
@@ -309,7 +336,11 @@ def run(keys: int = 1_000_000, batches: int = 50, fraction: float = 0.01,
     return {
         "benchmark": "remote",
         "machine": machine(),
-        "store": "moto server on loopback, via s3fs",
+        "store": "moto server on loopback, via s3fs" + (
+            f", behind {model.name} ({model.first_byte_ms:g} ms per request"
+            + (f", {model.mb_per_s:g} MB/s per stream)" if model.mb_per_s else ")")
+            if model is not None else ""),
+        "latency": model.parameters() if model is not None else None,
         "goal": (f"uploaded <= {GOAL_UPLOAD_RATIO:g}x changed data over {batches} batches of "
                  f"{fraction:.0%} changed keys; savepoint and NO_CLAIM duplication of a >= 1 GiB "
                  f"state with < {GOAL_THROUGH_FRACTION:.0%} of it through the job's processes"),
@@ -384,10 +415,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="keyedstate bench remote, with a plot")
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--batches", type=int, default=50)
+    parser.add_argument("--latency", default="none",
+                        help="the server's latency model: none, s3-standard-same-region or "
+                             "figures such as ms=30,mb_per_s=90 (default: %(default)s)")
     parser.add_argument("--out", default=None, help="write the JSON result here")
     parser.add_argument("--plot", default=None, help="write the PNG here")
     args = parser.parse_args()
-    figures = run(keys=args.keys, batches=args.batches,
+    figures = run(keys=args.keys, batches=args.batches, latency=args.latency,
                   progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(figures, indent=2)
     if args.out:

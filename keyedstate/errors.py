@@ -180,3 +180,9 @@ class SparkConnectUnsupportedError(KeyedStateError, NotImplementedError):
 class SparkConnectServerError(ConfigurationError):
     """The Spark Connect server's Python could not load a keyed job (keyedstate, or the module
     of its function or a sink, is not importable there); the message has the server's error."""
+
+
+class LatencyModelError(ConfigurationError):
+    """A storage latency model (``kslatency://``, ``--latency`` of a benchmark) was given a
+    parameter it does not know or a value out of range; the message names the parameter, the
+    value and what is accepted (docs/object-storage.md, "A latency model for benchmarks")."""

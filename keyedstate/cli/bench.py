@@ -7,12 +7,14 @@ when a benchmark runs, so the library and the other commands never need them."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from typing import Any, Callable
 
 import click
 
 from keyedstate.cli.output import stderr
+from keyedstate.errors import LatencyModelError
 
 BENCHMARKS = {
     "checkpoint": "keyedstate_benchmarks.checkpoint",
@@ -45,12 +47,28 @@ def _load_benchmark(name: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON result to this file.")
-def bench(name: str, keys: int | None, as_json: bool, out: str | None) -> None:
+@click.option("--latency", metavar="MODEL", default=None,
+              help="Put the checkpoints and savepoints behind a latency model (growth, "
+                   "remote): none, s3-standard-same-region, or figures such as "
+                   "ms=30,mb_per_s=90 (docs/object-storage.md).")
+def bench(name: str, keys: int | None, as_json: bool, out: str | None,
+          latency: str | None) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
     module = _load_benchmark(name)
     kwargs: dict[str, Any] = {}
     if keys is not None:
         kwargs["keys"] = keys
+    if latency is not None:
+        from keyedstate.testing.latency import parse_latency
+
+        try:
+            kwargs["latency"] = parse_latency(latency)
+        except LatencyModelError as exc:
+            raise click.BadParameter(str(exc), param_hint="--latency") from exc
+        if "latency" not in inspect.signature(module.run).parameters:
+            raise click.BadParameter(f"benchmark {name!r} has no latency model; only those "
+                                     f"with checkpoints on a store take one (growth, remote)",
+                                     param_hint="--latency")
     with stderr.status(f"bench {name}") as status:
         progress: Callable[[str], None] = lambda msg: status.update(f"bench {name}: {msg}")
         result = module.run(progress=progress, **kwargs)

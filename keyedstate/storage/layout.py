@@ -104,3 +104,39 @@ def checkpoint_id_of_shared_file(path: str) -> int | None:
     """The checkpoint a shared file was written for, from its name; None for other paths."""
     m = _SHARED_FILE_RE.match(path)
     return int(m.group(1)) if m else None
+
+
+#: The areas :func:`area_of` tells apart, in the order it tries them.
+AREAS = ("metadata", "shared", "staging", "commits", "markers", "checkpoint", "taskowned",
+         "spark", "other")
+_MARKER_FILES = frozenset({COMPLETED_MARKER_FILE, CLAIM_MARKER_FILE, ABORTED_MARKER_FILE})
+
+
+def area_of(path: str) -> str:
+    """Which part of a snapshot root ``path`` (absolute, a URL or relative: read from its
+    components, the root unknown) belongs to, one of :data:`AREAS`: ``metadata`` (a
+    ``_metadata``: a checkpoint's or a savepoint's, or a temporary name of one), ``shared``, ``staging``, ``commits``,
+    ``markers`` (``_completed``, ``_claimed``, ``_aborted``), ``checkpoint`` (other files of a
+    ``chk-<N>/``), ``taskowned``, ``spark`` (the offset log) or ``other``. The last matching
+    component decides, so a root that itself lies below a folder named like one still reads
+    right for the files below it; a folder's own path (a listing) is in its area."""
+    parts = str(path).rstrip("/").split("/")
+    name = parts[-1]
+    if name.split(".", 1)[0] == METADATA_FILE:
+        return "metadata"
+    if name in _MARKER_FILES:
+        return "markers"
+    for part in reversed(parts):
+        if part == SHARED_DIR:
+            return "shared"
+        if part == STAGING_DIR:
+            return "staging"
+        if part == COMMITS_DIR:
+            return "commits"
+        if part == TASK_OWNED_DIR:
+            return "taskowned"
+        if part == SPARK_OFFSETS_DIR:
+            return "spark"
+        if _CHECKPOINT_DIR_RE.match(part):
+            return "checkpoint"
+    return "other"
