@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Mapping
 
-from keyedstate.config_values import Bytes, ValueType, parse_setting, value_type
+from keyedstate.config_values import (
+    Bytes,
+    Invalid,
+    ValueType,
+    enum_parser,
+    parse_setting,
+    value_type,
+)
 from keyedstate.errors import ConfigurationError
 from keyedstate.keygroups import check_parallelism, compute_default_max_parallelism
 
@@ -36,12 +43,16 @@ class RestoreMode(StrEnum):
     LEGACY = "LEGACY"
 
 
+_parse_restore_mode = enum_parser(RestoreMode)
+
+
 def parse_restore_mode(value: RestoreMode | str) -> RestoreMode:
-    """``value`` as a :class:`RestoreMode` (any case); :class:`ConfigurationError` naming the
-    modes otherwise."""
+    """``value`` as a :class:`RestoreMode`, spelled as the configuration takes it (any case,
+    ``-`` or ``_``: ``NO_CLAIM``, ``no-claim``); :class:`ConfigurationError` naming the modes
+    otherwise."""
     try:
-        return RestoreMode(str(value).upper())
-    except ValueError:
+        return typing.cast(RestoreMode, _parse_restore_mode(value))
+    except Invalid:
         raise ConfigurationError(
             f"execution.state-recovery.claim-mode {value!r} is not a restore mode; choose one of "
             f"{[m.value for m in RestoreMode]} (docs/restore-modes.md)"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from keyedstate.config import ConfigOption, JobConfig, LateEvents, RestoreMode
+from keyedstate.config import ConfigOption, JobConfig, LateEvents, RestoreMode, parse_restore_mode
 from keyedstate.config_values import (
     parse_bool,
     parse_bytes,
@@ -182,6 +182,15 @@ def test_what_a_key_takes_is_said_in_its_error() -> None:
         JobConfig(DIR, num_retained="0")
     with pytest.raises(ConfigurationError, match="true or false"):
         JobConfig(DIR, background_restore="yes")
+
+
+@pytest.mark.parametrize("spelled", ["NO_CLAIM", "no_claim", "no-claim", "No-Claim", " no_claim "])
+def test_a_restore_mode_reads_in_any_case_with_dash_or_underscore(spelled: str) -> None:
+    # the configuration, LocalJob(restore_mode=) and restore_snapshot all take one spelling
+    assert parse_restore_mode(spelled) is RestoreMode.NO_CLAIM
+    assert JobConfig(DIR, restore_mode=spelled).restore_mode is RestoreMode.NO_CLAIM
+    mapping = {"execution.checkpointing.dir": DIR, "execution.state-recovery.claim-mode": spelled}
+    assert JobConfig.from_mapping(mapping).restore_mode is RestoreMode.NO_CLAIM
 
 
 def test_a_missing_checkpoint_dir_names_the_key() -> None:
