@@ -12,7 +12,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Iterator, Sequence
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
@@ -160,4 +160,4 @@ def backend_named(name: str, **options: Any) -> StateBackend:
 
 def value_state(backend: KeyedStateBackend, descriptor: ValueStateDescriptor) -> ValueState[Any]:
     """``backend.get_state(descriptor)``, typed as the ValueState it is."""
-    return cast(ValueState[Any], backend.get_state(descriptor))
+    return backend.get_state(descriptor)

@@ -63,14 +63,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from keyedstate.runtime.function import Context, KeyedProcessFunction
-from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 from .common import machine, save_figure, workdir
@@ -106,7 +105,7 @@ class KeyedTotals(KeyedProcessFunction):
     totals = ValueStateDescriptor(STATE_NAME, STATE_DDL)
 
     def open(self, ctx: Context) -> None:
-        self.state = cast(ValueState[Any], ctx.get_state(self.totals))
+        self.state = ctx.get_state(self.totals)
 
     def process_key(self, key: Any, rows: pa.Table, ctx: Context) -> list[tuple[Any, ...]]:
         current = self.state.value()

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents
-from keyedstate.errors import ConfigurationError
+from keyedstate.errors import ConfigurationError, SparkConnectUnsupportedError
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.spark.connect import is_connect, shipped, started
@@ -22,11 +22,15 @@ from keyedstate.spark.sinks import CallbackSink, Sink
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import SPARK_OFFSETS_DIR
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
 
 class KeyedStream:
     """A streaming (or batch) DataFrame keyed by one or more columns."""
 
-    def __init__(self, df: Any, key_columns: Sequence[str]) -> None:
+    def __init__(self, df: DataFrame, key_columns: Sequence[str]) -> None:
         if not key_columns:
             raise ConfigurationError("key_by needs at least one key column")
         missing = [c for c in key_columns if c not in df.columns]
@@ -34,24 +38,40 @@ class KeyedStream:
             raise ConfigurationError(
                 f"key columns {missing} are not in the DataFrame; its columns are {df.columns}"
             )
-        self.df = df
+        #: the keyed DataFrame; None in the copy a Spark Connect server gets
+        #: (:meth:`KeyedProcessJob.without_dataframe`)
+        self.df: DataFrame | None = df
         self.key_columns = list(key_columns)
 
-    def process(self, function: KeyedProcessFunction, output_schema: Any,
-                side_outputs: Mapping[str, Any] | None = None) -> KeyedProcessJob:
+    def dataframe(self) -> DataFrame:
+        """The keyed DataFrame. The copy of the job a Spark Connect server runs has none
+        (:meth:`KeyedProcessJob.without_dataframe`) and raises
+        :class:`~keyedstate.errors.SparkConnectUnsupportedError`: what needs the DataFrame
+        (the start, a drain, a savepoint of the running job) runs in the client."""
+        if self.df is None:
+            raise SparkConnectUnsupportedError(
+                f"the keyed job over {self.key_columns} runs in a Spark Connect server, which "
+                f"gets it without its DataFrame: start, drain and savepoints of the running "
+                f"job are the client's (KeyedQuery)")
+        return self.df
+
+    def process(self, function: KeyedProcessFunction, output_schema: str | pa.Schema | StructType,
+                side_outputs: Mapping[str, str | pa.Schema | StructType] | None = None
+                ) -> KeyedProcessJob:
         """Run ``function`` per key; it emits rows of ``output_schema`` (a DDL string, pyarrow
         schema or StructType) and of the named ``side_outputs`` (``ctx.output(tag, row)``)."""
         if not isinstance(function, KeyedProcessFunction):
             raise ConfigurationError("process() needs a KeyedProcessFunction instance")
         # Its local aggregation against the input here, in the user's call (the start checks
         # it again with the watermark settings).
-        check_local_aggregation(function, to_arrow_schema(self.df.schema), self.key_columns,
-                                watermark_column=None, late_events=LateEvents.DROP)
+        check_local_aggregation(function, to_arrow_schema(self.dataframe().schema),
+                                self.key_columns, watermark_column=None,
+                                late_events=LateEvents.DROP)
         return KeyedProcessJob(self, function, to_arrow_schema(output_schema),
                                {k: to_arrow_schema(v) for k, v in (side_outputs or {}).items()})
 
 
-def key_by(df: Any, *columns: str) -> KeyedStream:
+def key_by(df: DataFrame, *columns: str) -> KeyedStream:
     """Key a DataFrame by ``columns`` (Flink's ``keyBy``)."""
     return KeyedStream(df, columns)
 
@@ -67,7 +87,7 @@ class KeyedProcessJob:
         self.side_outputs = dict(side_outputs)
         self.sinks: dict[str, list[Sink]] = {}
 
-    def sink(self, sink: Sink | Callable[[Any, int], None], output: str = MAIN_OUTPUT
+    def sink(self, sink: Sink | Callable[[DataFrame, int], None], output: str = MAIN_OUTPUT
              ) -> KeyedProcessJob:
         """Send ``output`` (the main output, or a side output tag) to ``sink``."""
         if output != MAIN_OUTPUT and output not in self.side_outputs and output != LATE_EVENTS_TAG:
@@ -87,7 +107,7 @@ class KeyedProcessJob:
         schemas = {MAIN_OUTPUT: self.output_schema, **self.side_outputs}
         for output, sinks in self.sinks.items():
             # Late rows have the input's schema (the driver's _late_schema).
-            schema = (to_arrow_schema(self.stream.df.schema) if output == LATE_EVENTS_TAG
+            schema = (to_arrow_schema(self.stream.dataframe().schema) if output == LATE_EVENTS_TAG
                       else schemas[output])
             for sink in sinks:
                 sink.open(schema)
@@ -120,7 +140,8 @@ class KeyedProcessJob:
         :class:`~keyedstate.errors.SparkConnectServerError`), and the checkpoint directory
         and the Spark checkpoint location must be reachable from the server and its
         executors too."""
-        connect = is_connect(self.stream.df.sparkSession)
+        df = self.stream.dataframe()
+        connect = is_connect(df.sparkSession)
         if connect:
             shipped([("the KeyedProcessFunction", self.function),
                      *((f"the sink {type(sink).__name__} of output {output!r}", sink)
@@ -135,7 +156,7 @@ class KeyedProcessJob:
                 )
             location = os.path.join(storage.root, SPARK_OFFSETS_DIR)
         driver = self.driver(cfg, location)
-        writer = self.stream.df.writeStream.foreachBatch(driver.process_batch)
+        writer = df.writeStream.foreachBatch(driver.process_batch)
         writer = writer.option("checkpointLocation", location)
         if trigger:
             writer = writer.trigger(**trigger)

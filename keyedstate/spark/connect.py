@@ -20,7 +20,7 @@ DataFrame of a session of that process. So under Connect:
 from __future__ import annotations
 
 import pickle
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from keyedstate.errors import (
     KeyedStateError,
@@ -29,15 +29,18 @@ from keyedstate.errors import (
 )
 from keyedstate.runtime.failures import find_task_failure, processor_task_error
 
+if TYPE_CHECKING:
+    from keyedstate.spark.pyspark_types import Query, Session, StreamWriter
 
-def is_connect(spark: Any) -> bool:
+
+def is_connect(spark: Session) -> bool:
     """Whether ``spark`` (a SparkSession) is a Spark Connect session. Told by its class, not by
     ``pyspark.sql.utils.is_remote()``: that reads a process-wide switch, and one process may
     hold a classic session and a Connect session."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def task_slots(spark: Any) -> int | None:
+def task_slots(spark: Session) -> int | None:
     """The cluster's task slots now (classic Spark: ``defaultParallelism``, executors may come
     and go); under Spark Connect, which has no ``SparkContext``, the session's
     ``spark.default.parallelism`` if set, else None (unknown)."""
@@ -47,7 +50,7 @@ def task_slots(spark: Any) -> int | None:
     return max(1, int(value)) if value else None
 
 
-def shipped(parts: Iterable[tuple[str, Any]]) -> None:
+def shipped(parts: Iterable[tuple[str, object]]) -> None:
     """Check that every part of a job the Connect server's ``foreachBatch`` process needs
     pickles (``parts``: what to call it, the object), as pyspark's Connect client pickles it
     (cloudpickle); raise :class:`SparkConnectUnsupportedError` naming the first that does not
@@ -92,7 +95,7 @@ def remote_failure(exc: BaseException) -> KeyedStateError | None:
 RUNNER_FAILURE = "STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE"
 
 
-def started(writer: Any) -> Any:
+def started(writer: StreamWriter) -> Query:
     """``writer.start()`` of a Connect client's query; a server that can't load the job raises
     :class:`SparkConnectServerError` with the last line of its Python error."""
     try:

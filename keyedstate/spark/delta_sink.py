@@ -12,8 +12,9 @@ sink-commit marker) adds nothing. See docs/sinks.md.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -32,8 +33,13 @@ from keyedstate.spark.sinks import (
     staged_batches,
 )
 
+if TYPE_CHECKING:
+    from deltalake import DeltaTable, Field
 
-def _deltalake() -> Any:
+    from keyedstate.spark.pyspark_types import Session
+
+
+def _deltalake() -> ModuleType:
     """The ``deltalake`` module, imported when a DeltaSink is first used (the library and the
     other sinks don't need it)."""
     try:
@@ -109,7 +115,7 @@ class DeltaSink(Sink):
                 found.add(int(commit[COMMIT_BATCH_ID]))
         return sorted(b for b in found if b > batch_id)
 
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+    def commit(self, spark: Session, batch_id: int, staged: StagedOutput) -> None:
         """Step 1. No rows: nothing to commit.
         Step 2. The table exists and its transaction for the lineage covers ``batch_id``:
             an earlier commit of the batch succeeded (a replay); nothing to do. The table is
@@ -141,7 +147,7 @@ class DeltaSink(Sink):
             storage_options=None if table is not None else self.storage_options or None,
             commit_properties=properties)
 
-    def _table(self) -> Any | None:
+    def _table(self) -> DeltaTable | None:
         """The table at :attr:`table_uri` as of now, None if there is none yet."""
         deltalake = _deltalake()
         options = self.storage_options or None
@@ -149,7 +155,7 @@ class DeltaSink(Sink):
             return None
         return deltalake.DeltaTable(self.table_uri, storage_options=options)
 
-    def _check(self, table: Any, schema: pa.Schema) -> None:
+    def _check(self, table: DeltaTable, schema: pa.Schema) -> None:
         """Raise :class:`SinkSchemaError` unless ``table`` takes rows of ``schema`` exactly
         (rules in the class docstring)."""
         deltalake = _deltalake()
@@ -178,11 +184,11 @@ class DeltaSink(Sink):
             )
 
 
-def _type(field: Any) -> str:
+def _type(field: Field) -> str:
     """A Delta type as Delta names it: ``long``, ``timestamp``, ``struct<...>``..."""
     kind = field.type
     return str(kind.type) if type(kind).__name__ == "PrimitiveType" else str(kind)
 
 
-def _describe(fields: Any) -> str:
+def _describe(fields: Iterable[Field]) -> str:
     return ", ".join(f"{f.name} {_type(f)}{'' if f.nullable else ' NOT NULL'}" for f in fields)

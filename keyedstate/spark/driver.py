@@ -86,7 +86,10 @@ from keyedstate.storage.layout import (
 )
 
 if TYPE_CHECKING:  # the job (api) builds its driver
+    from pyspark.sql import DataFrame, Row
+
     from keyedstate.spark.api import KeyedProcessJob
+    from keyedstate.spark.pyspark_types import Session
 
 log = logging.getLogger("keyedstate")
 
@@ -110,7 +113,7 @@ class KeyedJobDriver(BatchLoop):
                                          config.transfer_options())
         self.backend = load_backend(config.backend, **config.backend_options)
         self.max_parallelism = config.effective_max_parallelism
-        df = job.stream.df
+        df = job.stream.dataframe()
         #: the input's Spark schema (late rows have it): kept, so that the driver needs no
         #: DataFrame once shipped to a Spark Connect server (:meth:`__getstate__`)
         self.input_schema = df.schema
@@ -361,7 +364,7 @@ class KeyedJobDriver(BatchLoop):
         not known to have committed it when the savepoint was taken (idempotent, as every
         sink commit)."""
         if not output_committed(snap):
-            self._commit_output(self.job.stream.df.sparkSession, snap.storage,
+            self._commit_output(self.job.stream.dataframe().sparkSession, snap.storage,
                                 snap.metadata.properties)
 
     def _check_query(self, props: Mapping[str, str]) -> None:
@@ -414,7 +417,7 @@ class KeyedJobDriver(BatchLoop):
 
     # -- one batch -----------------------------------------------------------------------------
 
-    def process_batch(self, df: Any, batch_id: int) -> None:
+    def process_batch(self, df: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function (steps in the module docstring). A batch passes the
         stop gate first (:class:`~keyedstate.spark.query.StopGate`: while the query stops, it
         is not run). A failure is kept in :attr:`failure` and goes to Spark as a short error:
@@ -432,7 +435,7 @@ class KeyedJobDriver(BatchLoop):
                 raise _for_connect_client(self.failure, exc) from None
             raise for_spark(self.failure) from None
 
-    def _process_batch(self, df: Any, batch_id: int) -> None:
+    def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         # Step 1. A replay of a batch a completed checkpoint already covers.
         if batch_id <= self.last_batch_id:
@@ -476,7 +479,7 @@ class KeyedJobDriver(BatchLoop):
             "that replays from the savepoint's batch"
         )
 
-    def _run_with_retries(self, df: Any, batch_id: int, started: float, *,
+    def _run_with_retries(self, df: DataFrame, batch_id: int, started: float, *,
                           drain: bool = False) -> None:
         """Run the batch through the loop (:meth:`~keyedstate.runtime.loop.BatchLoop.
         _run_batch`) and record its statistics.
@@ -497,10 +500,10 @@ class KeyedJobDriver(BatchLoop):
     def _tolerable_failures(self) -> int:
         return self.config.tolerable_failed_checkpoints
 
-    def _tasks(self, batch: Any) -> int:
+    def _tasks(self, batch: DataFrame) -> int:
         return self.spark_tasks(batch.sparkSession)
 
-    def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+    def _execute(self, plan: BatchPlan, batch: DataFrame) -> list[Row]:
         """Route the batch's rows and run every subtask in Spark tasks (``mapInArrow``)."""
         return (self._route(batch, plan.tasks)
                 .mapInArrow(partial(run_subtask, plan), REPORT_DDL).collect())
@@ -519,7 +522,7 @@ class KeyedJobDriver(BatchLoop):
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.input_schema)
 
-    def spark_tasks(self, spark: Any) -> int:
+    def spark_tasks(self, spark: Session) -> int:
         """How many Spark tasks run this batch's subtasks: ``keyedstate.spark.tasks``, else
         the cluster's task slots now (executors may come and go; under Spark Connect only
         when the session sets ``spark.default.parallelism``, else the parallelism), never more
@@ -529,7 +532,7 @@ class KeyedJobDriver(BatchLoop):
         # queues the tasks that find no free slot.
         return self.config.parallelism if slots is None else min(self.config.parallelism, slots)
 
-    def _route(self, df: Any, spark_tasks: int) -> Any:
+    def _route(self, df: DataFrame, spark_tasks: int) -> DataFrame:
         """The batch's rows routed to their subtasks' Spark tasks; with a local aggregation,
         aggregated per key in the same shuffle (at the watermark the batch starts with)."""
         if self.local_aggregation is not None:
@@ -540,7 +543,7 @@ class KeyedJobDriver(BatchLoop):
         return route(df, self.job.stream.key_columns, self.config.parallelism,
                      self.max_parallelism, spark_tasks)
 
-    def _commit_output(self, spark: Any, storage: CheckpointStorage,
+    def _commit_output(self, spark: Session, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
         """Hand every output staged in ``storage`` (``props[STAGED]``) to its sinks, under
         the batch id and query id ``props`` record."""
@@ -599,7 +602,7 @@ class KeyedJobDriver(BatchLoop):
             # Step 2.
             committing = self._committing == latest.checkpoint_id
             if int(latest.metadata.properties.get(BATCH_ID, -1)) >= 0 and not committing:
-                self._commit_with_retries(self.job.stream.df.sparkSession, latest)
+                self._commit_with_retries(self.job.stream.dataframe().sparkSession, latest)
             # Step 3.
             source = ResolvedSnapshot(self.storage, latest.metadata_path, latest.metadata)
             attach = carry(source, self.config.storage_options,
@@ -642,7 +645,7 @@ class KeyedJobDriver(BatchLoop):
         attach = carry(source, self.config.storage_options)
         return write_savepoint(source, target, self.config.storage_options, fmt, attach)
 
-    def drain(self, spark: Any) -> None:
+    def drain(self, spark: Session) -> None:
         """Flink's ``stop --drain``: watermark to +infinity, fire every timer, checkpoint.
 
         The drain is a batch of its own, as Spark's no-data batches are: it takes the next

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Union
 
 import pyarrow as pa
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
+    from pyiceberg.types import IcebergType, NestedField
+
+    from keyedstate.spark.pyspark_types import Session
 
 #: The catalog name :class:`IcebergSink` loads its catalog properties under (pyiceberg's
 #: ``load_catalog(name, **properties)``; also the name it looks up in ``.pyiceberg.yaml``).
@@ -42,7 +46,7 @@ DEFAULT_CATALOG_NAME = "keyedstate"
 CatalogSpec = Union["Catalog", Mapping[str, str]]
 
 
-def _pyiceberg_catalog() -> Any:
+def _pyiceberg_catalog() -> ModuleType:
     """The ``pyiceberg.catalog`` module, imported when an IcebergSink is first used (the
     library and the other sinks don't need pyiceberg)."""
     try:
@@ -182,7 +186,7 @@ class IcebergSink(Sink):
             return []
         return [b for b in batches_of(table, app_id_of(lineage)) if b > batch_id]
 
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+    def commit(self, spark: Session, batch_id: int, staged: StagedOutput) -> None:
         """Step 1. No rows: nothing to commit.
         Step 2. The table exists and its newest snapshot of the lineage holds ``batch_id`` or
             a later batch: an earlier commit of the batch succeeded (a replay); nothing to do.
@@ -281,7 +285,7 @@ def _iceberg_schema(schema: pa.Schema) -> Schema:
     return _pyiceberg_catalog().Catalog._convert_schema_if_needed(schema)
 
 
-def _type(kind: Any) -> str:
+def _type(kind: IcebergType) -> str:
     """An Iceberg type as Iceberg names it, without field ids (which differ between a table
     and a converted schema): ``long``, ``timestamptz``, ``struct<a: int, b: string required>``..."""
     from pyiceberg.types import ListType, MapType, StructType
@@ -300,7 +304,7 @@ def _required(required: bool) -> str:
     return " required" if required else ""
 
 
-def _describe(fields: Iterable[Any], separator: str = " ") -> str:
+def _describe(fields: Iterable[NestedField], separator: str = " ") -> str:
     """``name type`` per field, ``required`` after a required one's type."""
     return ", ".join(f"{f.name}{separator}{_type(f.field_type)}{_required(f.required)}"
                      for f in fields)

@@ -9,7 +9,7 @@ docs/spark.md, "Two-phase aggregation".
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from keyedstate.errors import ConfigurationError
 from keyedstate.runtime.local_aggregation import (
@@ -25,8 +25,12 @@ from keyedstate.runtime.local_aggregation import (
 from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.spark.routing import task_of_subtask, with_routing_columns
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
 
-def check_event_time(schema: Any, watermark_column: str | None,
+
+def check_event_time(schema: StructType, watermark_column: str | None,
                      aggregation: LocalAggregation | None) -> None:
     """Refuse, at job start, a watermark column whose event time the JVM can't compute as the
     subtask does (``ConfigurationError``): with a local aggregation the late rows are split off
@@ -44,8 +48,8 @@ def check_event_time(schema: Any, watermark_column: str | None,
             f"integer of epoch milliseconds")
 
 
-def _aggregate_columns(df: Any, aggregation: LocalAggregation, *, watermark: int,
-                       watermark_column: str | None) -> list[Any]:
+def _aggregate_columns(df: DataFrame, aggregation: LocalAggregation, *, watermark: int,
+                       watermark_column: str | None) -> list[Column]:
     """The aggregate columns over ``df``'s rows of one key: the declared aggregates over the
     on-time rows, then the hidden columns (on-time rows, and with a watermark column late rows
     and the largest event time), exactly as
@@ -53,9 +57,9 @@ def _aggregate_columns(df: Any, aggregation: LocalAggregation, *, watermark: int
     from pyspark.sql import functions as F
     from pyspark.sql.types import IntegralType, TimestampType
 
-    on_time: Any = None
-    event_ms: Any = None
-    late: Any = None
+    on_time: Column | None = None
+    # With a watermark column, after the on-time rows: late rows, the largest event time.
+    event_time_columns: list[Column] = []
     if watermark_column:
         column = f"`{watermark_column}`"
         is_timestamp = isinstance(df.schema[watermark_column].dataType, TimestampType)
@@ -66,8 +70,10 @@ def _aggregate_columns(df: Any, aggregation: LocalAggregation, *, watermark: int
         # A row without an event time is never late.
         on_time = F.coalesce(event_ms >= mark, F.lit(True))
         late = F.coalesce(event_ms < mark, F.lit(False))
+        event_time_columns = [F.count(F.when(late, F.lit(1))).alias(LATE_COLUMN),
+                              F.max(event_ms).alias(MAX_EVENT_TIME_COLUMN)]
 
-    def on_time_only(value: Any) -> Any:
+    def on_time_only(value: Column) -> Column:
         return value if on_time is None else F.when(on_time, value)
 
     columns = []
@@ -89,10 +95,7 @@ def _aggregate_columns(df: Any, aggregation: LocalAggregation, *, watermark: int
         else:  # the closed set: check_local_aggregation refused anything else
             raise ConfigurationError(f"unknown aggregate {agg!r}")
     columns.append(F.count(on_time_only(F.lit(1))).alias(ROWS_COLUMN))
-    if watermark_column:
-        columns.append(F.count(F.when(late, F.lit(1))).alias(LATE_COLUMN))
-        columns.append(F.max(event_ms).alias(MAX_EVENT_TIME_COLUMN))
-    return columns
+    return columns + event_time_columns
 
 
 #: the hidden column that hash-partitions a row into its Spark task (:func:`partition_tags`)
@@ -129,9 +132,9 @@ def partition_tags(partitions: int) -> tuple[int, ...]:
     return tuple(tags[t] for t in range(partitions))
 
 
-def aggregate_and_route(df: Any, key_columns: Sequence[str], aggregation: LocalAggregation,
+def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: LocalAggregation,
                         parallelism: int, max_parallelism: int, spark_tasks: int, *,
-                        watermark: int, watermark_column: str | None) -> Any:
+                        watermark: int, watermark_column: str | None) -> DataFrame:
     """``df``'s rows aggregated per key and routed: the key columns, key group and subtask
     columns, then :func:`_aggregate_columns`, partitioned as
     :func:`~keyedstate.spark.routing.route` partitions rows, with one shuffle.

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 
@@ -84,22 +84,26 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import StateMetaInfo, StreamHandle
 from keyedstate.storage.layout import METADATA_FILE
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
 _SPLIT = "_ks_split"
 
 
-def _spark_type(arrow_type: pa.DataType) -> Any:
+def _spark_type(arrow_type: pa.DataType) -> DataType:
     from pyspark.sql.pandas.types import from_arrow_type
 
     return from_arrow_type(arrow_type)
 
 
-def _spark_schema(schema: pa.Schema) -> Any:
+def _spark_schema(schema: pa.Schema) -> StructType:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
 
 
-def _conform(df: Any, column: Any, target: Any) -> Any:
+def _conform(df: DataFrame, column: Column, target: DataType) -> Column:
     """``column`` cast to ``target``. Spark casts structs field by position; a struct with the
     target's field names in another order is reordered by name first."""
     from pyspark.sql import functions as F
@@ -133,7 +137,7 @@ class SavepointReader:
     records, else ``key``, ``key_1`` ...). Nothing is read until a DataFrame is evaluated.
     """
 
-    def __init__(self, spark: Any, snapshot: ResolvedSnapshot,
+    def __init__(self, spark: SparkSession, snapshot: ResolvedSnapshot,
                  key_columns: Sequence[str] | None = None) -> None:
         self.spark = spark
         self.snapshot = snapshot
@@ -144,7 +148,7 @@ class SavepointReader:
         self.states: dict[str, StateMetaInfo] = snapshot_states(self.metadata)
 
     @classmethod
-    def read(cls, spark: Any, path: str, *, storage_options: dict[str, Any] | None = None,
+    def read(cls, spark: SparkSession, path: str, *, storage_options: dict[str, Any] | None = None,
              key_columns: Sequence[str] | None = None) -> SavepointReader:
         """A reader of the snapshot at ``path``: a job's checkpoint directory (its latest
         checkpoint), a ``chk-N`` folder, a savepoint folder or a ``_metadata`` file."""
@@ -166,7 +170,7 @@ class SavepointReader:
         return n
 
     def _frame(self, state: str | StateDescriptor | None, schema: pa.Schema,
-               splits: int | None) -> Any:
+               splits: int | None) -> DataFrame:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         n = self._splits(splits)
@@ -178,7 +182,7 @@ class SavepointReader:
             now_ms=time.time_ns() // 1_000_000)
         return self.spark.range(0, n, 1, n).mapInArrow(partial(read_task, plan), spark_schema)
 
-    def state(self, state: str | StateDescriptor, *, splits: int | None = None) -> Any:
+    def state(self, state: str | StateDescriptor, *, splits: int | None = None) -> DataFrame:
         """The DataFrame of a state: one row per value, map entry or list element (columns in
         the module docstring), one Spark task per key-group range (``splits`` ranges; default:
         the snapshot's parallelism). ``state`` is its name (values in the recorded type) or a
@@ -198,7 +202,7 @@ class SavepointReader:
             meta, _ = read_as(state, meta)
         return self._frame(state, state_schema(meta, self.key_columns, self.key_types), splits)
 
-    def timers(self, *, splits: int | None = None) -> Any:
+    def timers(self, *, splits: int | None = None) -> DataFrame:
         """The DataFrame of every timer: ``domain`` (``event_time`` / ``processing_time``),
         ``timestamp`` (ms), ``key_group``, the key columns, ``namespace``."""
         return self._frame(None, timer_schema(self.key_columns, self.key_types), splits)
@@ -212,7 +216,7 @@ class SavepointReader:
 @dataclass
 class _Pending:
     meta: StateMetaInfo | None
-    df: Any  # with the canonical columns (+ _SPLIT), not yet sorted
+    df: DataFrame  # with the canonical columns (+ _SPLIT), not yet sorted
     plan_fields: dict[str, Any] = field(default_factory=dict)
 
 
@@ -238,7 +242,7 @@ class SavepointWriter:
         self._states: dict[str, _Pending] = {}
         self._timers: _Pending | None = None
         self._properties: dict[str, str] = {}
-        self._spark: Any = None
+        self._spark: SparkSession | None = None
 
     @classmethod
     def new_savepoint(cls, max_parallelism: int, *, key_columns: Sequence[str],
@@ -249,7 +253,7 @@ class SavepointWriter:
         return cls(max_parallelism, key_columns=key_columns, key_types=key_types, splits=splits)
 
     @classmethod
-    def from_existing(cls, spark: Any, path: str, *, max_parallelism: int | None = None,
+    def from_existing(cls, spark: SparkSession, path: str, *, max_parallelism: int | None = None,
                       storage_options: dict[str, Any] | None = None,
                       key_columns: Sequence[str] | None = None,
                       splits: int | None = None) -> SavepointWriter:
@@ -274,11 +278,12 @@ class SavepointWriter:
 
     # -- states --------------------------------------------------------------------------------
 
-    def with_state(self, descriptor: StateDescriptor, df: Any, *,
-                   key_columns: Sequence[str] | None = None, value_column: Any = VALUE,
-                   map_key_column: Any = MAP_KEY, namespace_column: Any = None,
-                   position_column: Any = None, ttl_timestamp_column: Any = None
-                   ) -> SavepointWriter:
+    def with_state(self, descriptor: StateDescriptor, df: DataFrame, *,
+                   key_columns: Sequence[str] | None = None, value_column: str | Column = VALUE,
+                   map_key_column: str | Column = MAP_KEY,
+                   namespace_column: str | Column | None = None,
+                   position_column: str | Column | None = None,
+                   ttl_timestamp_column: str | Column | None = None) -> SavepointWriter:
         """Write state ``descriptor`` from ``df``, replacing a state of that name.
 
         One row per value (value, reducing, aggregating states: the value or accumulator;
@@ -316,9 +321,10 @@ class SavepointWriter:
                 f"{sorted(self._states)}")
         return self
 
-    def with_timers(self, df: Any, *, key_columns: Sequence[str] | None = None,
-                    domain_column: Any = DOMAIN, timestamp_column: Any = TIMESTAMP,
-                    namespace_column: Any = None) -> SavepointWriter:
+    def with_timers(self, df: DataFrame, *, key_columns: Sequence[str] | None = None,
+                    domain_column: str | Column = DOMAIN,
+                    timestamp_column: str | Column = TIMESTAMP,
+                    namespace_column: str | Column | None = None) -> SavepointWriter:
         """Write the timers from ``df`` (replacing any): ``domain`` is ``event_time`` or
         ``processing_time``, ``timestamp`` in ms since the epoch, ``namespace`` as in
         :meth:`with_state`."""
@@ -329,7 +335,7 @@ class SavepointWriter:
                                          timestamp_column, namespace_column)
         return self
 
-    def _keys(self, df: Any, key_columns: Sequence[str]) -> list[Any]:
+    def _keys(self, df: DataFrame, key_columns: Sequence[str]) -> list[Column]:
         from pyspark.sql import functions as F
 
         if len(key_columns) != len(self.key_columns):
@@ -343,7 +349,7 @@ class SavepointWriter:
         return [F.col(f"`{c}`").cast(_spark_type(t)).alias(name)
                 for c, t, name in zip(key_columns, self.key_types, self.key_columns)]
 
-    def _col(self, df: Any, column: Any, what: str) -> Any:
+    def _col(self, df: DataFrame, column: str | Column, what: str) -> Column:
         from pyspark.sql import Column
         from pyspark.sql import functions as F
 
@@ -354,7 +360,7 @@ class SavepointWriter:
                                      f"columns are {df.columns}")
         return F.col(f"`{column}`")
 
-    def _routed(self, df: Any, key_exprs: list[Any], rest: list[Any]) -> Any:
+    def _routed(self, df: DataFrame, key_exprs: list[Column], rest: list[Column]) -> DataFrame:
         from pyspark.sql import functions as F
 
         keyed = df.select(*key_exprs, *rest)
@@ -362,9 +368,10 @@ class SavepointWriter:
         return keyed.withColumn(
             KEY_GROUP, F.expr(f"cast(pmod(xxhash64({keys}), {self.max_parallelism}) as int)"))
 
-    def _add(self, meta: StateMetaInfo, df: Any, *, key_columns: Sequence[str],
-             value_column: Any, map_key_column: Any, namespace_column: Any,
-             position_column: Any, ttl_timestamp_column: Any) -> None:
+    def _add(self, meta: StateMetaInfo, df: DataFrame, *, key_columns: Sequence[str],
+             value_column: str | Column, map_key_column: str | Column,
+             namespace_column: str | Column | None, position_column: str | Column | None,
+             ttl_timestamp_column: str | Column | None) -> None:
         from pyspark.sql import functions as F
 
         rest = [self._namespace(df, namespace_column)]
@@ -392,15 +399,16 @@ class SavepointWriter:
             "pickle_value": pickled, "pickle_map_key": pickled_key,
             "has_position": meta.kind == StateKind.LIST})
 
-    def _namespace(self, df: Any, namespace_column: Any) -> Any:
+    def _namespace(self, df: DataFrame, namespace_column: str | Column | None) -> Column:
         from pyspark.sql import functions as F
 
         if namespace_column is None:
             return F.lit(bytearray(VOID_NAMESPACE)).alias(NAMESPACE)
         return self._col(df, namespace_column, "namespace").cast("binary").alias(NAMESPACE)
 
-    def _timer_frame(self, df: Any, key_columns: Sequence[str], domain_column: Any,
-                     timestamp_column: Any, namespace_column: Any) -> _Pending:
+    def _timer_frame(self, df: DataFrame, key_columns: Sequence[str],
+                     domain_column: str | Column, timestamp_column: str | Column,
+                     namespace_column: str | Column | None) -> _Pending:
         rest = [self._col(df, domain_column, "timer domain").cast("string").alias(DOMAIN),
                 self._col(df, timestamp_column, "timer timestamp").cast("bigint")
                 .alias(TIMESTAMP),
@@ -411,7 +419,7 @@ class SavepointWriter:
     # -- write ---------------------------------------------------------------------------------
 
     def _run(self, pending: _Pending, storage: CheckpointStorage, relative_dir: str,
-             entry: str, splits: int) -> list[Any]:
+             entry: str, splits: int) -> list[Row]:
         from pyspark.sql import functions as F
 
         meta = pending.meta

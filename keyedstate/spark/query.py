@@ -35,6 +35,7 @@ from keyedstate.storage.handles import SnapshotFormat
 
 if TYPE_CHECKING:
     from keyedstate.spark.driver import BatchStats, KeyedJobDriver
+    from keyedstate.spark.pyspark_types import Query
 
 #: How long :meth:`KeyedQuery.stop` waits for the batch in flight by default, in seconds.
 STOP_TIMEOUT_S = 60.0
@@ -77,7 +78,7 @@ class StopGate:
 
     def __init__(self) -> None:
         #: the Spark ``StreamingQuery``, once started (batches before it pass as usual)
-        self.query: Any = None
+        self.query: Query | None = None
         #: batches a stop refused or cut off: not failures, they run again on restart
         self.interrupted: list[int] = []
         self._stopping = threading.Event()
@@ -125,6 +126,7 @@ class StopGate:
         """Stop the Spark query once no batch runs keyedstate work; past ``timeout`` seconds
         (None: no limit) raise :class:`StopTimeoutError` and leave the query running."""
         query = self.query
+        assert query is not None, "KeyedQuery sets the query before its stop() can be called"
         if threading.get_ident() == self._batch_thread:
             raise ConfigurationError(
                 "stop() was called from inside a batch (a listener or a sink runs on Spark's "
@@ -170,11 +172,11 @@ class KeyedQuery:
     :class:`~keyedstate.errors.SparkConnectUnsupportedError`.
     """
 
-    def __init__(self, query: Any, driver: KeyedJobDriver) -> None:
+    def __init__(self, query: Query, driver: KeyedJobDriver) -> None:
         self.query = query
         self.driver = driver
         #: the batches run in a Spark Connect server, not in this process
-        self.connect = is_connect(driver.job.stream.df.sparkSession)
+        self.connect = is_connect(driver.job.stream.dataframe().sparkSession)
         driver.gate.query = query
 
     @property
@@ -217,7 +219,9 @@ class KeyedQuery:
         from pyspark.errors import StreamingQueryException
 
         try:
-            return self.query.awaitTermination(timeout)
+            # pyspark annotates timeout as int, but takes seconds as any number (both the
+            # classic and the Connect query send int(timeout * 1000) ms).
+            return self.query.awaitTermination(timeout)  # type: ignore[arg-type]
         except StreamingQueryException as exc:
             self._raise_failure(exc)
             return True if timeout is not None else None
@@ -283,7 +287,7 @@ class KeyedQuery:
         if exc is not None and not self.driver.gate.interrupted:
             first = str(exc).strip().split("\n", 1)[0][:500]
             raise BatchFailedError(f"the query had failed: {first}") from exc
-        spark = self.driver.job.stream.df.sparkSession
+        spark = self.driver.job.stream.dataframe().sparkSession
         if drain:
             self.driver.drain(spark)
         if savepoint and self.connect:

@@ -5,13 +5,16 @@ gets the rows of the subtasks it runs (:func:`~keyedstate.runtime.grouping.subta
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
-def with_routing_columns(df: Any, key_columns: list[str], parallelism: int,
-                         max_parallelism: int) -> Any:
+
+def with_routing_columns(df: DataFrame, key_columns: list[str], parallelism: int,
+                         max_parallelism: int) -> DataFrame:
     """``df`` with each row's key group and subtask columns (JVM expressions)."""
     from pyspark.sql import functions as F
 
@@ -26,8 +29,8 @@ def task_of_subtask(parallelism: int, spark_tasks: int) -> str:
     return f"cast({SUBTASK_COLUMN} * {spark_tasks} div {parallelism} as int)"
 
 
-def route(df: Any, key_columns: list[str], parallelism: int, max_parallelism: int,
-          spark_tasks: int) -> Any:
+def route(df: DataFrame, key_columns: list[str], parallelism: int, max_parallelism: int,
+          spark_tasks: int) -> DataFrame:
     """``df``'s rows with their key group and subtask (JVM expressions), partitioned so that
     Spark task ``t`` gets the rows of the subtasks it runs (:func:`subtasks_of_task`)."""
     from pyspark.sql import functions as F

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -10,13 +10,16 @@ import pyarrow as pa
 # from here as before.
 from keyedstate.serde import to_arrow_schema as to_arrow_schema
 
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType, StructType
 
-def to_spark_schema(schema: pa.Schema) -> Any:
+
+def to_spark_schema(schema: pa.Schema) -> StructType:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
 
 
-def spark_type_ddl(data_type: Any) -> str:
+def spark_type_ddl(data_type: DataType) -> str:
     """The DDL string of a Spark data type, as keyedstate's type parser reads it."""
     return str(data_type.simpleString())

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def local_session(master: str = "local[2]", app_name: str = "keyedstate",
-                  extra: dict[str, str] | None = None) -> Any:
+                  extra: dict[str, str] | None = None) -> SparkSession:
     """``master`` may be ``local[N]``, ``local[N,F]`` (F task attempts) or
     ``local-cluster[E,C,M]`` (E executor JVMs). Executors' Python is this interpreter."""
     from pyspark.sql import SparkSession

@@ -24,7 +24,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,6 +38,11 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.duplication import duplicate_object
 from keyedstate.storage.filesystem import fsync_path
 from keyedstate.storage.transfer import parallel_map
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from keyedstate.spark.pyspark_types import Session
 
 #: ParquetSink layout: ``<path>/<lineage>-batch-<B:010d>/part-<n:05d>.parquet`` and ``_SUCCESS``
 SUCCESS_FILE = "_SUCCESS"
@@ -79,7 +84,7 @@ class Sink(ABC):
         return None
 
     @abstractmethod
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+    def commit(self, spark: Session, batch_id: int, staged: StagedOutput) -> None:
         """Make the batch's output visible; idempotent by ``(staged.lineage, batch_id)``."""
 
     def batches_after(self, lineage: str, batch_id: int) -> list[int] | None:
@@ -105,10 +110,10 @@ class CallbackSink(Sink):
     one Arrow table: the whole output of a batch goes through the driver's memory once. For
     outputs too large for the driver, use a :class:`ParquetSink` and read its files."""
 
-    def __init__(self, fn: Callable[[Any, int], None]) -> None:
+    def __init__(self, fn: Callable[[DataFrame, int], None]) -> None:
         self.fn = fn
 
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+    def commit(self, spark: Session, batch_id: int, staged: StagedOutput) -> None:
         from keyedstate.spark.schema import to_spark_schema
 
         df = spark.createDataFrame(read_staged(staged), schema=to_spark_schema(staged.schema))
@@ -207,7 +212,7 @@ class ParquetSink(Sink):
                       if batch.lineage == lineage and batch.batch_id > batch_id
                       and target.exists(f"{batch.name}/{SUCCESS_FILE}"))
 
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+    def commit(self, spark: Session, batch_id: int, staged: StagedOutput) -> None:
         if not staged.paths:
             return
         name = batch_dir_name(staged.lineage, batch_id)

@@ -175,7 +175,7 @@ class FaultInjectingFileSystem(AbstractFileSystem):
         self._check("write", rpath)
         self.target_fs.put_file(lpath, rpath, **kwargs)
 
-    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:  # type: ignore[override]
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         self._check("read" if "r" in mode else "write", path)
         return self.target_fs.open(path, mode, **kwargs)
 
@@ -190,7 +190,7 @@ class FaultInjectingFileSystem(AbstractFileSystem):
         self.target_fs.get_file(rpath, lpath, **kwargs)
 
     # copies
-    def copy(self, path1: str, path2: str, **kwargs: Any) -> None:  # type: ignore[override]
+    def copy(self, path1: str, path2: str, **kwargs: Any) -> None:
         self._check("copy", path1)
         self.target_fs.copy(path1, path2, **kwargs)
 
@@ -232,7 +232,7 @@ class FaultInjectingFileSystem(AbstractFileSystem):
         self._check("delete", path)
         self.target_fs.rm_file(path)
 
-    def rm(self, path: str, recursive: bool = False, **kwargs: Any) -> None:  # type: ignore[override]
+    def rm(self, path: str, recursive: bool = False, **kwargs: Any) -> None:
         self._check("delete", path)
         self.target_fs.rm(path, recursive=recursive, **kwargs)
 
@@ -246,4 +246,4 @@ class FaultInjectingFileSystem(AbstractFileSystem):
         self.target_fs.mkdir(path, create_parents=create_parents, **kwargs)
 
     def walk(self, path: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        return self.target_fs.walk(path, *args, **kwargs)  # type: ignore[no-any-return]
+        return self.target_fs.walk(path, *args, **kwargs)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.config import JobConfig
-from keyedstate.errors import BatchFailedError, ConfigurationError
+from keyedstate.errors import BatchFailedError, ConfigurationError, SparkConnectUnsupportedError
 from keyedstate.spark.api import key_by
 from keyedstate.spark.sinks import ParquetSink
 from tests.spark.jobs import (
@@ -206,6 +206,18 @@ def test_missing_key_column(spark):
     df = spark.createDataFrame([("a", 1.0)], "user_id string, amount double")
     with pytest.raises(ConfigurationError, match="not in the DataFrame"):
         key_by(df, "customer")
+
+
+def test_the_job_a_connect_server_gets_has_no_dataframe_and_says_so(spark):
+    """The copy of a job shipped to a Spark Connect server holds no DataFrame; asking it for
+    one is a typed refusal naming where that work runs, and the client's job keeps its own."""
+    df = spark.createDataFrame([("a", 1.0)], "user_id string, amount double")
+    job = key_by(df, "user_id").process(RunningTotals(), COUNT_SCHEMA)
+    shipped = job.without_dataframe()
+    assert shipped.stream.df is None
+    with pytest.raises(SparkConnectUnsupportedError, match="runs in a Spark Connect server"):
+        shipped.stream.dataframe()
+    assert job.stream.dataframe() is df
 
 
 @pytest.mark.parametrize("parallelism", [2, 4])  # 4: a kill takes a group of two subtasks

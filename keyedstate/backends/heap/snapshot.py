@@ -327,7 +327,7 @@ def capture_state(table: StateTable, index: int, images: Collection[int] | None,
             elif mark == REPLACED:
                 ops.append((OP_PUT, key, freeze(copy(stored))))
             else:
-                ops.append((OP_APPEND, key, stored[mark:]))  # type: ignore[misc]
+                ops.append((OP_APPEND, key, stored[mark:]))
         cap.diffs[kg] = ops
     return cap
 

@@ -274,8 +274,8 @@ class RocksDBState(State):
         """Drop every native reference so the DB can close (later use raises BackendError)."""
         self._cleanup = None
         self._get = self._put = self._delete = CLOSED.get
-        self._cf = CLOSED  # type: ignore[assignment]
-        self._handle = None  # type: ignore[assignment]
+        self._cf = CLOSED
+        self._handle = None
 
 
 class _BulkTargets:

@@ -42,7 +42,7 @@ import shutil
 import sys
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
@@ -79,6 +79,9 @@ from keyedstate.testing.chaos.workload import (
     marker_path,
     publish_input,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["BOUNDARY_CRASH", "DriverFaults", "boundary_crash_id", "install_driver_hooks"]
 
@@ -397,7 +400,10 @@ def read_final_state(spark: Any, plan: Plan, run_dir: str, job: Job) -> None:
     frames = {name: reader.state(name) for name in reader.state_names}
     frames["timers"] = reader.timers()
     for name, df in frames.items():
-        df.toPandas().to_parquet(os.path.join(out, f"{name}.parquet"))
+        # pyspark annotates toPandas() with an alias of pandas' DataFrame that resolves only
+        # with pandas-stubs (not installed): named here as pandas' own class.
+        frame: pd.DataFrame = df.toPandas()
+        frame.to_parquet(os.path.join(out, f"{name}.parquet"))
     log_event(run_dir, "final-state", checkpoint=reader.snapshot.metadata.checkpoint_id,
               batch_id=reader.snapshot.metadata.properties.get("batch_id"),
               states=sorted(frames))
