@@ -118,7 +118,7 @@ class LatencyFileSystem(AbstractFileSystem):
         self._shaped("write", rpath, lambda: self.target_fs.put_file(lpath, rpath, **kwargs),
                      size=lambda _: size)
 
-    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:  # type: ignore[override]
+    def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if "r" in mode:
             inner = self._shaped("read", path, lambda: self.target_fs.open(path, mode, **kwargs))
             return _ShapedReader(self, path, inner)
@@ -138,7 +138,7 @@ class LatencyFileSystem(AbstractFileSystem):
 
     # -- server-side copies --------------------------------------------------------------------
 
-    def copy(self, path1: Any, path2: Any, recursive: bool = False,  # type: ignore[override]
+    def copy(self, path1: Any, path2: Any, recursive: bool = False,
              **kwargs: Any) -> None:
         n = 1 if isinstance(path1, str) and not recursive else \
             len(self.target_fs.expand_path(path1, recursive=recursive))
@@ -185,7 +185,7 @@ class LatencyFileSystem(AbstractFileSystem):
     def rm_file(self, path: str) -> None:
         self._shaped("delete", path, lambda: self.target_fs.rm_file(path))
 
-    def rm(self, path: Any, recursive: bool = False, **kwargs: Any) -> None:  # type: ignore[override]
+    def rm(self, path: Any, recursive: bool = False, **kwargs: Any) -> None:
         if recursive:
             where = path if isinstance(path, str) else ""
             objects = self.find(where) if isinstance(path, str) else list(path)
