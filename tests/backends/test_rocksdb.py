@@ -1,4 +1,4 @@
-"""RocksDB-specific behaviour (the generic state contract is in ``tests/backends/contract.py``).
+"""RocksDB-specific behaviour (the generic state contract is in ``tests/backends/contract/``).
 
 Real RocksDB through rocksdict and real files through :class:`CheckpointStorage` on a tmp dir.
 """
