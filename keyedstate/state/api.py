@@ -1,7 +1,7 @@
 """The state primitives user code sees, scoped to the current key and namespace.
 
 Each backend implements them over its own storage; one contract test suite
-(``tests/backends/contract.py``) holds every implementation to the same behaviour. A state
+(``tests/backends/contract/``) holds every implementation to the same behaviour. A state
 object is bound to its backend's current key (``KeyedStateBackend.set_current_key``) and to
 its own current namespace (:meth:`InternalKvState.set_current_namespace`, ``None`` by
 default; windows use a window as the namespace).

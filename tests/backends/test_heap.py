@@ -1,4 +1,4 @@
-"""Heap-backend specifics (the shared behaviour is in ``contract.py``): the FLIP-151 journal
+"""Heap-backend specifics (the shared behaviour is in ``contract/``): the FLIP-151 journal
 (squashing, list appends, aborted and unconfirmed snapshots, the chain bound), the file format
 (per-key-group sections, corruption), rescaling, TTL cleanup and pickling. Real files in
 ``tmp_path``; nothing mocked."""

@@ -28,7 +28,7 @@ from keyedstate.state.descriptors import (
     ValueStateDescriptor,
 )
 from keyedstate.state.evolution import SchemaEvolution
-from tests.backends.contract import Harness
+from tests.backends.contract.common import Harness
 
 OLD = "struct<count:int,name:string,tags:array<struct<k:string,w:float>>>"
 #: reordered, count widened to bigint, name removed, a field added with a default, and the

@@ -1,4 +1,4 @@
-"""RocksDB-specific behaviour (the generic state contract is in ``tests/backends/contract.py``).
+"""RocksDB-specific behaviour (the generic state contract is in ``tests/backends/contract/``).
 
 Real RocksDB through rocksdict and real files through :class:`CheckpointStorage` on a tmp dir.
 """
@@ -1015,8 +1015,8 @@ def test_bulk_calls_store_the_bytes_per_key_calls_store(tmp_path: Any, ttl: str 
     yet removed may differ: the incremental cleanup of a bulk call's accesses runs at once."""
     from keyedstate.backends.rocksdb.key_layout import unpack_timestamp
 
-    from .contract import Harness
-    from .contract_bulk import TTLS, Script
+    from .contract.bulk import TTLS, Script
+    from .contract.common import Harness
 
     harness = Harness(RocksDBStateBackend(ONE_SHARD), tmp_path)
     config = TTLS[ttl] if ttl else None

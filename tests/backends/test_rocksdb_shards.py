@@ -23,8 +23,8 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle
 from keyedstate.testing.faults import FaultPlan
 
-from .contract import Harness
-from .contract_bulk import TTLS, Script, bulk_kinds, records
+from .contract.bulk import TTLS, Script, bulk_kinds, records
+from .contract.common import Harness
 
 ONE_SHARD = RocksDBOptions(key_group_shards=1)
 VALUE = ValueStateDescriptor("v", "count bigint, note string")

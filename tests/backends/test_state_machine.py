@@ -38,7 +38,7 @@ from keyedstate.state.descriptors import (
 from keyedstate.state.timers import TimeDomain
 from keyedstate.storage.handles import KeyedStateHandle
 
-from .contract import Harness, dump, dump_timers
+from .contract.common import Harness, dump, dump_timers
 
 DESCRIPTORS: dict[str, StateDescriptor] = {
     "value": ValueStateDescriptor("value", "bigint"),

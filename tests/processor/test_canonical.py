@@ -52,7 +52,7 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import TimeDomain
 from keyedstate.state.ttl import ManualTimeProvider
-from tests.backends.contract import (
+from tests.backends.contract.common import (
     ALL_NAMES,
     T0,
     Harness,

@@ -13,7 +13,7 @@ Snapshot protocol (one checkpoint)::
     backend.notify_checkpoint_complete(checkpoint_id)     # the coordinator committed it
       or backend.notify_checkpoint_aborted(checkpoint_id)
 
-Guarantees every backend gives (checked by ``tests/backends/contract.py``):
+Guarantees every backend gives (checked by ``tests/backends/contract/``):
 
 - An incremental snapshot references only files of the last snapshot the coordinator
   *confirmed* (``notify_checkpoint_complete``) or of the restored snapshot when restored with
