@@ -32,7 +32,7 @@ test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 check: lint
-	$(PY) -m pytest -q -m "not spark and not s3 and not chaos and not slow" $(PYTEST_ARGS)
+	KEYEDSTATE_TEST_BUDGET=check $(PY) -m pytest -q -m "not spark and not s3 and not chaos and not slow" $(PYTEST_ARGS)
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

@@ -18,6 +18,7 @@ from keyedstate.keygroups import (
     operator_index_for_key_group,
     serialize_key_group,
 )
+from tests.property_budget import budget
 
 # --------------------------------------------------------------------------------------------
 # Flink's Java, transcribed line by line with Java's 32-bit int arithmetic
@@ -109,7 +110,7 @@ def test_default_max_parallelism_known_values(parallelism, expected):
 
 
 @given(st.integers(1, UPPER_BOUND_MAX_PARALLELISM))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=budget(300), deadline=None)
 def test_default_max_parallelism_equals_flink(parallelism):
     assert compute_default_max_parallelism(parallelism) == \
         java_compute_default_max_parallelism(parallelism)
@@ -143,7 +144,7 @@ def test_ranges_equal_flink_and_partition_all_key_groups(parallelism, max_parall
 
 
 @given(st.data())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=budget(200), deadline=None)
 def test_range_and_owner_equal_flink_random(data):
     max_parallelism = data.draw(st.integers(1, UPPER_BOUND_MAX_PARALLELISM), "maxP")
     parallelism = data.draw(st.integers(1, max_parallelism), "p")

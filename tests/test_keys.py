@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import keyedstate
 from keyedstate.errors import SerializationError
 from keyedstate.keys import SPARK_HASH_SEED, KeySerializer
+from tests.property_budget import budget
 
 UTC = dt.timezone.utc
 
@@ -278,7 +279,7 @@ def typed_keys(draw):
 @given(typed_keys(), st.sampled_from(MAX_PARALLELISMS))
 @example((["decimal(30,1)"], decimal.Decimal("123456789012345678901234.5")), 128)
 @example((["bigint", "string"], (None, None)), 7)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=budget(300), deadline=None)
 def test_roundtrip_and_key_group_properties(typed_key, max_parallelism):
     types, key = typed_key
     ks = KeySerializer(types)
@@ -296,7 +297,7 @@ def test_roundtrip_and_key_group_properties(typed_key, max_parallelism):
 
 
 @given(st.lists(st.integers(-(1 << 63), (1 << 63) - 1), min_size=2, max_size=20, unique=True))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=budget(100), deadline=None)
 def test_distinct_keys_have_distinct_bytes(keys):
     ks = KeySerializer(["bigint"])
     assert len({ks.serialize(k) for k in keys}) == len(keys)

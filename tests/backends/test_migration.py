@@ -29,6 +29,7 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.evolution import SchemaEvolution
 from tests.backends.contract.common import Harness
+from tests.property_budget import budget
 
 OLD = "struct<count:int,name:string,tags:array<struct<k:string,w:float>>>"
 #: reordered, count widened to bigint, name removed, a field added with a default, and the
@@ -284,7 +285,7 @@ def _random_value(type_: pa.StructType, rnd: random.Random) -> dict[str, Any]:
     return out
 
 
-@settings(max_examples=15, deadline=None,
+@settings(max_examples=budget(15), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(change=_evolution(), seed=st.integers(0, 1000))
 def test_random_evolution_reads_old_values_mapped_by_the_rule(tmp_path_factory, change,

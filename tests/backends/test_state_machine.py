@@ -37,6 +37,7 @@ from keyedstate.state.descriptors import (
 )
 from keyedstate.state.timers import TimeDomain
 from keyedstate.storage.handles import KeyedStateHandle
+from tests.property_budget import budget
 
 from .contract.common import Harness, dump, dump_timers
 
@@ -287,7 +288,7 @@ class BackendModelMachine(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=20,
+    max_examples=budget(20),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

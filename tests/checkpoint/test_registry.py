@@ -23,6 +23,7 @@ from keyedstate.processor.inspection import find_garbage
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, StreamHandle
 from keyedstate.storage.layout import ABORTED_MARKER_FILE, checkpoint_id_of_shared_file
+from tests.property_budget import budget
 
 from . import make_handle
 
@@ -300,6 +301,6 @@ class CheckpointMachine(RuleBasedStateMachine):
         assert find_garbage(self.storage).files == []
 
 
-CheckpointMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=40,
+CheckpointMachine.TestCase.settings = settings(max_examples=budget(30), stateful_step_count=40,
                                                deadline=None)
 TestCheckpointMachine = CheckpointMachine.TestCase

@@ -25,6 +25,7 @@ from keyedstate.runtime.grouping import keyed_batch, sort_by_key
 from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.state.descriptors import ValueStateDescriptor
+from tests.property_budget import budget
 from tests.runtime.test_local_job import INPUT, batches, config, new_job, reference, rows
 from tests.spark.jobs import COUNT_SCHEMA, VectorizedIdleCounts, VectorizedTotals
 
@@ -186,7 +187,7 @@ def test_vectorized_function_may_return_rows_and_use_per_key_calls(tmp_path):
         {"user_id": "b", "count": 2, "total": 0.0, "batch_id": 0}]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=budget(60), deadline=None)
 @given(keys=st.lists(st.one_of(st.none(), st.text(max_size=4)), max_size=60),
        binary=st.booleans(), chunk=st.integers(1, 7))
 def test_sort_by_key_orders_rows_as_a_stable_sort_of_the_key(keys: list[str | None],

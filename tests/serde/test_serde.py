@@ -22,6 +22,7 @@ from keyedstate.serde import (
     serialize_namespace,
     serializer_for,
 )
+from tests.property_budget import budget
 
 UTC = dt.timezone.utc
 
@@ -158,7 +159,7 @@ def test_primitive_roundtrip(name):
     type_, strategy = PRIMITIVES[name]
 
     @given(st.none() | strategy)
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=budget(60), deadline=None)
     def check(value):
         back = _roundtrip(type_, value)
         if value is not None:
@@ -182,7 +183,7 @@ def test_wide_decimal_roundtrip(ddl, value):
 
 
 @given(DEC_38_6)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=budget(60), deadline=None)
 def test_wide_decimal_roundtrip_property(value):
     _roundtrip("decimal(38,6)", value)
 
@@ -257,7 +258,7 @@ def _value_of(type_: pa.DataType) -> st.SearchStrategy:
 
 
 @given(nested_type_and_value())
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=budget(150), deadline=None)
 def test_nested_roundtrip(type_and_value):
     type_, value = type_and_value
     _roundtrip(type_, value)
@@ -440,7 +441,7 @@ namespaces = st.recursive(
 
 
 @given(namespaces)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=budget(200), deadline=None)
 def test_namespace_roundtrip(namespace):
     data = serialize_namespace(namespace)
     assert deserialize_namespace(data) == namespace

@@ -25,6 +25,7 @@ from keyedstate.state.evolution import (
     resolve_schema_compatibility,
     resolve_state_compatibility,
 )
+from tests.property_budget import budget
 
 AS_IS = SchemaCompatibility.COMPATIBLE_AS_IS
 MIGRATE = SchemaCompatibility.COMPATIBLE_AFTER_MIGRATION
@@ -394,7 +395,7 @@ def evolutions(draw: st.DrawFn) -> tuple[pa.DataType, pa.DataType, Any, Any]:
     return old, new, value, apply(value, path, step)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=budget(200), deadline=None)
 @given(evolutions())
 def test_one_evolution_step_migrates_by_field_name(
         case: tuple[pa.DataType, pa.DataType, Any, Any]) -> None:

@@ -27,6 +27,7 @@ from keyedstate.storage.handles import (
     serialize_metadata,
 )
 from keyedstate.storage.layout import checkpoint_id_of_shared_file, shared_file_prefix
+from tests.property_budget import budget
 
 
 def sample_metadata(path: str = "shared/chk-3-sub-0-abc-000012.sst") -> CheckpointMetadata:
@@ -62,7 +63,7 @@ def test_roundtrip() -> None:
     assert deserialize_metadata(serialize_metadata(metadata)) == metadata
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=budget(50), deadline=None)
 @given(
     checkpoint_id=st.integers(1, 2**40),
     names=st.lists(st.text("abc.-_0123456789", min_size=1, max_size=8), max_size=4),
