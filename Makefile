@@ -1,7 +1,8 @@
 # Two commands on a fresh machine (Python 3.11+, Java 17+):
 #   make demo   creates .venv, installs keyedstate, runs the main job
 #   make check  the fast loop (about 2 minutes): lint (import contracts, ruff), types (mypy,
-#               tests/test_typing.py) and the unit tests without Spark, S3, chaos or slow ones
+#               tests/test_typing.py) and the unit tests (not marked spark, s3, chaos, slow or
+#               integration; property tests draw a quarter of their examples: tests/README.md)
 #   make test   installs the test dependencies, runs the whole suite (its browser tests
 #               need Chromium, `apt-get install chromium` as root: skipped without it,
 #               failed without it under CI=true; .ci/run installs it where it can,
@@ -32,7 +33,7 @@ test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 check: lint
-	KEYEDSTATE_TEST_BUDGET=check $(PY) -m pytest -q -m "not spark and not s3 and not chaos and not slow" $(PYTEST_ARGS)
+	KEYEDSTATE_TEST_BUDGET=check $(PY) -m pytest -q -m "not spark and not s3 and not chaos and not slow and not integration" $(PYTEST_ARGS)
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

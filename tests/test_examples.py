@@ -17,6 +17,8 @@ from examples import card_alerts, page_views
 from examples.harness import Check
 from keyedstate.serde import to_arrow_schema
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: each example's command-line options for a small run (a few batches)
 SMALL = {

@@ -26,6 +26,8 @@ from keyedstate.testing.faults import FaultPlan
 from .contract.bulk import TTLS, Script, bulk_kinds, records
 from .contract.common import Harness
 
+pytestmark = pytest.mark.integration
+
 ONE_SHARD = RocksDBOptions(key_group_shards=1)
 VALUE = ValueStateDescriptor("v", "count bigint, note string")
 

@@ -25,6 +25,8 @@ from tests.checkpoint.test_savepoints import (
     run_job,
 )
 
+pytestmark = pytest.mark.integration
+
 
 def make_savepoint(tmp_path, backend: str) -> tuple[str, dict]:
     op, expected = run_job(str(tmp_path / "source"), backend, rounds=2)

@@ -23,6 +23,8 @@ from keyedstate.processor.canonical import write_canonical_savepoint
 from tests.checkpoint.test_savepoints import _damage, files_under, run_job
 from tests.runtime.test_local_job import batches, config, new_job
 
+pytestmark = pytest.mark.integration
+
 
 def invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args))

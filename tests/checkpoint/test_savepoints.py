@@ -28,6 +28,8 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat, SnapshotKind
 from keyedstate.storage.layout import METADATA_FILE
 
+pytestmark = pytest.mark.integration
+
 BACKENDS = ["rocksdb", "heap"]
 KEYS = 400
 COUNT = ValueStateDescriptor("count", "bigint", default=0)

@@ -30,6 +30,8 @@ from tests.browser import MISSING, Browser, require_chromium, skip_without_chrom
 from tests.checkpoint.test_savepoints import run_job
 from tests.runtime.test_local_job import batches, config, new_job
 
+pytestmark = pytest.mark.integration
+
 #: skipped at collection without Chromium, outside CI; under CI=true require_chromium() in the
 #: test fails it instead
 needs_chromium = pytest.mark.skipif(skip_without_chromium(), reason=MISSING)

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from keyedstate.cli import main
 from keyedstate_examples.click_sessions import PHASES
 
+pytestmark = pytest.mark.integration
+
 
 def test_help_lists_the_commands():
     result = CliRunner().invoke(main, ["--help"])

@@ -16,6 +16,8 @@ from keyedstate.cli import main
 from keyedstate.runtime.local import LocalKeyedOperator
 from tests.checkpoint.test_savepoints import BACKENDS, SOME_KEYS, read_all, run_job
 
+pytestmark = pytest.mark.integration
+
 LISTING_FIELDS = {"id", "batch_id", "parallelism", "max_parallelism", "backend",
                   "incremental_bytes", "full_bytes", "files"}
 

@@ -63,6 +63,8 @@ from tests.backends.contract.common import (
     write,
 )
 
+pytestmark = pytest.mark.integration
+
 MAX_P = 8
 TTL_MS = 1000
 KEYS = [f"u{i:03d}" for i in range(40)]

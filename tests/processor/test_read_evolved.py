@@ -32,6 +32,8 @@ from tests.state.test_schema_evolution_job import (
     _job,
 )
 
+pytestmark = pytest.mark.integration
+
 DAY = StateTtlConfig(dt.timedelta(days=1))
 
 

@@ -23,6 +23,8 @@ from keyedstate.checkpoint.resolve import resolve_snapshot
 from tests.runtime.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
 from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 
+pytestmark = pytest.mark.integration
+
 
 def _committed(root: Any) -> tuple[int, list[str]]:
     """The latest checkpoint's id and its subtasks' tokens."""

@@ -20,6 +20,8 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from tests.backends.test_heap import MAX_P, VALUE, FileParts, Job, contents
 from tests.runtime.test_local_job import T0, batches, config, new_job, reference, rows
 
+pytestmark = pytest.mark.integration
+
 
 def _latest_subtasks(root: Any) -> list[Any]:
     stats = subtask_stats_of(resolve_snapshot(str(root / "ckpt")).metadata)

@@ -20,6 +20,8 @@ from keyedstate.state.descriptors import ValueStateDescriptor
 from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 from tests.spark.jobs import COUNT_SCHEMA, IdleCounts
 
+pytestmark = pytest.mark.integration
+
 SKU_INPUT = "sku string, ts timestamp, amount double"
 SKU_OUTPUT = "sku string, stock bigint"
 

@@ -29,6 +29,8 @@ from tests.spark.jobs import (
     two_phase_oracle,
 )
 
+pytestmark = pytest.mark.integration
+
 
 def two_phase_config(root: Any, **changes: Any) -> JobConfig:
     """``tests.runtime.test_local_job.config`` with late rows dropped (a local aggregation refuses

@@ -15,6 +15,8 @@ from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from tests.spark.jobs import COUNT_SCHEMA, IDLE_AFTER_MS, IDLE_SCHEMA, FailOnKey, IdleCounts
 
+pytestmark = pytest.mark.integration
+
 INPUT = "user_id string, ts timestamp, amount double"
 T0 = 1_700_000_000_000  # ms
 

@@ -29,6 +29,8 @@ from tests.property_budget import budget
 from tests.runtime.test_local_job import INPUT, batches, config, new_job, reference, rows
 from tests.spark.jobs import COUNT_SCHEMA, VectorizedIdleCounts, VectorizedTotals
 
+pytestmark = pytest.mark.integration
+
 
 def state_rows(savepoint: str, state: str) -> list[tuple]:
     snapshot = resolve_snapshot(savepoint)

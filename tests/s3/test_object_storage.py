@@ -22,6 +22,8 @@ from keyedstate.storage.layout import checkpoint_id_of_shared_file
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
 from tests.s3.conftest import TRANSFER, Store
 
+pytestmark = pytest.mark.integration
+
 BACKENDS = ["rocksdb", "heap"]
 COUNT = ValueStateDescriptor("count", "bigint", default=0)
 SEEN = ListStateDescriptor("seen", "string")

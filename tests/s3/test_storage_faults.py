@@ -18,6 +18,8 @@ from keyedstate.testing.faults import FaultPlan
 from tests.s3.conftest import TRANSFER, Store
 from tests.s3.test_object_storage import KEYS, add, counts
 
+pytestmark = pytest.mark.integration
+
 BACKENDS = ["rocksdb", "heap"]
 
 

@@ -27,6 +27,8 @@ from keyedstate.state.evolution import SchemaEvolution
 from keyedstate.storage.handles import CheckpointMetadata
 from tests.checkpoint.test_savepoints import files_under
 
+pytestmark = pytest.mark.integration
+
 INPUT = "user_id string, amount double"
 OUTPUT = "user_id string, count bigint, total double, peak double"
 V1 = "struct<count:int,total:double,peak:float,first:double>"

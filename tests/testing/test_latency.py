@@ -39,6 +39,8 @@ from tests.s3 import test_object_storage as storage_tests
 from tests.s3.conftest import Store
 from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts
 
+pytestmark = pytest.mark.integration
+
 #: Small figures: the tests sleep what the model charges, so keep it short.
 MODEL = LatencyModel("test", first_byte_ms=1.0, mb_per_s=500.0)
 BACKENDS = ["rocksdb", "heap"]
