@@ -22,7 +22,8 @@ driver's side is :mod:`keyedstate.runtime.loop`):
    over all of them (:class:`KeyedBatch`).
 5. Check the outputs against their schemas (:mod:`keyedstate.runtime.output`) and stage them
    as Parquet files under the checkpoint directory (not yet visible).
-6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch
+6. Snapshot the state (synchronous part, then the upload, Flink's "asynchronous" part, here
+   in the task: the batch waits for it) and keep the live copy for the next batch
    (:mod:`keyedstate.runtime.live_copies`).
 7. Return one row: the subtask's report (:mod:`keyedstate.runtime.wire`): the snapshot
    handle, staged files, max event time, counts and timings.
