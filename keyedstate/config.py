@@ -184,6 +184,17 @@ class JobConfig:
     #: worker more CPU than a catch-up; docs/spark.md, "State locality")
     background_restore: bool = field(
         default=False, metadata=_key("keyedstate.live-copies.background-restore"))
+    #: where a snapshot's files are uploaded: false (the synchronous mode) in the subtask's
+    #: task, on the batch's path; true in the background of the process, the checkpoint
+    #: completing and the sinks committing during a later batch (the local runtime only, so
+    #: far). docs/checkpoints.md, "The asynchronous phase"
+    async_upload: bool = field(
+        default=False, metadata=_key("keyedstate.checkpointing.async-upload"))
+    #: with ``async_upload``: the checkpoints left in flight when a batch returns (Flink's
+    #: ``execution.checkpointing.max-concurrent-checkpoints``)
+    max_concurrent_checkpoints: int = field(
+        default=1, metadata=_key("keyedstate.checkpointing.max-concurrent-checkpoints",
+                                 minimum=1))
     #: consecutive failed checkpoints (transient storage errors) a batch is retried after
     tolerable_failed_checkpoints: int = field(
         default=3,
