@@ -127,7 +127,13 @@ class BatchLoop(ABC):
     def _start(self, on_restore: Callable[[ResolvedSnapshot], Mapping[str, str]]) -> JobStart:
         """The job start-up (:func:`~keyedstate.runtime.startup.start_configured_job`, with
         the engine's ``on_restore`` steps on a snapshot a new job starts from), then what the
-        first batch resumes from (:func:`~keyedstate.runtime.batch.resume_point`)."""
+        first batch resumes from (:func:`~keyedstate.runtime.batch.resume_point`). An engine
+        without the asynchronous mode refuses it first, before anything is read or written."""
+        if self.config.async_upload and not self._supports_async_upload():
+            raise ConfigurationError(
+                f"keyedstate.checkpointing.async-upload: true is not built for "
+                f"{type(self).__name__} yet (the local runtime has it); set it to false "
+                f"(docs/checkpoints.md, \"The asynchronous phase\")")
         start = start_configured_job(self.storage, self.config, backend=self.backend.name,
                                      key_types=self.key_types, on_restore=on_restore,
                                      function=self.function, key_columns=self.key_columns)
@@ -141,11 +147,6 @@ class BatchLoop(ABC):
         self.share_restored_files = point.share_restored_files
         self.watermark = point.watermark
         self.last_batch_id = self._resumed_batch_id(start, point)
-        if self.config.async_upload and not self._supports_async_upload():
-            raise ConfigurationError(
-                f"keyedstate.checkpointing.async-upload: true is not built for "
-                f"{type(self).__name__} yet (the local runtime has it); set it to false "
-                f"(docs/checkpoints.md, \"The asynchronous phase\")")
         self._in_flight = InFlightCheckpoints(self.storage.url)
         self._to_commit = deque()
         self._committed = Committed(self.base, self.share_restored_files, self.watermark,

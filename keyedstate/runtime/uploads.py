@@ -46,7 +46,8 @@ class Upload:
     index: int
     token: str
     storage: CheckpointStorage
-    result: SnapshotResult
+    #: the snapshot to materialize (dropped once done: it holds the frozen state)
+    result: SnapshotResult | None
     done: threading.Event = field(default_factory=threading.Event)
     #: the handle, once the files are durable and the ack written
     handle: KeyedStateHandle | None = None
@@ -113,8 +114,10 @@ def _upload(upload: Upload) -> None:
     """Materialize ``upload``'s snapshot, then write its acknowledgement (the failure's, if
     it failed); never raises (what failed is the upload's ``error``)."""
     started = time.perf_counter()
+    result, upload.result = upload.result, None
     try:
-        handle: KeyedStateHandle | None = upload.result.materialize()
+        assert result is not None, "an upload runs once"
+        handle: KeyedStateHandle | None = result.materialize()
         ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=upload.checkpoint_id,
                          subtask=upload.index, token=upload.token, handle=handle,
                          async_s=time.perf_counter() - started)
