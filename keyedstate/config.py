@@ -186,8 +186,8 @@ class JobConfig:
         default=False, metadata=_key("keyedstate.live-copies.background-restore"))
     #: where a snapshot's files are uploaded: false (the synchronous mode) in the subtask's
     #: task, on the batch's path; true in the background of the process, the checkpoint
-    #: completing and the sinks committing during a later batch (the local runtime only, so
-    #: far). docs/checkpoints.md, "The asynchronous phase"
+    #: completing and the sinks committing during a later batch (not over Spark Connect yet).
+    #: docs/checkpoints.md, "The asynchronous phase"
     async_upload: bool = field(
         default=False, metadata=_key("keyedstate.checkpointing.async-upload"))
     #: with ``async_upload``: the checkpoints left in flight when a batch returns (Flink's

@@ -135,7 +135,7 @@ def close_all_live() -> None:
     removed by the next process, see :mod:`keyedstate.backends.base.working_dirs`)."""
     stop_background_catch_up()
     while LIVE:
-        close_live(LIVE.popitem()[1])
+        _close_kept(next(iter(LIVE)))  # after its uploads: their acknowledgements get written
 
 
 # -- catching up in the background -----------------------------------------------------------

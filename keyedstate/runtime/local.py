@@ -431,8 +431,8 @@ class LocalJob(BatchLoop):
             known = self._delivered.get(tag)
             self._delivered[tag] = table if known is None else pa.concat_tables([known, table])
 
-    def _supports_async_upload(self) -> bool:
-        return True
+    def _no_async_upload(self) -> str | None:
+        return None
 
     def _late_schema(self) -> pa.Schema:
         return self.input_schema

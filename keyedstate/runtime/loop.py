@@ -129,11 +129,11 @@ class BatchLoop(ABC):
         the engine's ``on_restore`` steps on a snapshot a new job starts from), then what the
         first batch resumes from (:func:`~keyedstate.runtime.batch.resume_point`). An engine
         without the asynchronous mode refuses it first, before anything is read or written."""
-        if self.config.async_upload and not self._supports_async_upload():
+        unsupported = self._no_async_upload() if self.config.async_upload else None
+        if unsupported is not None:
             raise ConfigurationError(
-                f"keyedstate.checkpointing.async-upload: true is not built for "
-                f"{type(self).__name__} yet (the local runtime has it); set it to false "
-                f"(docs/checkpoints.md, \"The asynchronous phase\")")
+                f"keyedstate.checkpointing.async-upload: true is not built for {unsupported} "
+                f"yet; set it to false (docs/checkpoints.md, \"The asynchronous phase\")")
         start = start_configured_job(self.storage, self.config, backend=self.backend.name,
                                      key_types=self.key_types, on_restore=on_restore,
                                      function=self.function, key_columns=self.key_columns)
@@ -190,9 +190,10 @@ class BatchLoop(ABC):
         """How often a batch failing on transient storage errors is run again."""
         return 0
 
-    def _supports_async_upload(self) -> bool:
-        """Whether the engine runs the asynchronous mode (docs/checkpoints.md)."""
-        return False
+    def _no_async_upload(self) -> str | None:
+        """Why the engine can't run the asynchronous mode (docs/checkpoints.md), None if it
+        can."""
+        return type(self).__name__
 
     def _wait_for_uploads(self, flight: InFlight) -> None:
         """Wait until ``flight``'s acknowledgements are written (or will never be): the
@@ -218,7 +219,8 @@ class BatchLoop(ABC):
             share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir, drop_states=cfg.drop_states,
             background_catch_up=cfg.background_catch_up,
-            background_restore=cfg.background_restore, async_upload=cfg.async_upload)
+            background_restore=cfg.background_restore, async_upload=cfg.async_upload,
+            ack_timeout_s=cfg.checkpoint_timeout.total_seconds())
 
     def _run_batch(self, batch: Any, batch_id: int, *, started: float, drain: bool = False,
                    context: Any = None) -> BatchStats:

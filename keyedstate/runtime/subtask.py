@@ -69,7 +69,13 @@ from keyedstate.runtime.live_copies import (
 )
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.runtime.output import Emitter, rows_to_table
-from keyedstate.runtime.uploads import read_ack, submit, wait_for, wait_for_subtask
+from keyedstate.runtime.uploads import (
+    await_acks,
+    read_ack,
+    submit,
+    wait_for,
+    wait_for_subtask,
+)
 from keyedstate.runtime.wire import (
     KG_COLUMN,
     SUBTASK_COLUMN,
@@ -160,6 +166,9 @@ class BatchPlan:
     #: the asynchronous mode (``JobConfig.async_upload``): step 6 hands the upload to the
     #: process's uploader (:mod:`keyedstate.runtime.uploads`) and reports no handle
     async_upload: bool = False
+    #: how long a subtask waits for the acknowledgement it restores from
+    #: (``JobConfig.checkpoint_timeout``)
+    ack_timeout_s: float = 600.0
 
     @property
     def tasks(self) -> int:
@@ -262,7 +271,9 @@ def _acknowledged(plan: BatchPlan, src: RestoreSource, index: int) -> RestoreSou
     """``src`` (a checkpoint in flight) with subtask ``index``'s handle from its
     acknowledgement, once this process's upload of it (if it made it) is done. Without the
     acknowledgement the subtask fails: a state older than the checkpoint would be wrong."""
-    wait_for(plan.job_id, index, src.checkpoint_id)
+    if wait_for(plan.job_id, index, src.checkpoint_id) is None:
+        # Uploaded by another process (Spark placed the subtask elsewhere): poll for it.
+        await_acks(src.storage, src.checkpoint_id, [index], plan.ack_timeout_s)
     ack = read_ack(src.storage, src.checkpoint_id, index)
     if ack is None or ack.handle is None:
         why = "is not written" if ack is None else f"says the upload failed: {ack.error}"

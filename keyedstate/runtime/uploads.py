@@ -25,13 +25,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from keyedstate.backends.base.backend import SnapshotResult
 from keyedstate.errors import CheckpointError
 from keyedstate.runtime.wire import WIRE_VERSION, SubtaskAck, decode_ack, encode_ack
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle
-from keyedstate.storage.layout import ack_file
+from keyedstate.storage.layout import ack_file, acks_dir
 
 log = logging.getLogger("keyedstate")
 
@@ -176,6 +177,33 @@ def wait_for_job(job_id: str) -> None:
     """Wait until this process runs no upload of ``job_id`` any more (failed ones included)."""
     for upload in _the_uploader().of(job_id):
         upload.done.wait()
+
+
+#: Polls of acknowledgements written by other processes: every 20 ms at first (the uploads of
+#: a small batch end right after its tasks), slowing to once a second.
+_POLL_S, _MAX_POLL_S = 0.02, 1.0
+
+
+def await_acks(storage: CheckpointStorage, checkpoint_id: int, subtasks: Sequence[int],
+               timeout_s: float) -> None:
+    """Wait until every acknowledgement of ``subtasks`` of ``checkpoint_id`` is written (by
+    any process; one listing a poll). Raises :class:`~keyedstate.errors.CheckpointError`
+    naming the missing ones after ``timeout_s`` (``execution.checkpointing.timeout``)."""
+    deadline = time.monotonic() + timeout_s
+    wanted = {ack_file(checkpoint_id, i): i for i in subtasks}
+    delay = _POLL_S
+    while True:
+        written = set(storage.list_files(acks_dir(checkpoint_id)))
+        missing = sorted(i for path, i in wanted.items() if path not in written)
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id}: subtasks {missing} did not acknowledge their "
+                f"uploads within {timeout_s:.0f} s (execution.checkpointing.timeout; a "
+                f"worker lost, or its uploads slower than that)")
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, _MAX_POLL_S)
 
 
 def read_ack(storage: CheckpointStorage, checkpoint_id: int, index: int) -> SubtaskAck | None:

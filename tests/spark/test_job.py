@@ -202,18 +202,6 @@ def test_output_not_matching_schema_stops_with_clear_error(spark, tmp_path, fn, 
     assert not os.path.exists(os.path.join(root, "out"))
 
 
-def test_the_asynchronous_mode_is_refused_at_start_on_spark_for_now(spark, tmp_path):
-    """``keyedstate.checkpointing.async-upload`` is built on the local runtime only: a Spark
-    job with it fails its start, naming the setting, before it writes anything."""
-    root = str(tmp_path)
-    write_files(os.path.join(root, "input"), 1)
-    with pytest.raises(ConfigurationError, match="async-upload: true is not built for "
-                                                 "KeyedJobDriver"):
-        run_job(spark, root, RunningTotals(), parallelism=2, async_upload=True)
-    assert not os.path.exists(os.path.join(root, "ckpt", "chk-1"))
-    assert not os.path.exists(os.path.join(root, "out"))
-
-
 def test_missing_key_column(spark):
     df = spark.createDataFrame([("a", 1.0)], "user_id string, amount double")
     with pytest.raises(ConfigurationError, match="not in the DataFrame"):
