@@ -1,7 +1,9 @@
 """The asynchronous phase on Spark (docs/checkpoints.md, "The asynchronous phase"): results
-equal pandas over the input, exactly once; and a driver killed after Spark recorded a batch
-as done but before that batch's checkpoint completed restarts with Spark's log rewound, so
-the batch runs again from the same source positions."""
+equal pandas over the input, exactly once; a failed upload fails the query with the batches
+after the last completed checkpoint discarded, and the restart runs them again; a driver
+killed after Spark recorded a batch as done but before that batch's checkpoint completed
+restarts with Spark's log rewound, so the batch runs again from the same source
+positions."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import textwrap
 
 import pytest
 
+from keyedstate.errors import KeyedStateError
 from keyedstate.spark.offsets import OffsetLog
+from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import RunningTotals
+from tests.spark.test_exactly_once import start
 from tests.spark.test_job import check_against_pandas, run_job, write_files
 
 pytestmark = pytest.mark.spark
@@ -93,3 +98,26 @@ def test_driver_killed_between_sparks_commit_and_the_checkpoint(spark, tmp_path)
     ran = [(s.batch_id, s.rows_in) for s in query.stats if s.checkpoint_id >= 0]
     assert ran == [(1, 1500), (2, 1500), (3, 1500)]  # one input file each, as planned before
     assert log.batches("commits") == [0, 1, 2, 3]
+
+
+def test_a_failed_upload_fails_the_query_and_the_restart_runs_the_batches_again(spark,
+                                                                                 tmp_path):
+    """Batch 1's upload (checkpoint 2) is refused in the worker: the query fails during batch
+    2 with the batches from 1 on discarded; Spark had recorded batch 1 as done. The restart
+    (no fault) rewinds Spark's log to batch 0 and runs 1, 2, 3 again: exactly once."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 4)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "denied", match="/shared/chk-2-")
+    faulty = dict(checkpoint_dir=plan.url(os.path.join(root, "ckpt")),
+                  storage_options=plan.storage_options("file"), transfer_attempts=1,
+                  async_upload=True)
+    with pytest.raises(KeyedStateError, match="discarded"):
+        start(spark, root, **faulty)
+    assert plan.fired()
+    log = OffsetLog.at(os.path.join(root, "spark"))
+    assert log.last_committed() == 1
+    query = start(spark, root, **faulty)
+    query.stop()
+    check_against_pandas(root)
+    assert [s.batch_id for s in query.stats if s.checkpoint_id >= 0] == [1, 2, 3]
