@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from keyedstate.errors import KeyedStateError
+from keyedstate.errors import CheckpointDiscardedError, KeyedStateError
 from keyedstate.spark.offsets import OffsetLog
 from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import RunningTotals
@@ -100,24 +100,40 @@ def test_driver_killed_between_sparks_commit_and_the_checkpoint(spark, tmp_path)
     assert log.batches("commits") == [0, 1, 2, 3]
 
 
-def test_a_failed_upload_fails_the_query_and_the_restart_runs_the_batches_again(spark,
-                                                                                 tmp_path):
-    """Batch 1's upload (checkpoint 2) is refused in the worker: the query fails during batch
-    2 with the batches from 1 on discarded; Spark had recorded batch 1 as done. The restart
-    (no fault) rewinds Spark's log to batch 0 and runs 1, 2, 3 again: exactly once."""
+#: A refused call at each step of batch 1's checkpoint (checkpoint 2): where, and whether it
+#: discards (the batches from 1 on run again after the restart) or, after the checkpoint
+#: completed, only fails its sink commit (the restart commits it, then runs batch 2 on).
+STEPS = {
+    "upload": ("/shared/chk-2-", True),                # in the worker, before the ack
+    "ack-write": ("chk-2/_acks/subtask-1", True),      # after the upload: no ack ever comes
+    "metadata": ("chk-2/_metadata", True),             # the driver's commit point
+    "sink-commit": ("commits/batch-1-", False),        # its marker, after the sinks committed
+}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_a_fault_at_each_step_and_the_restart_is_exactly_once(spark, tmp_path, step):
+    """The query fails during batch 2 (Spark had recorded batch 1 as done): with
+    ``CheckpointDiscardedError`` when the fault hit batch 1's checkpoint before it completed,
+    with the sink commit's error after. The restart (no fault) gets Spark's log and the sinks
+    back in line with the checkpoints: the output equals pandas, exactly once."""
+    match, discards = STEPS[step]
     root = str(tmp_path)
     write_files(os.path.join(root, "input"), 4)
     plan = FaultPlan(tmp_path / "faults.json")
-    plan.add("write", "denied", match="/shared/chk-2-")
+    plan.add("write", "denied", match=match)
     faulty = dict(checkpoint_dir=plan.url(os.path.join(root, "ckpt")),
                   storage_options=plan.storage_options("file"), transfer_attempts=1,
-                  async_upload=True)
-    with pytest.raises(KeyedStateError, match="discarded"):
+                  async_upload=True, checkpoint_timeout="5 s")
+    with pytest.raises(KeyedStateError) as failed:
         start(spark, root, **faulty)
     assert plan.fired()
-    log = OffsetLog.at(os.path.join(root, "spark"))
-    assert log.last_committed() == 1
+    assert isinstance(failed.value, CheckpointDiscardedError) == discards, failed.value
+    if discards:
+        assert failed.value.discarded_batches[0] == 1  # type: ignore[attr-defined]
+    assert OffsetLog.at(os.path.join(root, "spark")).last_committed() == 1
     query = start(spark, root, **faulty)
     query.stop()
     check_against_pandas(root)
-    assert [s.batch_id for s in query.stats if s.checkpoint_id >= 0] == [1, 2, 3]
+    ran = [s.batch_id for s in query.stats if s.checkpoint_id >= 0]
+    assert ran == ([1, 2, 3] if discards else [2, 3])
