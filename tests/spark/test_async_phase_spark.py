@@ -137,3 +137,22 @@ def test_a_fault_at_each_step_and_the_restart_is_exactly_once(spark, tmp_path, s
     check_against_pandas(root)
     ran = [s.batch_id for s in query.stats if s.checkpoint_id >= 0]
     assert ran == ([1, 2, 3] if discards else [2, 3])
+
+
+def test_stop_with_drain_and_savepoint_waits_for_the_checkpoints_in_flight(spark, tmp_path):
+    """``stop(drain=True, savepoint=...)``: the last batch's checkpoint, in flight when the
+    query stopped, completes and commits first; then the drain (its own batch, nothing left in
+    flight after it) and the savepoint of it."""
+    from keyedstate.checkpoint.properties import BATCH_ID, DRAINED
+    from keyedstate.checkpoint.resolve import resolve_snapshot
+
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    query = start(spark, root, async_upload=True)
+    assert [s.batch_id for s in query.stats if s.checkpoint_id >= 0] == [0, 1]  # 2 in flight
+    savepoint = query.stop(drain=True, savepoint=str(tmp_path / "savepoint"))
+    assert savepoint is not None
+    check_against_pandas(root)
+    assert [s.batch_id for s in query.stats if s.checkpoint_id >= 0] == [0, 1, 2, 3]
+    props = resolve_snapshot(savepoint).metadata.properties
+    assert (props[BATCH_ID], props[DRAINED]) == ("3", "true")
