@@ -195,6 +195,22 @@ class JobConfig:
     #: worker more CPU than a catch-up; docs/spark.md, "State locality")
     background_restore: bool = field(
         default=False, metadata=_key("keyedstate.live-copies.background-restore"))
+    #: where a snapshot's files are uploaded: false (the synchronous mode) in the subtask's
+    #: task, on the batch's path; true in the background of the process, the checkpoint
+    #: completing and the sinks committing during a later batch (not over Spark Connect yet).
+    #: docs/checkpoints.md, "The asynchronous phase"
+    async_upload: bool = field(
+        default=False, metadata=_key("keyedstate.checkpointing.async-upload"))
+    #: with ``async_upload``: the checkpoints left in flight when a batch returns (Flink's
+    #: ``execution.checkpointing.max-concurrent-checkpoints``)
+    max_concurrent_checkpoints: int = field(
+        default=1, metadata=_key("keyedstate.checkpointing.max-concurrent-checkpoints",
+                                 minimum=1))
+    #: with ``async_upload``: how long the driver waits for a checkpoint's acknowledgements,
+    #: and a subtask for the one it restores from, before the checkpoint fails (Flink's
+    #: ``execution.checkpointing.timeout``)
+    checkpoint_timeout: dt.timedelta = field(
+        default=dt.timedelta(minutes=10), metadata=_key("execution.checkpointing.timeout"))
     #: consecutive failed checkpoints (transient storage errors) a batch is retried after
     tolerable_failed_checkpoints: int = field(
         default=3,
@@ -262,8 +278,8 @@ class JobConfig:
 
     def recorded(self) -> dict[str, Any]:
         """The configuration as a checkpoint records it (``job_config``, shown by
-        ``keyedstate checkpoints report``): dotted key -> value, enums as their names, the
-        watermark delay in ms. A secret setting (``keyedstate.checkpointing.storage-options``)
+        ``keyedstate checkpoints report``): dotted key -> value, enums as their names,
+        durations in ms. A secret setting (``keyedstate.checkpointing.storage-options``)
         is left out: it may hold credentials, and ``_metadata`` is read by whoever may list
         the checkpoints."""
         out: dict[str, Any] = {}
@@ -272,7 +288,7 @@ class JobConfig:
                 continue
             value = getattr(self, f.name)
             if isinstance(value, dt.timedelta):
-                value = self.watermark_delay_ms
+                value = int(value.total_seconds() * 1000)
             elif isinstance(value, StrEnum):
                 value = str(value)
             out[f.metadata["key"]] = value

@@ -131,6 +131,20 @@ class BatchFailedError(KeyedStateError, RuntimeError):
         self.user_traceback = user_traceback
 
 
+class CheckpointDiscardedError(CheckpointError, RuntimeError):
+    """A checkpoint in flight failed in its asynchronous phase (its upload, its
+    acknowledgement or its completion): it and every later batch were discarded, and the job
+    is back at its last completed checkpoint. ``discarded_batches``: the batch ids whose state
+    and output are gone (send them again); ``last_batch_id``: the batch the job's state covers
+    now (docs/checkpoints.md, "The asynchronous phase")."""
+
+    def __init__(self, message: str, *, discarded_batches: list[int],
+                 last_batch_id: int) -> None:
+        super().__init__(message)
+        self.discarded_batches = discarded_batches
+        self.last_batch_id = last_batch_id
+
+
 class StopTimeoutError(KeyedStateError, TimeoutError):
     """A stop waited longer than its timeout for the batch in flight; the job keeps running."""
 

@@ -65,7 +65,8 @@ class SubtaskStateStats(msgspec.Struct, frozen=True, array_like=True):
 
     #: the synchronous part of the snapshot (the batch waits for it)
     sync_ms: float | None = None
-    #: the asynchronous part: writing the files to checkpoint storage
+    #: the asynchronous part (Flink's name): writing the files to checkpoint storage, run in
+    #: the subtask's task, so on the batch's path (docs/checkpoints.md)
     async_ms: float | None = None
     #: getting the state before the batch: restoring it, or opening empty state (0 when the
     #: live state was reused)

@@ -161,7 +161,8 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
     """Acknowledge every subtask's handle and complete ``pending``; returns the completed
     checkpoint, the reports in subtask order and the watermark after the batch.
 
-    ``reports``: one per subtask (:func:`~keyedstate.runtime.wire.decode_reports`). The watermark advances to the batch's largest event
+    ``reports``: one per subtask (:func:`~keyedstate.runtime.wire.decode_reports`), each with
+    its handle. The watermark advances to the batch's largest event
     time less ``watermark_delay_ms``, never back. The checkpoint's properties record
     ``lineage`` (where the job started from), the batch id, the new watermark, each subtask's
     snapshot token, the staged outputs, whether the batch drained the job, the key columns,
@@ -178,7 +179,12 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
             f"batch {batch_id}: expected one result per subtask 0..{parallelism - 1}, "
             f"got {[r.subtask for r in ordered]}"
         )
-    handles = [r.handle for r in ordered]
+    handles = [r.handle for r in ordered if r.handle is not None]
+    if len(handles) != len(ordered):
+        raise CheckpointProtocolError(
+            f"batch {batch_id}: subtasks {[r.subtask for r in ordered if r.handle is None]} "
+            f"reported no snapshot handle (the asynchronous mode's reports get theirs from "
+            f"the acknowledgements, runtime/inflight.py)")
     for handle in handles:
         coordinator.acknowledge(pending, handle)
     # Flink's end-to-end duration: trigger to the last acknowledgement (just now).

@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from keyedstate import errors as _errors
-from keyedstate.errors import BatchFailedError, KeyedStateError
+from keyedstate.errors import BatchFailedError, CheckpointDiscardedError, KeyedStateError
 
 #: Starts the data line of a subtask's error (the rest of the line is a TaskFailure as JSON).
 MARKER = "keyedstate-task-failure: "
@@ -111,7 +111,11 @@ def batch_failure(exc: BaseException, batch_id: int) -> KeyedStateError:
     failure as a :class:`BatchFailedError` (decoded from Spark's exception); a keyedstate
     error raised on the driver as it is; anything else raised on the driver (a sink, Spark) as
     a :class:`BatchFailedError` naming the batch, with the traceback from the first frame
-    outside the runtime (``__cause__``: the exception itself)."""
+    outside the runtime (``__cause__``: the exception itself). A
+    :class:`CheckpointDiscardedError` (the asynchronous mode) is raised as it is, even when a
+    subtask's failure revealed it: which batches were discarded is what the user acts on."""
+    if isinstance(exc, CheckpointDiscardedError):
+        return exc
     task = find_task_failure(exc)
     if task is not None:
         return task.to_error()

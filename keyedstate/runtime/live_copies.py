@@ -37,6 +37,7 @@ from keyedstate.backends.base.backend import KeyedStateBackend
 from keyedstate.checkpoint.properties import tokens_of
 from keyedstate.errors import NoCheckpointError
 from keyedstate.runtime.gc_freeze import thaw
+from keyedstate.runtime.uploads import wait_for_subtask
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, SnapshotFormat
 
@@ -82,6 +83,14 @@ def close_live(live: LiveCopy) -> None:
     thaw()  # its frozen objects (runtime.gc_freeze) are the collector's again
 
 
+def _close_kept(key: tuple[str, int]) -> None:
+    """Close the kept copy ``key`` once this process's uploads of its subtask are done
+    (:mod:`keyedstate.runtime.uploads`: a RocksDB snapshot's files lie in the copy's
+    directory)."""
+    wait_for_subtask(*key)
+    close_live(LIVE.pop(key))
+
+
 def take_live(job_id: str, index: int, start_id: str) -> LiveCopy | None:
     """Remove and return this worker's copy of subtask ``index`` of ``job_id`` made by the
     start ``start_id``, if any (the caller reuses, catches up or closes it). Copies of the
@@ -89,7 +98,7 @@ def take_live(job_id: str, index: int, start_id: str) -> LiveCopy | None:
     differ from this one's), and so are copies of other jobs idle for :data:`LIVE_IDLE_S`."""
     _close_idle_live(job_id)
     for key in [k for k, v in LIVE.items() if k[0] == job_id and v.start_id != start_id]:
-        close_live(LIVE.pop(key))
+        _close_kept(key)
     return LIVE.pop((job_id, index), None)
 
 
@@ -100,7 +109,7 @@ def keep_live(key: tuple[str, int], live: LiveCopy, group: int = 1) -> None:
     LIVE[key] = live
     LIVE.move_to_end(key)
     while len(LIVE) > max(MAX_LIVE, 2 * group):
-        close_live(LIVE.popitem(last=False)[1])
+        _close_kept(next(iter(LIVE)))
 
 
 def _close_idle_live(job_id: str) -> None:
@@ -108,7 +117,7 @@ def _close_idle_live(job_id: str) -> None:
     now = time.monotonic()
     for key in [k for k, v in LIVE.items()
                 if k[0] != job_id and now - v.last_used > LIVE_IDLE_S]:
-        close_live(LIVE.pop(key))
+        _close_kept(key)
 
 
 def release_live(job_id: str, start_id: str) -> None:
@@ -117,7 +126,7 @@ def release_live(job_id: str, start_id: str) -> None:
     :class:`~keyedstate.runtime.local.LocalJob`, closing; a later start's copies stay)."""
     stop_background_catch_up()
     for key in [k for k, v in LIVE.items() if k[0] == job_id and v.start_id == start_id]:
-        close_live(LIVE.pop(key))
+        _close_kept(key)
 
 
 @atexit.register
@@ -126,7 +135,7 @@ def close_all_live() -> None:
     removed by the next process, see :mod:`keyedstate.backends.base.working_dirs`)."""
     stop_background_catch_up()
     while LIVE:
-        close_live(LIVE.popitem()[1])
+        _close_kept(next(iter(LIVE)))  # after its uploads: their acknowledgements get written
 
 
 # -- catching up in the background -----------------------------------------------------------

@@ -39,6 +39,7 @@ from keyedstate.runtime.local_aggregation import aggregate_table, check_local_ag
 from keyedstate.runtime.loop import BatchLoop, write_savepoint
 from keyedstate.runtime.startup import open_coordinator, start_job
 from keyedstate.runtime.subtask import BatchPlan, process_group
+from keyedstate.runtime.uploads import wait_for_job
 from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
 from keyedstate.serde import to_arrow_schema, type_ddl
 from keyedstate.state.ttl import TtlTimeProvider
@@ -250,6 +251,15 @@ class LocalJob(BatchLoop):
     4. Read the staged output, mark it committed and return it, one table per output tag
        (``"main"``, the side outputs, ``"late-events"`` when late rows go to a side output).
 
+    With ``keyedstate.checkpointing.async-upload: true`` (the asynchronous mode,
+    docs/checkpoints.md) step 2 leaves the uploads to a background thread, and steps 3-4 run
+    for checkpoint N during the call for batch N+1 (with the default
+    ``max-concurrent-checkpoints`` 1): a call returns the output of the checkpoints it
+    completed, in batch order; :meth:`flush`, :meth:`stop` and :meth:`drain` complete the
+    rest. A failed upload raises :class:`~keyedstate.errors.CheckpointDiscardedError`: the
+    batches after the last completed checkpoint are discarded, send them again. A call that
+    raises may have committed earlier batches' output first: it is :attr:`last_outputs`.
+
     Start-up is :func:`~keyedstate.runtime.startup.start_job`: a job recovers its own latest
     checkpoint (at another parallelism: rescaling), else starts from
     ``execution.state-recovery.path`` in its claim mode, else from empty state (its own
@@ -358,11 +368,44 @@ class LocalJob(BatchLoop):
                                     pa.array([kg * p // max_p for kg in groups], pa.int32())))
 
     def _run(self, table: pa.Table, batch_id: int, *, drain: bool) -> dict[str, pa.Table]:
-        """One batch through the loop (:class:`~keyedstate.runtime.loop.BatchLoop`); its
-        output, also kept as :attr:`last_outputs`."""
+        """One batch through the loop (:class:`~keyedstate.runtime.loop.BatchLoop`); the
+        output committed meanwhile (the asynchronous mode: of the checkpoints completed), also
+        kept as :attr:`last_outputs`, even when the call raises: in the asynchronous mode a
+        failing call may have committed earlier batches' output first."""
         self._delivered = {}
-        self._run_batch(table, batch_id, started=time.perf_counter(), drain=drain)
-        self.last_outputs = self._delivered
+        if not self.config.async_upload:
+            self._run_batch(table, batch_id, started=time.perf_counter(), drain=drain)
+            return self._deliver()
+        try:
+            self._run_batch_async(table, batch_id, started=time.perf_counter(), drain=drain)
+        finally:
+            self._deliver()
+        return self.last_outputs
+
+    def _deliver(self) -> dict[str, pa.Table]:
+        """What :meth:`_commit_output` delivered since :attr:`_delivered` was reset, one table
+        per tag (empty for a tag without rows), kept as :attr:`last_outputs`."""
+        self.last_outputs = {tag: self._delivered.get(tag, schema.empty_table())
+                             for tag, schema in self._output_schemas().items()}
+        return self.last_outputs
+
+    def _output_schemas(self) -> dict[str, pa.Schema]:
+        return {MAIN_OUTPUT: self.output_schema,
+                **side_output_schemas(self.side_outputs, self.config.late_events,
+                                      self.input_schema)}
+
+    def flush(self) -> dict[str, pa.Table]:
+        """Complete every checkpoint in flight (the asynchronous mode,
+        ``keyedstate.checkpointing.async-upload``) and commit its output; returns that output,
+        one table per tag (also :attr:`last_outputs`). Raises
+        :class:`~keyedstate.errors.CheckpointDiscardedError` if one failed (the job is then at
+        its last completed checkpoint; what was committed before is :attr:`last_outputs`).
+        Nothing is in flight in the synchronous mode."""
+        self._delivered = {}
+        try:
+            self._complete_in_flight(0)
+        finally:
+            self._deliver()
         return self.last_outputs
 
     def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
@@ -381,12 +424,15 @@ class LocalJob(BatchLoop):
 
     def _commit_output(self, context: Any, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
-        """Step 4: read the staged output, one table per tag (the caller gets it)."""
-        schemas = {MAIN_OUTPUT: self.output_schema,
-                   **side_output_schemas(self.side_outputs, self.config.late_events,
-                                         self.input_schema)}
-        self._delivered = {tag: read_staged(staged)
-                           for tag, staged in staged_outputs(storage, props, schemas).items()}
+        """Step 4: read the staged output, one table per tag (the caller gets it; several
+        batches' in one call in the asynchronous mode, in batch order)."""
+        for tag, staged in staged_outputs(storage, props, self._output_schemas()).items():
+            table = read_staged(staged)
+            known = self._delivered.get(tag)
+            self._delivered[tag] = table if known is None else pa.concat_tables([known, table])
+
+    def _no_async_upload(self) -> str | None:
+        return None
 
     def _late_schema(self) -> pa.Schema:
         return self.input_schema
@@ -405,7 +451,9 @@ class LocalJob(BatchLoop):
                   ) -> str:
         """A savepoint of the latest completed checkpoint in ``target`` (native or canonical,
         refused with :class:`~keyedstate.errors.SnapshotExistsError` where one exists);
-        returns the path or URL of its ``_metadata``. The job keeps running."""
+        returns the path or URL of its ``_metadata``. The job keeps running. In the
+        asynchronous mode the batches in flight are not in it: :meth:`flush` first (or
+        ``stop(savepoint=...)``, which does)."""
         fmt = SnapshotFormat(str(format).lower())
         check_savepoint_target(CheckpointStorage(target, self.config.storage_options))
         latest = self.coordinator.latest_completed
@@ -419,21 +467,30 @@ class LocalJob(BatchLoop):
     def stop(self, *, drain: bool = False, savepoint: str | None = None,
              format: SnapshotFormat | str = SnapshotFormat.NATIVE) -> str | None:
         """Stop the job, as Spark's ``KeyedQuery.stop``: with ``drain``, fire every timer first
-        (:meth:`drain`; its output is :attr:`last_outputs`); with ``savepoint``, take one
-        there (after the drain, if both) and return its ``_metadata`` path. Then close."""
+        (:meth:`drain`; its output is :attr:`last_outputs`); in the asynchronous mode without
+        drain, complete the checkpoints in flight first (:meth:`flush`; their output is
+        :attr:`last_outputs`); with ``savepoint``, take one there (after the drain, if both)
+        and return its ``_metadata`` path. Then close."""
         if savepoint:
             check_savepoint_target(CheckpointStorage(savepoint, self.config.storage_options))
         try:
             if drain:
                 self.drain()
+            elif self.config.async_upload:
+                self.flush()
             return self.savepoint(savepoint, format) if savepoint else None
         finally:
             self.close()
 
     def close(self) -> None:
-        """Close the subtasks' live state in this process (idempotent); the checkpoints stay."""
+        """Close the subtasks' live state in this process (idempotent); the checkpoints stay.
+        In the asynchronous mode the checkpoints in flight are not completed (call
+        :meth:`stop` or :meth:`flush` for that): close waits for this process's uploads and
+        leaves them incomplete, as a crash would; the next start resumes from the last
+        completed checkpoint."""
         if not self._closed:
             self._closed = True
+            wait_for_job(self.storage.url)
             release_live(self.storage.url, self.start_id)
 
     def __enter__(self) -> LocalJob:

@@ -25,6 +25,15 @@ One batch (:meth:`BatchLoop._run_batch`):
 
 A crash before step 4 leaves the checkpoint incomplete (the batch is re-run from the previous
 one); a crash between 4 and 6 is repaired by committing again (idempotent by batch id).
+
+The asynchronous mode (``keyedstate.checkpointing.async-upload``, :meth:`BatchLoop.
+_run_batch_async`; docs/checkpoints.md, "The asynchronous phase") runs steps 1-3, adds the
+checkpoint to those in flight (:mod:`keyedstate.runtime.inflight`) and advances on it (step 5;
+the next batch's subtasks reuse their copies at it, or restore from its acknowledgements);
+then it runs steps 4, 6 and 7 for the oldest checkpoints in flight, in order, until at most
+``max-concurrent-checkpoints`` are left. A failure there discards every checkpoint in flight
+and sets the loop back to the last completed one (:class:`~keyedstate.errors.
+CheckpointDiscardedError`).
 """
 
 from __future__ import annotations
@@ -32,18 +41,19 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping
+from collections import deque
+from typing import Any, Callable, Mapping, NoReturn
 
 import pyarrow as pa
 
 from keyedstate.backends.base.backend import StateBackend
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from keyedstate.checkpoint.properties import BATCH_ID, RESTORED_FROM
+from keyedstate.checkpoint.properties import BATCH_ID, MIN_WATERMARK, RESTORED_FROM, WATERMARK
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import Attach, write_native_savepoint
 from keyedstate.checkpoint.stats import BatchStats
 from keyedstate.config import JobConfig
-from keyedstate.errors import TransientStorageError
+from keyedstate.errors import CheckpointDiscardedError, ConfigurationError, TransientStorageError
 from keyedstate.runtime.batch import (
     ResumePoint,
     batch_stats,
@@ -56,8 +66,16 @@ from keyedstate.runtime.batch import (
 from keyedstate.runtime.failures import find_task_failure
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.identity import function_name
+from keyedstate.runtime.inflight import (
+    Committed,
+    InFlight,
+    InFlightCheckpoints,
+    ordered_reports,
+)
+from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.startup import JobStart, start_configured_job
 from keyedstate.runtime.subtask import BatchPlan, RestoreSource
+from keyedstate.runtime.uploads import wait_for_checkpoint
 from keyedstate.runtime.wire import SubtaskReport, decode_reports
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat
@@ -97,13 +115,25 @@ class BatchLoop(ABC):
     drained: bool = False
     #: the checkpoint whose output is being committed (step 6), None otherwise
     _committing: int | None = None
+    #: the asynchronous mode's checkpoints in flight, oldest first
+    _in_flight: InFlightCheckpoints
+    #: where the job stands at its last completed checkpoint (or its start)
+    _committed: Committed
+    #: completed checkpoints (asynchronous mode) whose sink commit failed, to retry first
+    _to_commit: deque[tuple[InFlight, CompletedCheckpoint, list[SubtaskReport]]]
 
     # -- start-up ------------------------------------------------------------------------------
 
     def _start(self, on_restore: Callable[[ResolvedSnapshot], Mapping[str, str]]) -> JobStart:
         """The job start-up (:func:`~keyedstate.runtime.startup.start_configured_job`, with
         the engine's ``on_restore`` steps on a snapshot a new job starts from), then what the
-        first batch resumes from (:func:`~keyedstate.runtime.batch.resume_point`)."""
+        first batch resumes from (:func:`~keyedstate.runtime.batch.resume_point`). An engine
+        without the asynchronous mode refuses it first, before anything is read or written."""
+        unsupported = self._no_async_upload() if self.config.async_upload else None
+        if unsupported is not None:
+            raise ConfigurationError(
+                f"keyedstate.checkpointing.async-upload: true is not built for {unsupported} "
+                f"yet; set it to false (docs/checkpoints.md, \"The asynchronous phase\")")
         start = start_configured_job(self.storage, self.config, backend=self.backend.name,
                                      key_types=self.key_types, on_restore=on_restore,
                                      function=self.function, key_columns=self.key_columns)
@@ -117,6 +147,10 @@ class BatchLoop(ABC):
         self.share_restored_files = point.share_restored_files
         self.watermark = point.watermark
         self.last_batch_id = self._resumed_batch_id(start, point)
+        self._in_flight = InFlightCheckpoints(self.storage.url)
+        self._to_commit = deque()
+        self._committed = Committed(self.base, self.share_restored_files, self.watermark,
+                                    self.last_batch_id, self.drained)
         return start
 
     def _resumed_batch_id(self, start: JobStart, point: ResumePoint) -> int:
@@ -156,6 +190,16 @@ class BatchLoop(ABC):
         """How often a batch failing on transient storage errors is run again."""
         return 0
 
+    def _no_async_upload(self) -> str | None:
+        """Why the engine can't run the asynchronous mode (docs/checkpoints.md), None if it
+        can."""
+        return type(self).__name__
+
+    def _wait_for_uploads(self, flight: InFlight) -> None:
+        """Wait until ``flight``'s acknowledgements are written (or will never be): the
+        local runtime's subtasks upload in this process."""
+        wait_for_checkpoint(self.storage.url, flight.checkpoint_id)
+
     # -- one batch -----------------------------------------------------------------------------
 
     def _plan(self, batch_id: int, checkpoint_id: int, *, drain: bool = False,
@@ -175,7 +219,8 @@ class BatchLoop(ABC):
             share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir, drop_states=cfg.drop_states,
             background_catch_up=cfg.background_catch_up,
-            background_restore=cfg.background_restore)
+            background_restore=cfg.background_restore, async_upload=cfg.async_upload,
+            ack_timeout_s=cfg.checkpoint_timeout.total_seconds())
 
     def _run_batch(self, batch: Any, batch_id: int, *, started: float, drain: bool = False,
                    context: Any = None) -> BatchStats:
@@ -239,6 +284,110 @@ class BatchLoop(ABC):
         self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
         self.share_restored_files = True
         return completed, ordered, tasks
+
+    # -- the asynchronous mode ------------------------------------------------------------------
+
+    def _run_batch_async(self, batch: Any, batch_id: int, *, started: float,
+                         drain: bool = False, context: Any = None) -> list[BatchStats]:
+        """Batch ``batch_id`` in the asynchronous mode: steps 1-3, its checkpoint in flight,
+        step 5 on it; then steps 4, 6 and 7 of the oldest checkpoints in flight until at most
+        ``max-concurrent-checkpoints`` are left (none after a drain). Returns the statistics
+        of the batches completed meanwhile. A failed batch aborts its own checkpoint and
+        completes those in flight before raising: the job is then at the last one completed.
+        Raises :class:`CheckpointDiscardedError` when a checkpoint in flight fails."""
+        # Step 1. Trigger.
+        pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
+        # Step 2. Plan.
+        tasks = self._tasks(batch)
+        plan = self._plan(batch_id, pending.checkpoint_id, drain=drain, spark_tasks=tasks)
+        try:
+            # Step 3. Execute: the subtasks end after the synchronous phase.
+            reports = ordered_reports(decode_reports(self._execute(plan, batch)),
+                                      self.config.parallelism, batch_id)
+        except BaseException as exc:
+            # Its subtasks that succeeded upload in the background: abort once they are done.
+            wait_for_checkpoint(self.storage.url, pending.checkpoint_id)
+            self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
+            self._complete_in_flight(0)  # raises CheckpointDiscardedError if one fails
+            failure = self._failure(exc, batch_id) if isinstance(exc, Exception) else None
+            if failure is not None:
+                raise failure from exc
+            raise
+        self._in_flight.add(InFlight(pending, batch_id, reports, drain, self.watermark,
+                                     context, started, tasks))
+        # Step 5. Advance, on the checkpoint in flight.
+        event_times = [r.max_event_time for r in reports if r.max_event_time is not None]
+        if event_times:
+            self.watermark = max(self.watermark,
+                                 max(event_times) - self.config.watermark_delay_ms)
+        self.last_batch_id = batch_id
+        self.drained = drain
+        self.base = RestoreSource.in_flight(self.storage, pending.checkpoint_id,
+                                            self.config.parallelism, [r.token for r in reports])
+        self.share_restored_files = True
+        # Steps 4, 6, 7 of the oldest, within the bound.
+        return self._complete_in_flight(0 if drain else self.config.max_concurrent_checkpoints)
+
+    def _complete_in_flight(self, leave: int) -> list[BatchStats]:
+        """Complete checkpoints in flight, oldest first, and commit their output, until at
+        most ``leave`` are left; their statistics. A failed completion discards every one in
+        flight; a failed sink commit (the checkpoint is complete) raises and is retried
+        first by the next call, so output is committed in batch order, once."""
+        done = self._commit_completed()
+        while len(self._in_flight) > leave:
+            try:
+                flight, completed, reports = self._in_flight.complete_oldest(
+                    self.coordinator, wait=self._wait_for_uploads, config=self.config,
+                    key_columns=self.key_columns, lineage=self.lineage,
+                    function=function_name(self.function), extra=self._checkpoint_properties())
+            except BaseException as exc:
+                self._discard_in_flight(exc)
+            props = completed.metadata.properties
+            watermark = int(props.get(WATERMARK, MIN_WATERMARK))
+            if self.base is not None and self.base.pending \
+                    and self.base.checkpoint_id == completed.checkpoint_id:
+                self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
+            self._committed = Committed(RestoreSource.of(self.storage, completed.metadata,
+                                                         own=True),
+                                        True, watermark, flight.batch_id, flight.drain)
+            # Step 6, after the checkpoint completed; then step 7.
+            self._to_commit.append((flight, completed, reports))
+            done += self._commit_completed()
+        return done
+
+    def _commit_completed(self) -> list[BatchStats]:
+        """Step 6 and 7 of the completed checkpoints whose output is not committed yet, in
+        order; one whose commit fails stays first (the error is raised)."""
+        done: list[BatchStats] = []
+        while self._to_commit:
+            flight, completed, reports = self._to_commit[0]
+            self._commit_with_retries(flight.context, completed)
+            self._to_commit.popleft()
+            watermark = int(completed.metadata.properties.get(WATERMARK, MIN_WATERMARK))
+            stats = batch_stats(reports, completed, watermark=watermark,
+                                duration_s=time.perf_counter() - flight.started)
+            stats.spark_tasks = flight.tasks or 0
+            done.append(stats)
+        return done
+
+    def _discard_in_flight(self, exc: BaseException) -> NoReturn:
+        """A checkpoint in flight failed: abort it and every later one, close the job's live
+        copies in this process (their state is after the last completed checkpoint), set the
+        loop back to that checkpoint and raise :class:`CheckpointDiscardedError`."""
+        oldest = next(iter(self._in_flight)).checkpoint_id
+        discarded = self._in_flight.discard(
+            self.coordinator, f"checkpoint {oldest} failed in flight: {exc}")
+        release_live(self.storage.url, self.start_id)
+        back = self._committed
+        self.base, self.share_restored_files = back.base, back.share_restored_files
+        self.watermark, self.last_batch_id = back.watermark, back.last_batch_id
+        self.drained = back.drained
+        raise CheckpointDiscardedError(
+            f"checkpoint {oldest} failed in its asynchronous phase ({exc}); batches "
+            f"{discarded} were discarded (their state and output are gone) and the job is "
+            f"back at batch {back.last_batch_id}: send batches {back.last_batch_id + 1} and "
+            f"later again", discarded_batches=discarded,
+            last_batch_id=back.last_batch_id) from exc
 
     def _commit_with_retries(self, context: Any, completed: CompletedCheckpoint) -> None:
         """Step 6, retrying transient storage errors (the commit is idempotent by batch id)

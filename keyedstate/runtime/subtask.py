@@ -22,10 +22,15 @@ driver's side is :mod:`keyedstate.runtime.loop`):
    over all of them (:class:`KeyedBatch`).
 5. Check the outputs against their schemas (:mod:`keyedstate.runtime.output`) and stage them
    as Parquet files under the checkpoint directory (not yet visible).
-6. Snapshot the state (synchronous part, then upload) and keep the live copy for the next batch
-   (:mod:`keyedstate.runtime.live_copies`).
+6. Snapshot the state and keep the live copy for the next batch
+   (:mod:`keyedstate.runtime.live_copies`). The synchronous mode runs the synchronous part,
+   then the upload (Flink's "asynchronous" part) here, in the task: the batch waits for it.
+   The asynchronous mode (``BatchPlan.async_upload``) runs only the synchronous part here and
+   hands the upload to the process's uploader (:mod:`keyedstate.runtime.uploads`), which
+   acknowledges it in storage; a copy reused on a checkpoint still in flight first waits for
+   its own upload of it (docs/checkpoints.md, "The asynchronous phase").
 7. Return one row: the subtask's report (:mod:`keyedstate.runtime.wire`): the snapshot
-   handle, staged files, max event time, counts and timings.
+   handle (None in the asynchronous mode), staged files, max event time, counts and timings.
 
 Nothing here is visible to readers until the driver commits the checkpoint and the sinks.
 """
@@ -47,7 +52,7 @@ from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.checkpoint.properties import MAX_WATERMARK, tokens_of
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.config import LATE_EVENTS_TAG, LateEvents
-from keyedstate.errors import BatchFailedError, OutputSchemaError
+from keyedstate.errors import BatchFailedError, CheckpointError, OutputSchemaError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
 from keyedstate.runtime.event_time import event_time_ms
@@ -64,6 +69,13 @@ from keyedstate.runtime.live_copies import (
 )
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.runtime.output import Emitter, rows_to_table
+from keyedstate.runtime.uploads import (
+    await_acks,
+    read_ack,
+    submit,
+    wait_for,
+    wait_for_subtask,
+)
 from keyedstate.runtime.wire import (
     KG_COLUMN,
     SUBTASK_COLUMN,
@@ -92,6 +104,9 @@ class RestoreSource:
     #: the snapshot's metadata when it is a canonical savepoint (bulk-loaded, not restored
     #: from backend files); None for native snapshots
     canonical: CheckpointMetadata | None = None
+    #: the job's checkpoint ``checkpoint_id`` is in flight (asynchronous mode): ``handles`` is
+    #: empty; a subtask reuses its live copy of ``tokens`` or restores from its ack
+    pending: bool = False
 
     @classmethod
     def of(cls, storage: CheckpointStorage, metadata: CheckpointMetadata, own: bool
@@ -104,6 +119,13 @@ class RestoreSource:
         canonical = metadata if metadata.format is SnapshotFormat.CANONICAL else None
         return cls(metadata.checkpoint_id, storage, list(metadata.handles),
                    metadata.parallelism, tokens, canonical)
+
+    @classmethod
+    def in_flight(cls, storage: CheckpointStorage, checkpoint_id: int, parallelism: int,
+                  tokens: list[str]) -> RestoreSource:
+        """The job's own checkpoint ``checkpoint_id``, still in flight (its subtasks'
+        ``tokens``, no handles yet)."""
+        return cls(checkpoint_id, storage, [], parallelism, tokens, pending=True)
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,12 @@ class BatchPlan:
     background_catch_up: bool = False
     #: ... and restores those that can't catch up (``JobConfig.background_restore``)
     background_restore: bool = False
+    #: the asynchronous mode (``JobConfig.async_upload``): step 6 hands the upload to the
+    #: process's uploader (:mod:`keyedstate.runtime.uploads`) and reports no handle
+    async_upload: bool = False
+    #: how long a subtask waits for the acknowledgement it restores from
+    #: (``JobConfig.checkpoint_timeout``)
+    ack_timeout_s: float = 600.0
 
     @property
     def tasks(self) -> int:
@@ -213,9 +241,20 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
                    and live.parallelism == plan.parallelism)
     if (live is not None and same_layout and src is not None and src.tokens is not None
             and index < len(src.tokens) and src.tokens[index] == live.token):
-        live.backend.notify_checkpoint_complete(src.checkpoint_id)
+        if not src.pending:  # a checkpoint in flight is confirmed at step 6 (_confirm_in_flight)
+            live.backend.notify_checkpoint_complete(src.checkpoint_id)
         return Acquired(live.backend, REUSED, 0.0, live.caught_up_s)
     start = time.perf_counter()
+    if live is not None:
+        # Not reused as it is: an upload of it still running must end before it may change
+        # or close (runtime.uploads).
+        wait_for_subtask(plan.job_id, index)
+    if src is not None and src.pending:
+        # A checkpoint in flight: never a state older than it. Its ack has the handle.
+        if live is not None:
+            close_live(live)
+        return Acquired(_restored(replace(plan, restore=_acknowledged(plan, src, index)), index),
+                        RESTORED, time.perf_counter() - start)
     if live is not None:
         try:
             if same_layout and src is not None \
@@ -226,6 +265,36 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
             raise
         close_live(live)  # uncommitted, or on another chain: never used
     return Acquired(_restored(plan, index), RESTORED, time.perf_counter() - start)
+
+
+def _acknowledged(plan: BatchPlan, src: RestoreSource, index: int) -> RestoreSource:
+    """``src`` (a checkpoint in flight) with subtask ``index``'s handle from its
+    acknowledgement, once this process's upload of it (if it made it) is done. Without the
+    acknowledgement the subtask fails: a state older than the checkpoint would be wrong."""
+    if wait_for(plan.job_id, index, src.checkpoint_id) is None:
+        # Uploaded by another process (Spark placed the subtask elsewhere): poll for it.
+        await_acks(src.storage, src.checkpoint_id, [index], plan.ack_timeout_s)
+    ack = read_ack(src.storage, src.checkpoint_id, index)
+    if ack is None or ack.handle is None:
+        why = "is not written" if ack is None else f"says the upload failed: {ack.error}"
+        raise CheckpointError(
+            f"subtask {index} must restore checkpoint {src.checkpoint_id}, still in flight, "
+            f"but its acknowledgement {why}; the batch fails and the job goes back to its last "
+            f"completed checkpoint")
+    return replace(src, handles=[ack.handle], pending=False)
+
+
+def _confirm_in_flight(plan: BatchPlan, index: int, backend: KeyedStateBackend, how: str
+                       ) -> None:
+    """Before the synchronous phase of a copy reused on a checkpoint in flight: wait for this
+    process's upload of it (ahead in the uploader's queue), then tell the copy the checkpoint
+    is complete, so its next incremental snapshot builds on it. Optimistic and safe: a later
+    checkpoint completes only after it, and is discarded with it if it fails."""
+    src = plan.restore
+    if src is None or not src.pending or how != REUSED:
+        return
+    wait_for(plan.job_id, index, src.checkpoint_id)
+    backend.notify_checkpoint_complete(src.checkpoint_id)
 
 
 def _restored(plan: BatchPlan, index: int) -> KeyedStateBackend:
@@ -424,13 +493,19 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                     f"{sorted(plan.side_output_schemas)}")
             if (path := _stage(plan, index, tag, rows_to_table(rows, schema, tag))) is not None:
                 staged[tag] = path
-        # Step 6. Snapshot.
+        # Step 6. Snapshot: both phases here, or the synchronous one and the upload handed to
+        # the process's uploader (runtime.uploads).
         step = "the snapshot failed with"
+        _confirm_in_flight(plan, index, backend, how)
         result = backend.snapshot(plan.checkpoint_id,
                                   plan.storage.location(plan.checkpoint_id, index))
-        handle = result.materialize()
+        handle: KeyedStateHandle | None = None
+        if not plan.async_upload:
+            handle = result.materialize()
     except BaseException as exc:
         try:
+            # Its upload of the checkpoint in flight reads files the close deletes (RocksDB).
+            wait_for_subtask(plan.job_id, index)
             backend.close()
         finally:
             thaw()  # a reused live copy's objects were frozen
@@ -439,6 +514,9 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         raise
     keep_live((plan.job_id, index), LiveCopy(backend, token, plan.parallelism, plan.start_id),
                group=plan.largest_group)
+    if handle is None:
+        submit(job_id=plan.job_id, checkpoint_id=plan.checkpoint_id, index=index, token=token,
+               storage=plan.storage, result=result)
     # Step 7. Report (runtime.wire).
     return report_batch(SubtaskReport(
         version=WIRE_VERSION, subtask=index, token=token, handle=handle, staged=staged,
@@ -450,5 +528,6 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
             restored=how != REUSED and plan.restore is not None,
             caught_up=how == CAUGHT_UP, background_catch_up_s=background_s,
             sync_s=result.stats.sync_duration_s, async_s=result.stats.async_duration_s,
-            incremental_bytes=handle.incremental_size, full_bytes=handle.full_size,
+            incremental_bytes=handle.incremental_size if handle else 0,
+            full_bytes=handle.full_size if handle else 0,
             worker_pid=os.getpid())))

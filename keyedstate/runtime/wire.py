@@ -10,9 +10,17 @@ column by :func:`report_batch` and decoded by :func:`decode_reports` alone.
 The driver and its workers run the same keyedstate (Spark ships no code between them); the
 version still tells a mismatch apart from damage: a report of another version is refused with
 :class:`~keyedstate.errors.UnsupportedFormatVersionError` naming both versions, one that does
-not decode with :class:`~keyedstate.errors.CheckpointProtocolError`. Nothing here is stored:
-the checkpoint records what :meth:`SubtaskReport` figures turn into
+not decode with :class:`~keyedstate.errors.CheckpointProtocolError`. The checkpoint records
+what :meth:`SubtaskReport` figures turn into
 (:class:`~keyedstate.checkpoint.stats.SubtaskStateStats`), not the report.
+
+In the asynchronous mode (docs/checkpoints.md, "The asynchronous phase") the report carries no
+handle: the subtask's process uploads its files after the task and then writes a
+:class:`SubtaskAck` to ``chk-<N>/_acks/subtask-<i>`` (:func:`encode_ack`; read back by
+:func:`decode_ack` alone), deleted once checkpoint N completes: the wire's one stored message,
+versioned like the report.
+
+Version 2: ``SubtaskReport.handle`` may be None (asynchronous mode), :class:`SubtaskAck`.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ KG_COLUMN = "_ks_key_group"
 SUBTASK_COLUMN = "_ks_subtask"
 
 #: the version of :class:`SubtaskReport` this keyedstate writes and reads
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 #: a subtask's one result row: its report, JSON-encoded
 REPORT_SCHEMA = pa.schema([pa.field("report", pa.binary(), nullable=False)])
@@ -85,7 +93,9 @@ class SubtaskReport(msgspec.Struct, frozen=True):
     subtask: int
     #: the token of the live copy the subtask kept (the next batch reuses it if it matches)
     token: str
-    handle: KeyedStateHandle
+    #: the snapshot's handle; None in the asynchronous mode (it comes in the subtask's
+    #: :class:`SubtaskAck`)
+    handle: KeyedStateHandle | None
     #: output tag -> the staged Parquet file (relative to the checkpoint storage)
     staged: dict[str, str]
     #: the largest event time among the subtask's rows (None: none had one)
@@ -95,6 +105,23 @@ class SubtaskReport(msgspec.Struct, frozen=True):
     figures: SubtaskFigures
 
 
+class SubtaskAck(msgspec.Struct, frozen=True):
+    """One subtask's acknowledgement of one checkpoint in the asynchronous mode, written by its
+    process's uploader once the files are durable (``handle``), or once the upload failed
+    (``error``, the failure as text; ``handle`` None)."""
+
+    #: :data:`WIRE_VERSION` of the writer
+    version: int
+    checkpoint_id: int
+    subtask: int
+    #: the token of the live copy the snapshot was taken of (its report's)
+    token: str
+    handle: KeyedStateHandle | None
+    #: seconds the upload (``materialize``) took, off the batch's path
+    async_s: float
+    error: str | None = None
+
+
 class _Version(msgspec.Struct):
     version: int
 
@@ -102,6 +129,22 @@ class _Version(msgspec.Struct):
 _encoder = msgspec.json.Encoder()
 _version_decoder = msgspec.json.Decoder(_Version)
 _report_decoder = msgspec.json.Decoder(SubtaskReport)
+_ack_decoder = msgspec.json.Decoder(SubtaskAck)
+
+
+def _version_of(data: bytes, what: str) -> int:
+    """The wire version ``data`` was written in, checked against :data:`WIRE_VERSION`."""
+    try:
+        version = _version_decoder.decode(data).version
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CheckpointProtocolError(
+            f"{what} can't be read ({exc}): not a keyedstate {what.split()[-1]}") from exc
+    if version != WIRE_VERSION:
+        raise UnsupportedFormatVersionError(
+            f"{what} is in wire version {version}, this driver reads version "
+            f"{WIRE_VERSION}: the driver and the Python workers run different keyedstate "
+            f"versions; install the same version on both")
+    return version
 
 
 def report_batch(report: SubtaskReport) -> pa.RecordBatch:
@@ -116,16 +159,7 @@ def decode_reports(rows: Iterable[Any]) -> list[SubtaskReport]:
     reports = []
     for row in rows:
         data = row["report"]
-        try:
-            version = _version_decoder.decode(data).version
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise CheckpointProtocolError(
-                f"a subtask's report can't be read ({exc}): not a keyedstate report") from exc
-        if version != WIRE_VERSION:
-            raise UnsupportedFormatVersionError(
-                f"a subtask reported in wire version {version}, this driver reads version "
-                f"{WIRE_VERSION}: the driver and the Python workers run different keyedstate "
-                f"versions; install the same version on both")
+        version = _version_of(data, "a subtask's report")
         try:
             reports.append(_report_decoder.decode(data))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -134,5 +168,22 @@ def decode_reports(rows: Iterable[Any]) -> list[SubtaskReport]:
     return reports
 
 
-__all__ = ["KG_COLUMN", "REPORT_DDL", "REPORT_SCHEMA", "SUBTASK_COLUMN", "SubtaskFigures",
-           "SubtaskReport", "WIRE_VERSION", "decode_reports", "report_batch"]
+def encode_ack(ack: SubtaskAck) -> bytes:
+    """``ack`` as the bytes of its acknowledgement object."""
+    return _encoder.encode(ack)
+
+
+def decode_ack(data: bytes, where: str) -> SubtaskAck:
+    """The acknowledgement stored at ``where`` (named in errors)."""
+    version = _version_of(data, f"the acknowledgement {where}")
+    try:
+        return _ack_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CheckpointProtocolError(
+            f"the acknowledgement {where} (wire version {version}) can't be read: {exc}"
+        ) from exc
+
+
+__all__ = ["KG_COLUMN", "REPORT_DDL", "REPORT_SCHEMA", "SUBTASK_COLUMN", "SubtaskAck",
+           "SubtaskFigures", "SubtaskReport", "WIRE_VERSION", "decode_ack", "decode_reports",
+           "encode_ack", "report_batch"]

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from keyedstate.backends import load_backend
-from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
+from keyedstate.checkpoint.coordinator import CompletedCheckpoint
+from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, JOB_CONFIG, RESTORED_FROM, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target
 from keyedstate.checkpoint.stats import BatchStats, history_of
@@ -54,15 +55,17 @@ from keyedstate.errors import (
     SinkRollbackError,
     SourcePositionsError,
 )
-from keyedstate.runtime.batch import MAIN_OUTPUT, ResumePoint, staged_outputs
+from keyedstate.runtime.batch import MAIN_OUTPUT, ResumePoint, output_pending, staged_outputs
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.inflight import InFlight
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.loop import BatchLoop, write_savepoint
 from keyedstate.runtime.startup import JobStart
 from keyedstate.runtime.subtask import BatchPlan, RestoreSource
+from keyedstate.runtime.uploads import await_acks
 from keyedstate.runtime.wire import REPORT_DDL
 from keyedstate.spark.carry import carry, output_committed, source_log_of
-from keyedstate.spark.connect import task_slots
+from keyedstate.spark.connect import is_connect, task_slots
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
     OFFSETS,
@@ -72,6 +75,7 @@ from keyedstate.spark.offsets import (
     PROP_SPARK_CHECKPOINT_LOCATION,
     Branch,
     OffsetLog,
+    rewind,
     seed,
     seeded_branch,
 )
@@ -227,6 +231,41 @@ class KeyedJobDriver(BatchLoop):
             latest = self.coordinator.latest_completed
             assert latest is not None
             self._check_query(latest.metadata.properties)
+            if self.spark_checkpoint_location:
+                self._rewind_source(latest)
+
+    def _rewind_source(self, latest: CompletedCheckpoint) -> None:
+        """Step 3b, the restart of a job that ran in the asynchronous mode: Spark records a
+        batch as done when ``foreachBatch`` returns, before its checkpoint completes. After a
+        crash its log may say more than ``latest`` covers.
+
+        - The covered batch's output is committed now if it is not yet (its sinks commit
+          after its completion, during a later batch; Spark, which recorded it as done, will
+          not run it again to commit it).
+        - Batches Spark recorded after it, no more than the checkpoints that run could leave in
+          flight (its recorded ``max-concurrent-checkpoints``), are made to run again:
+          :func:`~keyedstate.spark.offsets.rewind` deletes their commits and later plans.
+          More than that means checkpoints were lost, which :meth:`_check_continuity` refuses
+          per batch, as without the asynchronous mode."""
+        props = latest.metadata.properties
+        covered = int(props.get(BATCH_ID, -1))
+        recorded = json.loads(props.get(JOB_CONFIG, "{}"))
+        if covered < 0 or recorded.get("keyedstate.checkpointing.async-upload") is not True:
+            return
+        location = self._offset_log()
+        done = location.last_committed()
+        if done < covered:
+            return  # Spark runs the covered batch again (a replay commits its output)
+        if output_pending(self.storage, latest):
+            self._commit_with_retries(self.job.stream.dataframe().sparkSession, latest)
+        bound = int(recorded.get("keyedstate.checkpointing.max-concurrent-checkpoints", 1))
+        if done == covered or done - covered > bound:
+            return
+        undone = rewind(location, covered)
+        log.warning("the job's checkpoints cover batch %d, but Spark recorded batches %s as "
+                    "done: their checkpoints were in flight when the driver stopped. Spark "
+                    "runs them again from batch %d with the same source positions (%s "
+                    "rewound)", covered, _batch_list(undone), covered + 1, location.url)
 
     def _resumed_batch_id(self, start: JobStart, point: ResumePoint) -> int:
         """Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
@@ -494,11 +533,40 @@ class KeyedJobDriver(BatchLoop):
             the error ends the batch without Spark marking it done, and the replay after a
             restart commits the output (step 1 of the module docstring).
         """
+        if self.config.async_upload:
+            # The batch's checkpoint stays in flight; these are the batches completed meanwhile.
+            for stats in self._run_batch_async(df, batch_id, started=started, drain=drain,
+                                               context=df.sparkSession):
+                self._record(stats)
+            return
         self._record(self._run_batch(df, batch_id, started=started, drain=drain,
                                      context=df.sparkSession))
 
     def _tolerable_failures(self) -> int:
         return self.config.tolerable_failed_checkpoints
+
+    def _no_async_upload(self) -> str | None:
+        # Over Spark Connect the batches run in the server's copy of the driver, which the
+        # client's stop can't ask to complete its checkpoints in flight: not built there.
+        if is_connect(self.job.stream.dataframe().sparkSession):
+            return "Spark Connect (the driver's checkpoints in flight live in the server)"
+        return None
+
+    def _wait_for_uploads(self, flight: InFlight) -> None:
+        """The subtasks' Python workers upload in their own processes: poll for their
+        acknowledgements (``execution.checkpointing.timeout``)."""
+        await_acks(self.storage, flight.checkpoint_id, range(self.config.parallelism),
+                   self.config.checkpoint_timeout.total_seconds())
+
+    def flush(self) -> None:
+        """Complete the checkpoints in flight (the asynchronous mode) and commit their
+        output, recording their statistics; the query has stopped, or a batch holds the lock.
+        Raises :class:`~keyedstate.errors.CheckpointDiscardedError` if one fails (the
+        batches after the last completed checkpoint are then to be run again: a restart
+        rewinds Spark's log to it, :meth:`_rewind_source`)."""
+        with self._lock:
+            for stats in self._complete_in_flight(0):
+                self._record(stats)
 
     def _tasks(self, batch: DataFrame) -> int:
         return self.spark_tasks(batch.sparkSession)

@@ -170,6 +170,37 @@ class OffsetLog:
         self._replace(f"{COMMITS}/{batch_id}", self.storage.read(f"{COMMITS}/{previous}"))
 
 
+def rewind(location: OffsetLog, batch_id: int) -> list[int]:
+    """Make Spark run the batches after ``batch_id`` again in ``location`` (the asynchronous
+    mode's restart, docs/checkpoints.md "The asynchronous phase": Spark recorded them as done
+    while their checkpoints never completed): delete ``commits/<b>`` for b > ``batch_id`` and
+    ``offsets/<b>`` for b > ``batch_id`` + 1 (Hadoop's ``.crc`` files with them). Spark then
+    runs ``batch_id`` + 1 again with its logged offsets (a batch whose offsets are logged and
+    whose commit is not) and plans the later ones afresh. A file source's log entries after
+    the log offset that batch reads up to are deleted too (as :func:`copy_log` leaves them
+    out): they list the files it found for the later plans, and kept, the first new plan
+    would take them all at once whatever its ``maxFilesPerTrigger``; deleted, the source finds
+    the files again and plans them as before. A compaction (``<k>.compact``) after that offset
+    is kept (it holds the entries before it too): the later plans then differ, the input is
+    still read once. Returns the batch ids whose commits were deleted. Commits go first,
+    the newest first: a crash half-way leaves a log Spark reads the same way."""
+    undone = [b for b in location.batches(COMMITS) if b > batch_id]
+    unplanned = [b for b in location.batches(OFFSETS) if b > batch_id + 1]
+    for folder, batches in ((COMMITS, undone), (OFFSETS, unplanned)):
+        for b in sorted(batches, reverse=True):
+            location.storage.delete([f"{folder}/{b}", f"{folder}/.{b}.crc"])
+    rerun = f"{OFFSETS}/{batch_id + 1}"
+    if undone and location.storage.exists(rerun):
+        read_up_to = _file_source_offsets(location.storage.read(rerun))
+        later = [f for f in location.storage.list_files(SOURCES)
+                 if _is_log_file(f) and not f.endswith(".compact")
+                 and not _source_file(f, read_up_to)]
+        for relative in sorted(later, reverse=True):
+            folder, _, name = relative.rpartition("/")
+            location.storage.delete([relative, f"{folder}/.{name}.crc"])
+    return undone
+
+
 def copy_log(source: OffsetLog, batch_id: int, target: CheckpointStorage,
              folder: str = "", *, with_query_id: bool = True) -> None:
     """Copy ``source``'s log up to ``batch_id`` into ``target`` (under ``folder``).

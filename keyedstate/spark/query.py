@@ -288,6 +288,9 @@ class KeyedQuery:
             first = str(exc).strip().split("\n", 1)[0][:500]
             raise BatchFailedError(f"the query had failed: {first}") from exc
         spark = self.driver.job.stream.dataframe().sparkSession
+        # The asynchronous mode: the last batches' checkpoints complete and their sinks
+        # commit before the stop returns (and before a drain or a savepoint).
+        self.driver.flush()
         if drain:
             self.driver.drain(spark)
         if savepoint and self.connect:

@@ -32,9 +32,10 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         yield from process_subtask(plan, subtasks[0], checked)
     else:
         yield from process_group(plan, subtasks, checked)
-    if plan.background_catch_up:
+    if plan.background_catch_up and not plan.async_upload:
         # The worker idles until its next task: its copies of the job's other subtasks are
-        # brought to this batch's checkpoint meanwhile, once the driver commits it.
+        # brought to this batch's checkpoint meanwhile, once the driver commits it. (The
+        # asynchronous mode commits it during the next batch: not built there yet.)
         catch_up_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,
                                restorer(plan) if plan.background_restore else None)
 

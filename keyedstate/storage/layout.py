@@ -5,6 +5,8 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
     <root>/chk-<N>/_metadata      the commit point of checkpoint N (written last, atomically)
     <root>/chk-<N>/...            files private to checkpoint N (deleted when it is subsumed)
     <root>/chk-<N>/_aborted       alone: checkpoint N was aborted, its id is used
+    <root>/chk-<N>/_acks/subtask-<i>  while N is in flight (asynchronous phase): subtask i's
+                                  files are durable (its handle), or its upload failed
     <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
                                   named after the checkpoint that wrote them
     <root>/taskowned/...          files owned by tasks (working directories)
@@ -37,6 +39,21 @@ COMPLETED_MARKER_FILE = "_completed"
 STAGING_DIR = "staging"
 COMMITS_DIR = "commits"
 SPARK_OFFSETS_DIR = "spark"
+
+
+#: In ``chk-<N>/`` while checkpoint N is in flight (the asynchronous phase): one
+#: acknowledgement per subtask, written once its files are durable; deleted once N completes.
+ACKS_DIR = "_acks"
+
+
+def acks_dir(checkpoint_id: int) -> str:
+    """Where the subtasks of checkpoint ``checkpoint_id`` acknowledge their uploads."""
+    return f"{CHECKPOINT_DIR_PREFIX}{checkpoint_id}/{ACKS_DIR}"
+
+
+def ack_file(checkpoint_id: int, subtask_index: int) -> str:
+    """Subtask ``subtask_index``'s acknowledgement of checkpoint ``checkpoint_id``."""
+    return f"{acks_dir(checkpoint_id)}/subtask-{subtask_index}"
 
 
 def staging_dir(batch_id: int) -> str:

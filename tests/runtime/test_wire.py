@@ -11,9 +11,12 @@ from keyedstate.runtime.wire import (
     REPORT_DDL,
     REPORT_SCHEMA,
     WIRE_VERSION,
+    SubtaskAck,
     SubtaskFigures,
     SubtaskReport,
+    decode_ack,
     decode_reports,
+    encode_ack,
     report_batch,
 )
 from keyedstate.storage.handles import KeyedStateHandle
@@ -47,7 +50,28 @@ def test_another_version_is_refused_naming_both() -> None:
         decode_reports(report_batch(other).to_pylist())
 
 
-@pytest.mark.parametrize("data", [b"not json", b'{"version": 1, "subtask": 0}'])
+@pytest.mark.parametrize("data", [b"not json",
+                                  b'{"version": %d, "subtask": 0}' % WIRE_VERSION])
 def test_an_unreadable_report_is_a_protocol_error(data: bytes) -> None:
     with pytest.raises(CheckpointProtocolError):
         decode_reports([{"report": data}])
+
+
+def test_a_report_of_the_asynchronous_mode_has_no_handle() -> None:
+    report = msgspec.structs.replace(_report(), handle=None)
+    assert decode_reports(report_batch(report).to_pylist()) == [report]
+
+
+def test_an_acknowledgement_round_trips_and_refuses_another_version() -> None:
+    handle = _report().handle
+    ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=4, subtask=1, token="t",
+                     handle=handle, async_s=0.5)
+    assert decode_ack(encode_ack(ack), "chk-4/_acks/subtask-1") == ack
+    failed = SubtaskAck(version=WIRE_VERSION, checkpoint_id=4, subtask=1, token="t",
+                        handle=None, async_s=0.1, error="PermissionError: denied")
+    assert decode_ack(encode_ack(failed), "x") == failed
+    other = msgspec.structs.replace(ack, version=WIRE_VERSION + 1)
+    with pytest.raises(UnsupportedFormatVersionError, match="chk-4/_acks/subtask-1"):
+        decode_ack(encode_ack(other), "chk-4/_acks/subtask-1")
+    with pytest.raises(CheckpointProtocolError, match="can't be read"):
+        decode_ack(b"{}", "chk-4/_acks/subtask-1")

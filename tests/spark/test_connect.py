@@ -22,6 +22,7 @@ import pytest
 from keyedstate import JobConfig, ValueStateDescriptor
 from keyedstate.errors import (
     BatchFailedError,
+    ConfigurationError,
     SparkConnectServerError,
     SparkConnectUnsupportedError,
 )
@@ -226,6 +227,22 @@ def test_a_sink_that_does_not_pickle_fails_at_start(remote, tmp_path):
         job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2),
                   spark_checkpoint_location=os.path.join(root, "spark"))
     assert not os.path.exists(os.path.join(root, "ckpt"))
+
+
+def test_async_uploads_are_refused_at_start_over_connect(remote, tmp_path):
+    """The asynchronous mode is not built over Spark Connect (the checkpoints in flight would
+    live in the server's driver): start() refuses it, naming the setting, before anything
+    is restored or written."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 1)
+    job = key_by(stream(remote, root), "user_id").process(RunningTotals(), COUNT_SCHEMA)
+    job.sink(ParquetSink(os.path.join(root, "out")))
+    with pytest.raises(ConfigurationError, match="async-upload: true is not built for Spark "
+                                                 "Connect"):
+        job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2,
+                            async_upload=True),
+                  spark_checkpoint_location=os.path.join(root, "spark"))
+    assert not os.path.exists(os.path.join(root, "ckpt", "chk-1"))
 
 
 def test_a_function_the_server_cannot_import_fails_at_start(remote, tmp_path, monkeypatch):

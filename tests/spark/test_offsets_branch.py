@@ -10,7 +10,7 @@ import os
 import pytest
 
 from keyedstate.errors import SourcePositionsError
-from keyedstate.spark.offsets import BRANCH_FILE, Branch, OffsetLog, seed
+from keyedstate.spark.offsets import BRANCH_FILE, Branch, OffsetLog, rewind, seed
 
 PARENT = "11111111-2222-3333-4444-555555555555"
 
@@ -84,3 +84,41 @@ def test_a_file_sources_log_is_copied_up_to_the_forks_log_offset(tmp_path):
     copied = sorted(location.storage.list_files("sources"))
     assert copied == ["sources/0/10", "sources/0/11", "sources/0/12", "sources/0/13.compact",
                       "sources/1/0"]
+
+
+def test_rewind_makes_spark_run_the_batches_after_one_again(tmp_path):
+    """The asynchronous mode's restart: Spark recorded batches 3 and 4 as done (and planned 5)
+    while keyedstate's checkpoints cover batch 2 only. After the rewind the log says batch 2
+    is the last done and batch 3 is planned with its logged offsets (Spark re-runs it); later
+    plans are gone, and so are the file source's entries after batch 3's log offset (found
+    for those plans), but not a compaction (it holds the earlier entries) nor another
+    source's log; the query id stays."""
+    root = tmp_path / "spark"
+    for folder in ("offsets", "commits", "sources/0", "sources/1"):
+        (root / folder).mkdir(parents=True)
+    for b in range(6):
+        # batch b read the file source up to log offset b + 10
+        (root / "offsets" / str(b)).write_text(
+            f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{b + 10}}}\n{{"start":0}}')
+        if b < 5:
+            (root / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    (root / "commits" / ".4.crc").write_text("crc")
+    for k in range(10, 16):
+        name = f"{k}.compact" if k == 14 else str(k)
+        (root / "sources" / "0" / name).write_text(f'v1\n{{"path":"f{k}","batchId":{k}}}')
+    (root / "sources" / "0" / ".15.crc").write_text("crc")
+    (root / "sources" / "1" / "0").write_text("v1\n0")
+    (root / "metadata").write_text(json.dumps({"id": PARENT}))
+    location = OffsetLog.at(str(root))
+    planned = (root / "offsets" / "3").read_text()
+    assert rewind(location, 2) == [3, 4]
+    assert location.batches("commits") == [0, 1, 2]
+    assert location.batches("offsets") == [0, 1, 2, 3]
+    assert (root / "offsets" / "3").read_text() == planned
+    assert sorted(os.listdir(root / "commits")) == ["0", "1", "2"]
+    assert sorted(location.storage.list_files("sources")) == [
+        "sources/0/10", "sources/0/11", "sources/0/12", "sources/0/13", "sources/0/14.compact",
+        "sources/1/0"]
+    assert not (root / "sources" / "0" / ".15.crc").exists()
+    assert location.query_id() == PARENT
+    assert rewind(location, 2) == []  # again: nothing left to rewind

@@ -9,7 +9,9 @@ Snapshot protocol (one checkpoint)::
     result = backend.snapshot(checkpoint_id, location)   # synchronous part: freezes a
                                                           # consistent view, returns quickly
     handle = result.materialize()                         # asynchronous part: writes files;
-                                                          # processing may go on meanwhile
+                                                          # safe to run while processing
+                                                          # goes on (the runtime calls it in
+                                                          # the task, docs/checkpoints.md)
     backend.notify_checkpoint_complete(checkpoint_id)     # the coordinator committed it
       or backend.notify_checkpoint_aborted(checkpoint_id)
 
@@ -180,7 +182,10 @@ class SnapshotStats:
 
 class SnapshotResult(ABC):
     """The product of a snapshot's synchronous part; :meth:`materialize` is the asynchronous
-    part. Exactly one of :meth:`materialize` or :meth:`discard` must be called."""
+    part (Flink's name: it holds its own view of the state, so it may run while processing
+    goes on; the runtime runs it in the subtask's task, on the batch's path,
+    docs/checkpoints.md "The asynchronous phase"). Exactly one of :meth:`materialize` or
+    :meth:`discard` must be called."""
 
     def __init__(self, checkpoint_id: int, sync_duration_s: float) -> None:
         self.checkpoint_id = checkpoint_id
@@ -196,7 +201,8 @@ class SnapshotResult(ABC):
 
     @abstractmethod
     def _materialize(self) -> KeyedStateHandle:
-        """Write the files and return the handle (may run on another thread)."""
+        """Write the files and return the handle (safe on another thread than the one
+        processing; the runtime calls it in the task)."""
 
     def discard(self) -> None:  # noqa: B027 - a no-op is the right default
         """Release what the synchronous part holds without writing anything."""

@@ -9,7 +9,9 @@ before it, a ``full`` snapshot deletes expired TTL entries so a restore can't re
 3. take the base: the SST files of the last *confirmed* snapshot (none when ``full``, when
    incremental snapshots are off, or when no snapshot was confirmed yet).
 
-Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`, processing goes on):
+Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`; it reads only the hard links,
+so processing could go on meanwhile, but the runtime calls it in the task, on the batch's
+path: docs/checkpoints.md "The asynchronous phase"):
 
 1. every SST file the base already has (same name, same size) is re-referenced by its existing
    :class:`StreamHandle` when the base is the job's own and lies in this storage root; when it

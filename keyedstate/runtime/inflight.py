@@ -1,0 +1,172 @@
+"""The checkpoints in flight of the asynchronous mode: batches whose tasks ended, whose files
+are still being uploaded (docs/checkpoints.md, "The asynchronous phase").
+
+The loop (:mod:`keyedstate.runtime.loop`) adds an :class:`InFlight` after each batch's tasks
+and completes them in order, oldest first (:meth:`InFlightCheckpoints.complete_oldest`): wait
+for every subtask's acknowledgement (:mod:`keyedstate.runtime.uploads`), put the handles into
+the reports, complete the checkpoint as the synchronous mode does
+(:func:`~keyedstate.runtime.batch.complete_batch`) and drop its acknowledgements. What the job
+returns to when one fails is a :class:`Committed` point: the last completed checkpoint's (or
+the job's start's) restore source, watermark, batch id and drain flag.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import msgspec
+
+from keyedstate.checkpoint.coordinator import (
+    CheckpointCoordinator,
+    CompletedCheckpoint,
+    PendingCheckpoint,
+)
+from keyedstate.config import JobConfig
+from keyedstate.errors import CheckpointError, CheckpointProtocolError
+from keyedstate.runtime.batch import complete_batch
+from keyedstate.runtime.subtask import RestoreSource
+from keyedstate.runtime.uploads import read_ack, wait_for_job
+from keyedstate.runtime.wire import SubtaskReport
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.layout import acks_dir, staging_dir
+
+log = logging.getLogger("keyedstate")
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Where the job stands at its last completed checkpoint (or its start): what a failure
+    in flight sets the loop back to."""
+
+    base: RestoreSource | None
+    share_restored_files: bool
+    watermark: int
+    last_batch_id: int
+    drained: bool
+
+
+@dataclass
+class InFlight:
+    """One batch whose tasks ended and whose checkpoint is not complete yet."""
+
+    pending: PendingCheckpoint
+    batch_id: int
+    #: the subtasks' reports, in subtask order, without handles
+    reports: list[SubtaskReport]
+    drain: bool
+    #: the watermark the batch started with (its checkpoint records the one after it)
+    watermark: int
+    #: what the engine's sink commit needs (``BatchLoop._commit_output``)
+    context: Any
+    #: ``perf_counter`` at the batch's start; the Spark tasks used
+    started: float
+    tasks: int | None
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.pending.checkpoint_id
+
+
+def ordered_reports(reports: Sequence[SubtaskReport], parallelism: int, batch_id: int
+                    ) -> list[SubtaskReport]:
+    """``reports`` in subtask order; :class:`CheckpointProtocolError` unless exactly one per
+    subtask."""
+    ordered = sorted(reports, key=lambda r: r.subtask)
+    if [r.subtask for r in ordered] != list(range(parallelism)):
+        raise CheckpointProtocolError(
+            f"batch {batch_id}: expected one result per subtask 0..{parallelism - 1}, "
+            f"got {[r.subtask for r in ordered]}")
+    return ordered
+
+
+def acknowledged_reports(storage: CheckpointStorage, flight: InFlight
+                         ) -> list[SubtaskReport]:
+    """``flight``'s reports with each subtask's handle and upload figures from its
+    acknowledgement. Raises :class:`CheckpointError` for a missing or failed one, or one of
+    another snapshot than the report's."""
+    reports = []
+    for report in flight.reports:
+        ack = read_ack(storage, flight.checkpoint_id, report.subtask)
+        if ack is None or ack.handle is None:
+            why = "is missing" if ack is None else f"says the upload failed: {ack.error}"
+            raise CheckpointError(
+                f"checkpoint {flight.checkpoint_id} (batch {flight.batch_id}): the "
+                f"acknowledgement of subtask {report.subtask} {why}")
+        if ack.token != report.token or ack.checkpoint_id != flight.checkpoint_id:
+            raise CheckpointProtocolError(
+                f"checkpoint {flight.checkpoint_id}: subtask {report.subtask}'s "
+                f"acknowledgement is of another snapshot (token {ack.token}, checkpoint "
+                f"{ack.checkpoint_id}) than its report (token {report.token})")
+        handle = ack.handle
+        figures = msgspec.structs.replace(
+            report.figures, async_s=ack.async_s, incremental_bytes=handle.incremental_size,
+            full_bytes=handle.full_size)
+        reports.append(msgspec.structs.replace(report, handle=handle, figures=figures))
+    return reports
+
+
+class InFlightCheckpoints:
+    """The loop's checkpoints in flight, oldest first (at most
+    ``keyedstate.checkpointing.max-concurrent-checkpoints`` between batches)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._flights: deque[InFlight] = deque()
+
+    def __len__(self) -> int:
+        return len(self._flights)
+
+    def __iter__(self) -> Iterator[InFlight]:
+        return iter(self._flights)
+
+    def add(self, flight: InFlight) -> None:
+        self._flights.append(flight)
+
+    def complete_oldest(self, coordinator: CheckpointCoordinator, *,
+                        wait: Callable[[InFlight], None], config: JobConfig,
+                        key_columns: Sequence[str], lineage: Mapping[str, str], function: str,
+                        extra: Mapping[str, str]) -> tuple[InFlight, CompletedCheckpoint,
+                                                           list[SubtaskReport]]:
+        """Complete the oldest checkpoint in flight: ``wait`` for its uploads (the engine's
+        way), read its acknowledgements, complete it (``_metadata``, registry, subsumption)
+        and drop the acknowledgements. Returns it, the completed checkpoint and its reports
+        with handles. On failure it stays the oldest in flight (the caller discards)."""
+        flight = self._flights[0]
+        wait(flight)
+        storage = coordinator.storage
+        reports = acknowledged_reports(storage, flight)
+        completed, ordered, _ = complete_batch(
+            coordinator, flight.pending, reports, parallelism=config.parallelism,
+            batch_id=flight.batch_id, watermark=flight.watermark,
+            watermark_delay_ms=config.watermark_delay_ms, drain=flight.drain,
+            key_columns=key_columns, lineage=lineage, config=config, function=function,
+            extra=extra)
+        self._flights.popleft()
+        try:
+            storage.delete_dir(acks_dir(flight.checkpoint_id))
+        except OSError as exc:  # the checkpoint is complete: gc finds the leftover
+            log.warning("could not delete %s: %s", storage.url_of(acks_dir(flight.checkpoint_id)),
+                        exc)
+        return flight, completed, ordered
+
+    def discard(self, coordinator: CheckpointCoordinator, reason: str) -> list[int]:
+        """Abort every checkpoint in flight, once this process's uploads of the job ended
+        (nothing writes for them afterwards), and delete their batches' staged output;
+        returns their batch ids."""
+        wait_for_job(self.job_id)
+        discarded = []
+        storage = coordinator.storage
+        for flight in self._flights:
+            discarded.append(flight.batch_id)
+            if not flight.pending.is_aborted and not flight.pending.is_completed:
+                coordinator.abort(flight.pending, reason)
+            try:
+                storage.delete_dir(staging_dir(flight.batch_id))
+            except OSError as exc:
+                log.warning("could not delete the staged output of discarded batch %d: %s; "
+                            "`keyedstate gc` will find it", flight.batch_id, exc)
+        self._flights.clear()
+        return discarded

@@ -1,0 +1,214 @@
+"""The uploader of a Python process: the asynchronous phase of its subtasks' snapshots.
+
+In the asynchronous mode (``keyedstate.checkpointing.async-upload``; docs/checkpoints.md, "The
+asynchronous phase") a subtask ends its task after the synchronous phase of its snapshot and
+hands the :class:`~keyedstate.backends.base.backend.SnapshotResult` to :func:`submit`. One
+thread per process runs the uploads in the order handed (first in, first out: a subtask's
+checkpoints upload in order; the transfer pool inside ``materialize`` stays the only
+parallelism), and after each writes the subtask's acknowledgement,
+:func:`~keyedstate.storage.layout.ack_file` (a :class:`~keyedstate.runtime.wire.SubtaskAck`:
+the handle once the files are durable, or the failure as text): the driver's only way to learn
+that the files are durable, since the task has ended.
+
+In the process: :func:`wait_for` (a subtask's next batch waits for its own previous upload
+before its synchronous phase, so its incremental snapshot may build on it) and
+:func:`wait_for_job` (a job discarding, stopping or closing waits for every upload of its own
+this process still runs, so that nothing writes for it afterwards). :func:`read_ack` reads an
+acknowledgement back (the driver; a subtask restoring from a checkpoint in flight).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from keyedstate.backends.base.backend import SnapshotResult
+from keyedstate.errors import CheckpointError
+from keyedstate.runtime.wire import WIRE_VERSION, SubtaskAck, decode_ack, encode_ack
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.handles import KeyedStateHandle
+from keyedstate.storage.layout import ack_file, acks_dir
+
+log = logging.getLogger("keyedstate")
+
+
+@dataclass
+class Upload:
+    """One snapshot handed to the uploader: subtask ``index`` of checkpoint
+    ``checkpoint_id`` of the job ``job_id``."""
+
+    job_id: str
+    checkpoint_id: int
+    index: int
+    token: str
+    storage: CheckpointStorage
+    #: the snapshot to materialize (dropped once done: it holds the frozen state)
+    result: SnapshotResult | None
+    done: threading.Event = field(default_factory=threading.Event)
+    #: the handle, once the files are durable and the ack written
+    handle: KeyedStateHandle | None = None
+    #: what failed: the upload, or writing its acknowledgement
+    error: BaseException | None = None
+
+    def wait(self) -> KeyedStateHandle:
+        """The handle once the upload and its acknowledgement are written; raises
+        :class:`~keyedstate.errors.CheckpointError` naming the subtask and checkpoint if either
+        failed."""
+        self.done.wait()
+        if self.error is not None or self.handle is None:
+            raise CheckpointError(
+                f"the upload of subtask {self.index} of checkpoint {self.checkpoint_id} "
+                f"failed: {self.error!r}") from self.error
+        return self.handle
+
+
+class _Uploader:
+    """The process's upload thread and the uploads it knows (the last one per subtask, and
+    every one not done)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.queue: queue.Queue[Upload] = queue.Queue()
+        self.lock = threading.Lock()
+        #: (job, subtask) -> its uploads not yet forgotten, oldest first
+        self.uploads: dict[tuple[str, int], list[Upload]] = {}
+        self.thread = threading.Thread(target=self._run, name="keyedstate-uploader",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            _upload(self.queue.get())
+
+    def add(self, upload: Upload) -> None:
+        with self.lock:
+            mine = self.uploads.setdefault((upload.job_id, upload.index), [])
+            # Done uploads older than the newest are of no use: only the newest is waited for.
+            mine[:] = [u for u in mine if not u.done.is_set()] + [upload]
+        self.queue.put(upload)
+
+    def of(self, job_id: str, index: int | None = None) -> list[Upload]:
+        with self.lock:
+            return [u for (job, i), ups in self.uploads.items() for u in ups
+                    if job == job_id and (index is None or i == index)]
+
+
+_uploader: _Uploader | None = None
+_uploader_lock = threading.Lock()
+
+
+def _the_uploader() -> _Uploader:
+    """This process's uploader (a forked process starts its own: threads do not fork)."""
+    global _uploader
+    with _uploader_lock:
+        if _uploader is None or _uploader.pid != os.getpid():
+            _uploader = _Uploader()
+        return _uploader
+
+
+def _upload(upload: Upload) -> None:
+    """Materialize ``upload``'s snapshot, then write its acknowledgement (the failure's, if
+    it failed); never raises (what failed is the upload's ``error``)."""
+    started = time.perf_counter()
+    result, upload.result = upload.result, None
+    try:
+        assert result is not None, "an upload runs once"
+        handle: KeyedStateHandle | None = result.materialize()
+        ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=upload.checkpoint_id,
+                         subtask=upload.index, token=upload.token, handle=handle,
+                         async_s=time.perf_counter() - started)
+    except BaseException as exc:  # noqa: BLE001 - reported through the ack and the upload
+        upload.error = exc
+        handle = None
+        ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=upload.checkpoint_id,
+                         subtask=upload.index, token=upload.token, handle=None,
+                         async_s=time.perf_counter() - started,
+                         error=f"{type(exc).__name__}: {exc}")
+    try:
+        upload.storage.write(ack_file(upload.checkpoint_id, upload.index), encode_ack(ack))
+        upload.handle = handle
+    except BaseException as exc:  # noqa: BLE001 - the driver finds no ack: the checkpoint fails
+        log.warning("subtask %d of checkpoint %d: writing its acknowledgement failed: %s",
+                    upload.index, upload.checkpoint_id, exc)
+        upload.error = upload.error or exc
+    finally:
+        upload.done.set()
+
+
+def submit(*, job_id: str, checkpoint_id: int, index: int, token: str,
+           storage: CheckpointStorage, result: SnapshotResult) -> Upload:
+    """Hand ``result`` (subtask ``index``'s snapshot of checkpoint ``checkpoint_id``) to this
+    process's uploader; returns at once."""
+    upload = Upload(job_id, checkpoint_id, index, token, storage, result)
+    _the_uploader().add(upload)
+    return upload
+
+
+def wait_for(job_id: str, index: int, checkpoint_id: int) -> KeyedStateHandle | None:
+    """Wait for this process's upload of subtask ``index`` of ``checkpoint_id``; its handle,
+    or None when this process has no such upload (another process made it). Raises
+    :class:`~keyedstate.errors.CheckpointError` if it failed."""
+    for upload in _the_uploader().of(job_id, index):
+        if upload.checkpoint_id == checkpoint_id:
+            return upload.wait()
+    return None
+
+
+def wait_for_subtask(job_id: str, index: int) -> None:
+    """Wait until this process runs no upload of subtask ``index`` of ``job_id`` (before its
+    live copy closes: a RocksDB snapshot's files go with the copy's directory)."""
+    for upload in _the_uploader().of(job_id, index):
+        upload.done.wait()
+
+
+def wait_for_checkpoint(job_id: str, checkpoint_id: int) -> None:
+    """Wait until this process runs no upload of ``job_id``'s ``checkpoint_id`` any more."""
+    for upload in _the_uploader().of(job_id):
+        if upload.checkpoint_id == checkpoint_id:
+            upload.done.wait()
+
+
+def wait_for_job(job_id: str) -> None:
+    """Wait until this process runs no upload of ``job_id`` any more (failed ones included)."""
+    for upload in _the_uploader().of(job_id):
+        upload.done.wait()
+
+
+#: Polls of acknowledgements written by other processes: every 20 ms at first (the uploads of
+#: a small batch end right after its tasks), slowing to once a second.
+_POLL_S, _MAX_POLL_S = 0.02, 1.0
+
+
+def await_acks(storage: CheckpointStorage, checkpoint_id: int, subtasks: Sequence[int],
+               timeout_s: float) -> None:
+    """Wait until every acknowledgement of ``subtasks`` of ``checkpoint_id`` is written (by
+    any process; one listing a poll). Raises :class:`~keyedstate.errors.CheckpointError`
+    naming the missing ones after ``timeout_s`` (``execution.checkpointing.timeout``)."""
+    deadline = time.monotonic() + timeout_s
+    wanted = {ack_file(checkpoint_id, i): i for i in subtasks}
+    delay = _POLL_S
+    while True:
+        written = set(storage.list_files(acks_dir(checkpoint_id)))
+        missing = sorted(i for path, i in wanted.items() if path not in written)
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id}: subtasks {missing} did not acknowledge their "
+                f"uploads within {timeout_s:.0f} s (execution.checkpointing.timeout; a "
+                f"worker lost, or its uploads slower than that)")
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, _MAX_POLL_S)
+
+
+def read_ack(storage: CheckpointStorage, checkpoint_id: int, index: int) -> SubtaskAck | None:
+    """Subtask ``index``'s acknowledgement of ``checkpoint_id`` (None: not written)."""
+    relative = ack_file(checkpoint_id, index)
+    if not storage.exists(relative):
+        return None
+    return decode_ack(storage.read(relative), storage.url_of(relative))

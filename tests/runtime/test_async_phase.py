@@ -1,0 +1,278 @@
+"""The asynchronous phase on the local runtime (docs/checkpoints.md, "The asynchronous phase"):
+uploads in the background, checkpoint N completed and its output committed during batch N+1,
+the bound, stop and close, and a fault before and after each step, which discards what is in
+flight and lets the job go on from the last completed checkpoint with nothing lost or doubled.
+
+No timed assertions: the order of events (which batch a call completes) and the results."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from keyedstate.checkpoint.properties import BATCH_ID
+from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
+from keyedstate.checkpoint.stats import subtask_stats_of
+from keyedstate.errors import CheckpointDiscardedError, KeyedStateError
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.processor.canonical import read_range_tables
+from keyedstate.runtime.live_copies import release_live
+from keyedstate.runtime.local import LocalJob
+from keyedstate.runtime.uploads import wait_for_job
+from keyedstate.storage.layout import ACKS_DIR
+from keyedstate.testing.faults import FaultPlan
+from tests.spark.jobs import IdleCounts
+from tests.test_local_job import batches, config, new_job, rows
+
+BACKENDS = ["rocksdb", "heap"]
+
+
+def completed_batch(job: LocalJob) -> int | None:
+    """The batch the job's latest completed checkpoint covers (None: none yet)."""
+    latest = job.latest_checkpoint
+    return None if latest is None else int(latest.metadata.properties[BATCH_ID])
+
+
+def state_of(snapshot: ResolvedSnapshot) -> dict[str, list[dict[str, Any]]]:
+    """Every state's rows and the timers of ``snapshot``, sorted."""
+    everything = KeyGroupRange(0, snapshot.metadata.max_parallelism - 1)
+    now = time.time_ns() // 1_000_000
+    out = {}
+    for name in ("count", "last", None):
+        tables = list(read_range_tables(snapshot, everything, name, now_ms=now))
+        found = pa.concat_tables(tables).to_pylist() if tables else []
+        out[name or "timers"] = sorted(found, key=repr)
+    return out
+
+
+def latest_state(job: LocalJob) -> dict[str, list[dict[str, Any]]]:
+    latest = job.latest_checkpoint
+    assert latest is not None
+    return state_of(ResolvedSnapshot(job.storage, latest.metadata_path, latest.metadata))
+
+
+def synchronous_run(root: Path, data: list[pa.Table], backend: str
+                    ) -> tuple[dict[str, list[tuple]], dict[str, list[dict[str, Any]]]]:
+    """The synchronous mode's output over ``data`` (drained) and its state before the drain."""
+    with new_job(config(root / "sync", backend=backend)) as job:
+        outputs = [job.process_batch(t) for t in data]
+        state = latest_state(job)
+        outputs.append(job.drain())
+    return rows(outputs), state
+
+
+@pytest.mark.parametrize("bound", [1, 3])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_output_and_state_equal_the_synchronous_mode(tmp_path, backend, bound):
+    data = batches(9)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
+                 max_concurrent_checkpoints=bound)
+    with new_job(cfg) as job:
+        outputs, completed = [], []
+        for table in data:
+            outputs.append(job.process_batch(table))
+            completed.append(completed_batch(job))
+        # Each call completes the checkpoints beyond the bound: batch i's call leaves i-bound.
+        assert completed == [None if i < bound else i - bound for i in range(len(data))]
+        # The first calls committed nothing (their checkpoints were in flight).
+        assert all(out["main"].num_rows == 0 for out in outputs[:bound])
+        outputs.append(job.flush())
+        assert completed_batch(job) == len(data) - 1
+        assert latest_state(job) == expected_state
+        outputs.append(job.drain())
+        assert completed_batch(job) == len(data)  # a drain leaves nothing in flight
+    assert rows(outputs) == expected_rows
+    # Completed checkpoints keep no acknowledgements.
+    assert not [p for p in job.storage.list_files() if f"/{ACKS_DIR}/" in p]
+
+
+def run_through_failures(job: LocalJob, data: list[pa.Table]) -> tuple[list[Any], list[Any]]:
+    """Every batch of ``data`` through ``job``, sending again what a failure discarded (from
+    the job's batch id on, as a source replays); the outputs of the calls that returned, and
+    the events: ("ok", batch) or (error class, discarded batches, the batch the job is at)."""
+    outputs: list[Any] = []
+    events: list[Any] = []
+    i = job.last_batch_id + 1
+    while i < len(data):
+        try:
+            outputs.append(job.process_batch(data[i]))
+            events.append(("ok", i))
+        except KeyedStateError as exc:
+            events.append((type(exc).__name__, getattr(exc, "discarded_batches", None),
+                           job.last_batch_id))
+            outputs.append(job.last_outputs)  # committed by the call before it failed
+        i = job.last_batch_id + 1
+    outputs.append(job.flush())
+    return outputs, events
+
+
+def faulty_job(tmp_path: Path, backend: str, plan: FaultPlan) -> LocalJob:
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
+                 checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
+                 storage_options=plan.storage_options("file"), transfer_attempts=1)
+    return new_job(cfg)
+
+
+# Batch 3 is checkpoint 4 (ids start at 1, no aborts before it). A fault in a worker's upload
+# fails batch 4's subtask that waits for it before its own snapshot (batch 4 never gets in
+# flight); a fault in the driver's completion comes after batch 4's tasks (both discarded).
+IN_THE_WORKER = [("CheckpointDiscardedError", [3], 2)]
+IN_THE_DRIVER = [("CheckpointDiscardedError", [3, 4], 2)]
+STEPS = {
+    # Before the upload: its first file is refused.
+    "upload": ("write", "/shared/chk-4-", IN_THE_WORKER),
+    # After the upload, before the ack: writing the ack is refused.
+    "ack-write": ("write", f"chk-4/{ACKS_DIR}/subtask-1", IN_THE_WORKER),
+    # After the ack: the driver can't read it.
+    "ack-read": ("read", f"chk-4/{ACKS_DIR}/subtask-0", IN_THE_DRIVER),
+    # The commit point: writing _metadata is refused.
+    "metadata": ("write", "chk-4/_metadata", IN_THE_DRIVER),
+    # After the checkpoint completed: the sink commit (reading the staged output) fails; the
+    # checkpoint stays complete, the commit is retried first by the next call.
+    "sink-commit": ("read", "staging/batch-3/", [("StorageAccessError", None, 4)]),
+}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fault_at_each_step(tmp_path, backend, step):
+    """A refused call at each step of checkpoint 4 (batch 3): the call for batch 4 raises,
+    the job goes on from the last completed checkpoint (the failed step discards batches 3
+    and 4; a failed sink commit is retried and discards nothing), and the output and state
+    equal the synchronous mode's, nothing lost or doubled."""
+    data = batches(7)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    op, match, expected_events = STEPS[step]
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add(op, "denied", match=match)
+    with faulty_job(tmp_path, backend, plan) as job:
+        outputs, events = run_through_failures(job, data)
+        assert plan.fired(), f"the fault on {match} never fired"
+        # The failure surfaced in the call for batch 4, the batch after the failed checkpoint.
+        assert events[:5] == [("ok", 0), ("ok", 1), ("ok", 2), ("ok", 3), *expected_events]
+        assert [e for e in events[5:] if e[0] != "ok"] == []
+        assert latest_state(job) == expected_state
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_upload_keeps_the_earlier_checkpoints_and_nothing_after(tmp_path, backend):
+    """Checkpoint 4's upload fails: after the failure the job is at batch 2 exactly (its
+    state is checkpoint 3's), checkpoint 4's directory holds only its tombstone, and batch 4's
+    checkpoint (5) was aborted too."""
+    data = batches(5)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "denied", match="/shared/chk-4-")
+    with faulty_job(tmp_path, backend, plan) as job:
+        for table in data[:4]:
+            job.process_batch(table)
+        with pytest.raises(CheckpointDiscardedError) as failed:
+            job.process_batch(data[4])
+        assert failed.value.discarded_batches == [3]
+        assert failed.value.last_batch_id == job.last_batch_id == 2
+        assert completed_batch(job) == 2
+        assert job.latest_checkpoint is not None and job.latest_checkpoint.checkpoint_id == 3
+        wait_for_job(job.storage.url)
+        leftovers = [p for p in job.storage.list_files() if p.startswith(("chk-4/", "chk-5/"))]
+        assert sorted(leftovers) == ["chk-4/_aborted", "chk-5/_aborted"]
+        assert job.storage.list_files("staging/batch-3") == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stop_waits_for_the_checkpoint_in_flight(tmp_path, backend):
+    data = batches(4)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True)
+    job = new_job(cfg)
+    for table in data[:3]:
+        job.process_batch(table)
+    assert completed_batch(job) == 1  # batch 2 is in flight
+    savepoint = job.stop(savepoint=str(tmp_path / "savepoint"))
+    assert savepoint is not None
+    assert completed_batch(job) == 2
+    assert resolve_snapshot(savepoint).metadata.properties[BATCH_ID] == "2"
+    # Batch 2's output was committed by the stop.
+    assert {r["batch_id"] for r in job.last_outputs["main"].to_pylist()} == {2}
+    with new_job(cfg) as restarted:
+        assert restarted.last_batch_id == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_leaves_the_checkpoint_in_flight_incomplete(tmp_path, backend):
+    """close() without stop is a crash's outcome: batch 2 in flight never completes; the
+    restarted job is at batch 1, and batch 2 sent again gives the synchronous output."""
+    data = batches(4)
+    expected_rows, _ = synchronous_run(tmp_path, data, backend)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True)
+    with new_job(cfg) as job:
+        outputs = [job.process_batch(t) for t in data[:3]]
+    with new_job(cfg) as restarted:
+        assert restarted.last_batch_id == 1
+        outputs += [restarted.process_batch(t) for t in data[2:]]
+        outputs.append(restarted.drain())
+    assert rows(outputs) == expected_rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_subtask_without_its_live_copy_restores_from_the_acknowledgement(tmp_path, backend):
+    """Batch 2 runs while checkpoint 2 (batch 1) is in flight and no live copy is left (a
+    worker that does not hold it): each subtask restores from its acknowledgement of
+    checkpoint 2, never from checkpoint 1; the output equals the synchronous mode's."""
+    data = batches(4)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True, num_retained=10)
+    with new_job(cfg) as job:
+        outputs = [job.process_batch(t) for t in data[:2]]
+        assert completed_batch(job) == 0
+        wait_for_job(job.storage.url)
+        release_live(job.storage.url, job.start_id)
+        outputs += [job.process_batch(t) for t in data[2:]]
+        outputs.append(job.flush())
+        assert latest_state(job) == expected_state
+        by_batch = {int(c.metadata.properties[BATCH_ID]): subtask_stats_of(c.metadata)
+                    for c in job.coordinator.retained}
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
+    how = {b: [(s.reused, s.restored) for s in subtasks or []] for b, subtasks in by_batch.items()}
+    assert how[2] == [(False, True), (False, True)]  # restored, from checkpoint 2's acks
+    assert how[3] == [(True, False), (True, False)]  # reused again
+
+
+class FailInBatch(IdleCounts):
+    """:class:`IdleCounts` that raises in batch ``fail_batch`` (None: never)."""
+
+    def __init__(self, fail_batch: int | None) -> None:
+        self.fail_batch = fail_batch
+
+    def process_key(self, key: Any, rows: pa.Table, ctx: Any) -> list[dict[str, Any]]:
+        if ctx.batch_id == self.fail_batch:
+            raise ValueError(f"cannot handle batch {ctx.batch_id}")
+        return super().process_key(key, rows, ctx)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_batch_completes_the_checkpoint_in_flight(tmp_path, backend):
+    """Batch 3's function raises while checkpoint 3 (batch 2) is in flight: the call raises
+    the batch's failure, checkpoint 3 completes meanwhile (the job is at batch 2, as in the
+    synchronous mode), and batch 3 sent again gives the synchronous output."""
+    data = batches(5)
+    expected_rows, _ = synchronous_run(tmp_path, data, backend)
+    function = FailInBatch(3)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True)
+    with new_job(cfg, function) as job:
+        outputs = [job.process_batch(t) for t in data[:3]]
+        assert completed_batch(job) == 1
+        with pytest.raises(KeyedStateError, match="cannot handle batch 3"):
+            job.process_batch(data[3])
+        assert completed_batch(job) == job.last_batch_id == 2
+        outputs.append(job.last_outputs)  # batch 2's, committed by the failed call
+        assert {r["batch_id"] for r in job.last_outputs["main"].to_pylist()} == {2}
+        function.fail_batch = None
+        outputs += [job.process_batch(t) for t in data[3:]]
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
