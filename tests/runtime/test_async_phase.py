@@ -26,7 +26,9 @@ from keyedstate.runtime.uploads import wait_for_job
 from keyedstate.storage.layout import ACKS_DIR
 from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import IdleCounts
-from tests.test_local_job import batches, config, new_job, rows
+from tests.runtime.test_local_job import batches, config, new_job, rows
+
+pytestmark = pytest.mark.integration
 
 BACKENDS = ["rocksdb", "heap"]
 
