@@ -152,3 +152,47 @@ def test_the_offline_python_savepoint_snippet_runs(tmp_path: Any) -> None:
                           restore_path=scope[name])
         with new_job(restored) as again:
             again.process_batch(batches(2)[1])
+
+
+#: a test named in the docs: ``[tests/][folder/]test_x.py[::test_name[params]]`` (``name*``:
+#: the tests whose names start so)
+TEST_REFERENCE = re.compile(r"((?:tests/)?(?:[\w]+/)*test_\w+\.py)(?:::(\w+)(\*?))?")
+
+
+def _test_files() -> dict[str, list[str]]:
+    """Every test module by its file name (a name may stand in several folders)."""
+    files: dict[str, list[str]] = {}
+    for path in glob.glob(os.path.join(ROOT, "tests", "**", "test_*.py"), recursive=True):
+        files.setdefault(os.path.basename(path), []).append(os.path.relpath(path, ROOT))
+    return files
+
+
+def _defines(name: str, *, prefix: bool) -> str:
+    """A pattern of a module line defining the test or test class ``name`` (``prefix``: or
+    any whose name starts with it)."""
+    end = "" if prefix else r"\b"
+    return rf"^\s*def {name}{end}|^class {name}{end}"
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """A test the docs cite as evidence (a path, or a module and a test's name) is there: a
+    moved or renamed test must take its citations along."""
+    files = _test_files()
+    missing = []
+    for doc in [*_docs(), os.path.join(ROOT, "AGENTS.md"),
+                os.path.join(ROOT, "tests", "README.md")]:
+        for m in TEST_REFERENCE.finditer(_read(doc)):
+            cited, name, prefix = m.group(1), m.group(2), m.group(3)
+            where = os.path.relpath(doc, ROOT)
+            if cited.startswith("tests/"):
+                candidates = [cited] if os.path.isfile(os.path.join(ROOT, cited)) else []
+            else:  # a file name, or a path below tests/
+                candidates = [p for p in files.get(os.path.basename(cited), [])
+                              if p.endswith("/" + cited) or os.path.basename(p) == cited]
+            if not candidates:
+                missing.append(f"{where}: {cited}")
+            elif name and not any(re.search(_defines(name, prefix=bool(prefix)),
+                                             _read(os.path.join(ROOT, p)), re.M)
+                                  for p in candidates):
+                missing.append(f"{where}: {cited}::{name}")
+    assert not missing, "the docs cite tests that are not there:\n" + "\n".join(missing)
