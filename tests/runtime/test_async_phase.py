@@ -25,8 +25,8 @@ from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.uploads import wait_for_job
 from keyedstate.storage.layout import ACKS_DIR
 from keyedstate.testing.faults import FaultPlan
-from tests.spark.jobs import IdleCounts
 from tests.runtime.test_local_job import batches, config, new_job, rows
+from tests.spark.jobs import IdleCounts
 
 pytestmark = pytest.mark.integration
 
