@@ -35,15 +35,13 @@ import pyarrow as pa
 
 from keyedstate.backends import load_backend
 from keyedstate.checkpoint.coordinator import CompletedCheckpoint
-from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, JOB_CONFIG, RESTORED_FROM, STAGED
+from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target
 from keyedstate.checkpoint.stats import BatchStats, history_of
 from keyedstate.config import (
     LATE_EVENTS_TAG,
     JobConfig,
-    OnRollback,
-    SourcePositions,
 )
 from keyedstate.errors import (
     BatchFailedError,
@@ -52,8 +50,6 @@ from keyedstate.errors import (
     JobDrainedError,
     KeyedStateError,
     NoCheckpointError,
-    SinkRollbackError,
-    SourcePositionsError,
 )
 from keyedstate.runtime.batch import MAIN_OUTPUT, ResumePoint, output_pending, staged_outputs
 from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
@@ -64,7 +60,7 @@ from keyedstate.runtime.startup import JobStart
 from keyedstate.runtime.subtask import BatchPlan, RestoreSource
 from keyedstate.runtime.uploads import await_acks
 from keyedstate.runtime.wire import REPORT_DDL
-from keyedstate.spark.carry import carry, output_committed, source_log_of
+from keyedstate.spark.carry import carry, output_committed
 from keyedstate.spark.connect import is_connect, task_slots
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
@@ -74,12 +70,9 @@ from keyedstate.spark.offsets import (
     PROP_QUERY_ID,
     PROP_SPARK_CHECKPOINT_LOCATION,
     Branch,
-    OffsetLog,
-    rewind,
-    seed,
-    seeded_branch,
 )
 from keyedstate.spark.query import StopGate
+from keyedstate.spark.query_log import QueryLog
 from keyedstate.spark.routing import route
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
@@ -191,7 +184,8 @@ class KeyedJobDriver(BatchLoop):
             win over any restore path.
         Step 1. A new job with ``execution.state-recovery.path``: check the snapshot, reading
             only (max parallelism, not claimed by another job, every file's size and
-            checksum); restore its source positions (:meth:`_resume_source`: Spark resumes
+            checksum); restore its source positions
+            (:meth:`~keyedstate.spark.query_log.QueryLog.resume`: Spark resumes
             exactly after the snapshot's batch, or the start is refused); commit the output
             it carries (a savepoint of a batch whose sinks had not committed); CLAIM then
             imports it as this job's first checkpoint.
@@ -202,7 +196,8 @@ class KeyedJobDriver(BatchLoop):
             :class:`~keyedstate.errors.MissingCheckpointFileError` here, as the core runtime
             does; a gap in batch ids after a fall-back is refused per batch
             (:meth:`_check_continuity`); a Spark checkpoint location that no longer holds the
-            query whose batches the checkpoints cover is refused (:meth:`_check_query`).
+            query whose batches the checkpoints cover is refused
+            (:meth:`~keyedstate.spark.query_log.QueryLog.check_query`).
         Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
@@ -217,9 +212,8 @@ class KeyedJobDriver(BatchLoop):
         self.share_restored_files = True
         self.lineage = {RESTORED_FROM: cfg.restore_path or "",
                         PROP_SPARK_CHECKPOINT_LOCATION: self.spark_checkpoint_location}
-        self._query_id: str | None = None
-        self._branch: Branch | None = None
-        self._branch_read = False
+        #: the job's Spark query, as its offset log records it
+        self.query_log = QueryLog(self.spark_checkpoint_location, cfg.storage_options)
         self._resumed_batch = -1
         # Steps 1-3 (runtime/startup.py, through the loop), with this driver's own steps on
         # the snapshot (_on_restore) before it is claimed; then step 3 (the recovered
@@ -230,173 +224,44 @@ class KeyedJobDriver(BatchLoop):
         if start.recovered:
             latest = self.coordinator.latest_completed
             assert latest is not None
-            self._check_query(latest.metadata.properties)
+            self.query_log.check_query(latest.metadata.properties, cfg.checkpoint_dir)
             if self.spark_checkpoint_location:
-                self._rewind_source(latest)
+                # Step 3b: a crash in the asynchronous mode may have left Spark's log ahead.
+                self.query_log.rewind(latest, self._commit_if_pending)
 
-    def _rewind_source(self, latest: CompletedCheckpoint) -> None:
-        """Step 3b, the restart of a job that ran in the asynchronous mode: Spark records a
-        batch as done when ``foreachBatch`` returns, before its checkpoint completes. After a
-        crash its log may say more than ``latest`` covers.
-
-        - The covered batch's output is committed now if it is not yet (its sinks commit
-          after its completion, during a later batch; Spark, which recorded it as done, will
-          not run it again to commit it).
-        - Batches Spark recorded after it, no more than the checkpoints that run could leave in
-          flight (its recorded ``max-concurrent-checkpoints``), are made to run again:
-          :func:`~keyedstate.spark.offsets.rewind` deletes their commits and later plans.
-          More than that means checkpoints were lost, which :meth:`_check_continuity` refuses
-          per batch, as without the asynchronous mode."""
-        props = latest.metadata.properties
-        covered = int(props.get(BATCH_ID, -1))
-        recorded = json.loads(props.get(JOB_CONFIG, "{}"))
-        if covered < 0 or recorded.get("keyedstate.checkpointing.async-upload") is not True:
-            return
-        location = self._offset_log()
-        done = location.last_committed()
-        if done < covered:
-            return  # Spark runs the covered batch again (a replay commits its output)
-        if output_pending(self.storage, latest):
-            self._commit_with_retries(self.job.stream.dataframe().sparkSession, latest)
-        bound = int(recorded.get("keyedstate.checkpointing.max-concurrent-checkpoints", 1))
-        if done == covered or done - covered > bound:
-            return
-        undone = rewind(location, covered)
-        log.warning("the job's checkpoints cover batch %d, but Spark recorded batches %s as "
-                    "done: their checkpoints were in flight when the driver stopped. Spark "
-                    "runs them again from batch %d with the same source positions (%s "
-                    "rewound)", covered, _batch_list(undone), covered + 1, location.url)
+    def _commit_if_pending(self, completed: CompletedCheckpoint) -> None:
+        """Commit a completed checkpoint's output unless its marker says that happened."""
+        if output_pending(self.storage, completed):
+            self._commit_with_retries(self.job.stream.dataframe().sparkSession, completed)
 
     def _resumed_batch_id(self, start: JobStart, point: ResumePoint) -> int:
         """Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
-        source positions were restored in this job's offset log (:meth:`_resume_source`)."""
+        source positions were restored in this job's offset log
+        (:meth:`~keyedstate.spark.query_log.QueryLog.resume`)."""
         return point.batch_id if start.recovered else self._resumed_batch
 
     def _on_restore(self, snap: ResolvedSnapshot) -> dict[str, str]:
         """Step 1, the driver's part, on the checked snapshot a new job starts from: restore
-        its source positions (:meth:`_resume_source`), commit the output it carries
+        its source positions (:meth:`~keyedstate.spark.query_log.QueryLog.resume`), commit
+        the output it carries
         (:meth:`_commit_carried_output`); returns the properties of the checkpoint it becomes
         if claimed (:meth:`_claim_properties`)."""
-        self._resumed_batch = self._resume_source(snap)
+        self._resumed_batch = self.query_log.resume(
+            snap, self.config, [sink for sinks in self.job.sinks.values() for sink in sinks])
         self._commit_carried_output(snap)
         return self._claim_properties(snap, self._resumed_batch)
-
-    def _resume_source(self, snap: ResolvedSnapshot) -> int:
-        """Restore the source positions of a snapshot this new job starts from; returns the
-        Spark batch id its state covers in this job's Spark checkpoint location (-1: none).
-
-        A snapshot covers Spark batch ``B`` of one query (Spark's batch ids mean something
-        only within one offset log). The job resumes exactly after ``B`` (Flink's savepoints
-        carry their sources' positions too):
-
-        - in the snapshot's own Spark checkpoint location (if it got as far as ``B``): Spark
-          resumes there after its last done batch; batches up to ``B`` are skipped as covered
-          (a later one that is not, because the location moved on after the snapshot, is
-          refused per batch by :meth:`_check_continuity`);
-        - in a new, empty location: it is seeded with the offset log up to ``B``, from the copy
-          a savepoint carries or from the snapshot's own location
-          (:func:`keyedstate.spark.offsets.seed`);
-        - nowhere, when neither exists or the job has no Spark checkpoint location: the source
-          would be read again from the start of the new location, input the state already
-          holds. Refused with :class:`SourcePositionsError`.
-
-        With ``keyedstate.state-recovery.source-positions: ignore`` (a job over a new source,
-        or reprocessing intended), and for a snapshot that covers no batch (bootstrapped by
-        the state processor API), the source starts afresh.
-        """
-        props = snap.metadata.properties
-        batch = int(props.get(BATCH_ID, -1))
-        location = self.spark_checkpoint_location
-        where = snap.storage.url_of(snap.metadata_path)
-        if batch < 0:
-            return -1
-        if self.config.source_positions is SourcePositions.IGNORE:
-            log.warning("%s covers Spark batch %d of another query; its source positions are "
-                        "not restored (keyedstate.state-recovery.source-positions: ignore): "
-                        "the source starts from where %s starts", where, batch,
-                        location or "the new query")
-            return -1
-        if location and props.get(PROP_SPARK_CHECKPOINT_LOCATION) == location:
-            own = self._offset_log().batches(OFFSETS)
-            if own and own[-1] >= batch:
-                return batch
-        carried = source_log_of(snap, self.config.storage_options) if location else None
-        if carried is not None:
-            parent = carried.query_id() or ""
-            target = self._offset_log()
-            if target.query_id() is None or seeded_branch(target, parent, batch) is not None:
-                # A new branch of the snapshot's lineage (the seed gives it a query id of
-                # its own): the sinks must not hold the parent's batches after the fork.
-                self._check_rollback(snap, parent, batch)
-            seed(target, carried, batch)
-            return batch
-        raise SourcePositionsError(
-            f"{where} holds the state after Spark batch {batch} of query "
-            f"{props.get(PROP_QUERY_ID, '?')}, but its source positions can't be restored: it "
-            f"carries no copy of Spark's offset log, and its Spark checkpoint location "
-            f"{props.get('spark_checkpoint_location') or '(none recorded)'} does not have that "
-            f"batch's offsets. Started from "
-            f"{location or 'a job without a Spark checkpoint location'}, the source would be "
-            f"read again from its start and input the state already holds counted twice. "
-            f"Restore a savepoint taken by keyedstate (it carries the positions), start in the "
-            f"snapshot's own Spark checkpoint location, or set "
-            f"keyedstate.state-recovery.source-positions=ignore if the job reads a new source "
-            f"or reprocessing is intended"
-        )
-
-    def _check_rollback(self, snap: ResolvedSnapshot, parent: str, batch: int) -> None:
-        """Step 1, before the source positions are seeded: refuse a restore into a new
-        Spark checkpoint location over sinks that already hold batches of the snapshot's
-        query ``parent`` after its batch ``batch`` (the old job went on after the snapshot:
-        a rollback), unless ``keyedstate.sinks.on-rollback`` is ``branch``. The restored job
-        is a new lineage either way (:func:`~keyedstate.spark.offsets.seed`), so nothing of
-        its output is ever taken for a replay of those batches; the refusal keeps a sink from
-        holding two branches that a reader of everything would mix. Reads only."""
-        held = {}
-        for sinks in self.job.sinks.values():
-            for sink in sinks:
-                batches = sink.batches_after(parent, batch)
-                if batches:
-                    held[sink.describe()] = batches
-        if not held:
-            return
-        where = snap.storage.url_of(snap.metadata_path)
-        found = "; ".join(f"{name}: batches {_batch_list(ids)}" for name, ids in held.items())
-        if self.config.on_rollback is OnRollback.BRANCH:
-            log.info("%s covers batch %d of query %s, whose later batches the sinks already "
-                     "hold (%s); the restored job writes its batches beside them as a new "
-                     "branch (keyedstate.sinks.on-rollback: branch)", where, batch, parent,
-                     found)
-            return
-        raise SinkRollbackError(
-            f"{where} holds the state after batch {batch} of query {parent}, but the sinks "
-            f"already hold later batches of that query: {found}. Restored into the new Spark "
-            f"checkpoint location {self.spark_checkpoint_location}, the job rolls back: its "
-            f"batches after {batch} are new output beside those, not replays of them. Nothing "
-            f"was restored or written. Write to another path or table, or set "
-            f"keyedstate.sinks.on-rollback=branch (JobConfig(on_rollback='branch')) to write "
-            f"the restored job's batches as a new branch under a query id of its own (see "
-            f"docs/sinks.md, 'Restarts, restores and rollbacks', for how readers select a "
-            f"branch)"
-        )
 
     def _claim_properties(self, snap: ResolvedSnapshot, batch_id: int) -> dict[str, str]:
         """Properties of the checkpoint a claimed snapshot becomes: this job's lineage, not
         drained (a drained job's savepoint starts a new job), the batch id it covers in this
-        job's offset log (:meth:`_resume_source`) and that log's query (the snapshot's, or
+        job's offset log (:meth:`~keyedstate.spark.query_log.QueryLog.resume`) and that log's
+        query (the snapshot's, or
         a new branch's with its parent)."""
         if batch_id < 0:
             return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
                     PROP_QUERY_ID: ""}
         return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
-                **self._query_properties()}
-
-    def _query_properties(self) -> dict[str, str]:
-        """What each checkpoint records of the query its batch ids belong to: the query id
-        and, for a branch, its parent query and fork batch."""
-        branch = self.branch()
-        return {PROP_QUERY_ID: self.query_id(),
-                **(branch.properties() if branch is not None else {})}
+                **self.query_log.properties()}
 
     def _commit_carried_output(self, snap: ResolvedSnapshot) -> None:
         """Commit the output a snapshot carries: staged output of its batch whose sinks were
@@ -406,53 +271,15 @@ class KeyedJobDriver(BatchLoop):
             self._commit_output(self.job.stream.dataframe().sparkSession, snap.storage,
                                 snap.metadata.properties)
 
-    def _check_query(self, props: Mapping[str, str]) -> None:
-        """Refuse a restart whose Spark checkpoint location holds another query than the one
-        whose batches the checkpoints cover (the location was deleted or replaced): Spark
-        would number batches from 0 again, and batches the state covers would be skipped."""
-        recorded = props.get(PROP_QUERY_ID)
-        if not recorded or not self.spark_checkpoint_location:
-            return
-        current = self._offset_log().query_id()
-        if current is not None and current != recorded:
-            raise SourcePositionsError(
-                f"the Spark checkpoint location {self.spark_checkpoint_location} holds query "
-                f"{current}, but the checkpoints in {self.config.checkpoint_dir} cover batches of "
-                f"query {recorded}: Spark would number its batches anew and the state would skip "
-                f"or double input. Start with the query's own Spark checkpoint location, or take "
-                f"a savepoint and start a new job from it in a new checkpoint directory"
-            )
-        if current is None and int(props.get(BATCH_ID, -1)) >= 0:
-            raise SourcePositionsError(
-                f"the Spark checkpoint location {self.spark_checkpoint_location} is empty, but "
-                f"the checkpoints in {self.config.checkpoint_dir} cover batches up to "
-                f"{props['batch_id']} of query {recorded}: Spark would start the source from the "
-                f"beginning and the state would skip or double input. Put the location back, "
-                f"or take a savepoint (keyedstate savepoint create) and start a new job from it "
-                f"in a new checkpoint directory"
-            )
-
     def query_id(self) -> str:
-        """The id of the Spark query whose batch ids this job's batches carry ("" without a
-        Spark checkpoint location): it names the sinks' output, so that a replayed batch
-        replaces its own output and never another job's."""
-        if self._query_id is None:
-            self._query_id = (self._offset_log().query_id() or ""
-                              if self.spark_checkpoint_location else "")
-        return self._query_id
+        """The id of the Spark query whose batch ids this job's batches carry
+        (:meth:`~keyedstate.spark.query_log.QueryLog.query_id`)."""
+        return self.query_log.query_id()
 
     def branch(self) -> Branch | None:
-        """The branch this job's query is (its Spark checkpoint location was seeded from a
-        snapshot), None for a query Spark started itself."""
-        if not self._branch_read:
-            self._branch = (self._offset_log().branch() if self.spark_checkpoint_location
-                            else None)
-            self._branch_read = True
-        return self._branch
-
-    def _offset_log(self) -> OffsetLog:
-        """Spark's offset log of this job (its Spark checkpoint location, which must be set)."""
-        return OffsetLog.at(self.spark_checkpoint_location, self.config.storage_options)
+        """The lineage branch this job's query is, None for a query Spark started itself
+        (:meth:`~keyedstate.spark.query_log.QueryLog.branch`)."""
+        return self.query_log.branch()
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -563,7 +390,7 @@ class KeyedJobDriver(BatchLoop):
         output, recording their statistics; the query has stopped, or a batch holds the lock.
         Raises :class:`~keyedstate.errors.CheckpointDiscardedError` if one fails (the
         batches after the last completed checkpoint are then to be run again: a restart
-        rewinds Spark's log to it, :meth:`_rewind_source`)."""
+        rewinds Spark's log to it, :meth:`~keyedstate.spark.query_log.QueryLog.rewind`)."""
         with self._lock:
             for stats in self._complete_in_flight(0):
                 self._record(stats)
@@ -585,7 +412,7 @@ class KeyedJobDriver(BatchLoop):
 
     def _checkpoint_properties(self) -> Mapping[str, str]:
         # The query the batch id belongs to: names the sinks' output, checked at restart.
-        return self._query_properties()
+        return self.query_log.properties()
 
     def _late_schema(self) -> pa.Schema:
         return to_arrow_schema(self.input_schema)
@@ -726,7 +553,7 @@ class KeyedJobDriver(BatchLoop):
         empty = spark.createDataFrame([], self.input_schema)
         with self._lock:
             batch_id = self.last_batch_id + 1
-            offsets = self._offset_log() if self.spark_checkpoint_location else None
+            offsets = self.query_log.offset_log() if self.spark_checkpoint_location else None
             if offsets is None or self.last_batch_id not in offsets.batches(OFFSETS):
                 # Nothing to resume after: the drained job never ran a batch in this location.
                 log.warning("drain: %s has no batch %d to follow; a job restored from the "
@@ -749,14 +576,6 @@ def _for_connect_client(failure: KeyedStateError, exc: BaseException) -> KeyedSt
         return BatchFailedError(f"{failure}\n{task.encode()}", batch_id=task.batch_id,
                                 subtask=task.subtask, key=task.key)
     return failure
-
-
-def _batch_list(ids: list[int]) -> str:
-    """Batch ids for a message: ``3, 4, 5``; the first and last few of a long list."""
-    shown = [str(i) for i in ids]
-    if len(shown) > 8:
-        shown = [*shown[:4], f"... ({len(ids) - 6} more)", *shown[-2:]]
-    return ", ".join(shown)
 
 
 def _batch_failure(exc: BaseException) -> str | None:
