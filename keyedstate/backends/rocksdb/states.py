@@ -20,7 +20,7 @@ from keyedstate.backends.rocksdb.instance import RocksDBInstance
 from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import SEQUENCE
 from keyedstate.backends.rocksdb.native import prefix_upper_bound, rocksdb_error, scan
-from keyedstate.backends.rocksdb.value_cache import ABSENT
+from keyedstate.backends.rocksdb.value_cache import ABSENT, ENTRY_OVERHEAD
 from keyedstate.errors import KeyedStateError
 from keyedstate.serde import TypeSerializer
 from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
@@ -349,7 +349,14 @@ class CachedValueState(RocksDBCachedState, ValueState[Any]):
         kp = self._context.key_prefix
         if kp is not self._kp:
             self._rekey(kp)
-        self._store(self._ck, value, self._ser(value))
+        data = self._ser(value)
+        if self._ttl is None:
+            # _store inlined: a value of an exact type is its own cached form
+            ck = self._ck
+            form = value if type(value) in self._exact else self._form(value, data)
+            self._vput(ck, (form, ENTRY_OVERHEAD + len(ck) + len(data)), data)
+        else:
+            self._store(self._ck, value, data)
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
         default, load = self._default, self._load
