@@ -213,6 +213,39 @@ def test_ttl_is_honoured_through_the_cache(tmp_path: Path) -> None:
         harness.close_all()
 
 
+def test_the_incremental_ttl_cleanup_reaches_values_once_written_out(tmp_path: Path) -> None:
+    """The cleanup cursor walks what RocksDB holds: buffered values join it at the write-out,
+    then expire and go as without the cache."""
+    harness = Harness(RocksDBStateBackend(value_cache_size="1 mb"), tmp_path)
+    try:
+        backend = harness.create()
+        assert isinstance(backend, RocksDBKeyedStateBackend)
+        ttl = StateTtlConfig(dt.timedelta(seconds=10), incremental_cleanup_size=5)
+        state = backend.get_state(ValueStateDescriptor("v", "bigint", ttl=ttl))
+        for key in range(20):
+            backend.set_current_key(key)
+            state.update(key)
+        assert stored_count(backend, "v") == 0  # buffered
+        harness.snapshot_all([backend])
+        assert stored_count(backend, "v") == 20
+        harness.clock.advance(20_000)
+        backend.set_current_key(100)
+        state.update(100)  # buffered; its cleanup step deleted 5 expired entries
+        assert stored_count(backend, "v") == 15
+        for _ in range(3):
+            state.value()
+        assert stored_count(backend, "v") == 0
+        assert [e.value for e in backend.iter_entries("v")] == [100]
+        assert stored_count(backend, "v") == 1
+    finally:
+        harness.close_all()
+
+
+def stored_count(backend: RocksDBKeyedStateBackend, name: str) -> int:
+    """Entries of state ``name`` in RocksDB (expired ones included), the cache aside."""
+    return sum(1 for inst in backend.instances for _ in inst.cf(name).keys())
+
+
 def test_values_of_mutable_types_are_private_to_each_read(tmp_path: Path) -> None:
     harness = Harness(CACHED, tmp_path)
     try:
