@@ -289,6 +289,16 @@ def _closed_cache(*_: Any) -> Any:
                         "accessing a state")
 
 
+class _ClosedCache(dict):  # type: ignore[type-arg]
+    """Stands in for the cache's dicts once the backend is closed: a write raises."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _closed_cache()
+
+
+_CLOSED_CACHE: Any = _ClosedCache()
+
+
 class RocksDBCachedState(RocksDBState):
     """A single-value state (value, reducing, aggregating) read and written through its keyed
     backend's value cache (:mod:`.value_cache`): what every call returns and what reaches
@@ -310,15 +320,30 @@ class RocksDBCachedState(RocksDBState):
         self._vget: Callable[[bytes], tuple[Any, ...] | None] = cache.entries.get
         self._vput: Callable[[bytes, tuple[Any, ...], bytes | None], None] = cache.put
         self._vfill: Callable[[bytes, tuple[Any, ...]], None] = cache.fill
+        self._cache = cache
+        self._entries = cache.entries
+        self._dirty = cache.dirty
         serializer = self.descriptor.value_serializer
         #: entries hold decoded values (immutable ones), else serialized bytes
         self._decoded = decodes_immutable(serializer)
         self._exact = exact_types(serializer)
 
     def _rekey(self, kp: bytes | None) -> bytes:
-        full = super()._rekey(kp)
+        # No rebinding to the key's instance here, unlike RocksDBState._rekey: a hit needs
+        # none; a miss binds first (_bound_get).
+        if kp is None:
+            return super()._rekey(kp)  # raises
+        self._kp = kp
+        self._full = full = kp + self._ns_part
         self._ck = self._sid + full
         return full
+
+    def _bound_get(self) -> Callable[[bytes], bytes | None]:
+        """The column family ``get`` of the current key's instance (bound on a miss only)."""
+        context = self._context
+        if context.sharded and context.current_instance is not self._inst:
+            self._bind(context.current_instance)
+        return self._get
 
     def _current(self) -> tuple[bytes, bytes]:
         """The cache key and the stored key of the current key."""
@@ -348,7 +373,7 @@ class RocksDBCachedState(RocksDBState):
         entry = self._vget(ck)
         if entry is None:
             try:
-                raw = self._get(full)
+                raw = self._bound_get()(full)
             except Exception as exc:
                 raise rocksdb_error(exc, self._what) from exc
             return self._filled(ck, raw, None)
@@ -509,6 +534,7 @@ class RocksDBCachedState(RocksDBState):
     def close(self) -> None:
         super().close()
         self._vget = self._vput = self._vfill = _closed_cache
+        self._entries = self._dirty = _CLOSED_CACHE
 
 
 class _BulkTargets:

@@ -152,7 +152,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 self._column_family(name)
         self._timers = RocksDBTimerService(self)
         #: the value cache of the single-value states (None: off)
-        self.value_cache = (ValueCache(value_cache_size, self._instances, self.instance_of,
+        self.value_cache = (ValueCache(value_cache_size, self._instances,
                                        self.key_group_prefix_bytes, self.write_options)
                             if value_cache_size > 0 else None)
 

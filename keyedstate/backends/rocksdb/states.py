@@ -351,10 +351,17 @@ class CachedValueState(RocksDBCachedState, ValueState[Any]):
             self._rekey(kp)
         data = self._ser(value)
         if self._ttl is None:
-            # _store inlined: a value of an exact type is its own cached form
+            # _store and ValueCache.put inlined: a value of an exact type is its own cached form
             ck = self._ck
             form = value if type(value) in self._exact else self._form(value, data)
-            self._vput(ck, (form, ENTRY_OVERHEAD + len(ck) + len(data)), data)
+            size = ENTRY_OVERHEAD + len(ck) + len(data)
+            old = self._vget(ck)
+            self._entries[ck] = (form, size)
+            self._dirty[ck] = data
+            cache = self._cache
+            cache.bytes += size if old is None else size - old[1]
+            if cache.bytes > cache.capacity:
+                cache.make_room()
         else:
             self._store(self._ck, value, data)
 

@@ -17,18 +17,18 @@ decodes to immutable Python values (scalars: one decode per fill, no decode per 
 the serialized bytes, decoded on every read (a caller changing a list or dict it read must
 not change the state, as without the cache). Keys are the state's two-byte id followed by the
 stored key (``[kg][key][ns]``), so one dict holds every state and its insertion order is the
-order entries are evicted in (a write moves an entry to the end).
+order entries are evicted in: first in, first out (a hit or a write leaves an entry where it
+is: moving it would cost every write a dict slot).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 import rocksdict
 
 from keyedstate.backends.rocksdb.instance import RocksDBInstance
-from keyedstate.backends.rocksdb.key_layout import key_group_of
 from keyedstate.backends.rocksdb.native import column_family_batch, rocksdb_error
 from keyedstate.config_values import Invalid, parse_bytes
 from keyedstate.errors import BackendError, ConfigurationError
@@ -128,15 +128,18 @@ class ValueCache:
     """
 
     def __init__(self, capacity: int, instances: Sequence[RocksDBInstance],
-                 instance_of: Callable[[int], RocksDBInstance], key_group_prefix_bytes: int,
-                 write_options: rocksdict.WriteOptions) -> None:
+                 key_group_prefix_bytes: int, write_options: rocksdict.WriteOptions) -> None:
         if capacity < 1:
             raise ConfigurationError(f"a value cache needs a positive size, got {capacity}")
         self.capacity = capacity
         self._low_water = capacity - capacity // _EVICT_FRACTION
         self._instances = tuple(instances)
-        self._instance_of = instance_of
         self._kg_bytes = key_group_prefix_bytes
+        #: key group -> index of its instance (the key groups of every instance)
+        self._route: dict[int, int] = {kg: inst.index for inst in self._instances
+                                       for kg in inst.key_group_range}
+        #: state id -> the state's column family handle in each instance
+        self._handles: dict[bytes, list[rocksdict.ColumnFamily]] = {}
         self._write_options = write_options
         #: cache key (state id + stored key) -> entry, oldest first
         self.entries: dict[bytes, tuple[Any, ...]] = {}
@@ -166,33 +169,31 @@ class ValueCache:
     # -- the hot path ------------------------------------------------------------------------
 
     def put(self, ck: bytes, entry: tuple[Any, ...], stored: bytes | None) -> None:
-        """A write: ``entry`` becomes the newest entry of ``ck`` and ``stored`` (None: a delete)
-        its bytes to write."""
+        """A write: ``entry`` becomes the entry of ``ck`` and ``stored`` (None: a delete) its
+        bytes to write. (``ValueState.update`` inlines this.)"""
+        # In place: an entry keeps its place in the eviction order (its first entry), and the
+        # dict no dummy slot (pop and insert would leave one per write, a resize per pass).
         entries = self.entries
-        old = entries.pop(ck, None)
-        if old is not None:
-            self.bytes -= old[1]
+        old = entries.get(ck)
         entries[ck] = entry
         self.dirty[ck] = stored
-        self.bytes += entry[1]
+        self.bytes += entry[1] if old is None else entry[1] - old[1]
         if self.bytes > self.capacity:
-            self._make_room()
+            self.make_room()
 
     def fill(self, ck: bytes, entry: tuple[Any, ...]) -> None:
         """A value read from RocksDB (or its absence): ``entry``, nothing to write."""
         self.misses += 1
         entries = self.entries
-        old = entries.pop(ck, None)
-        if old is not None:  # a key twice in one bulk call
-            self.bytes -= old[1]
+        old = entries.get(ck)  # not None: a key twice in one bulk call
         entries[ck] = entry
-        self.bytes += entry[1]
+        self.bytes += entry[1] if old is None else entry[1] - old[1]
         if self.bytes > self.capacity:
-            self._make_room()
+            self.make_room()
 
     # -- writing out -------------------------------------------------------------------------
 
-    def _make_room(self) -> None:
+    def make_room(self) -> None:
         """Evict the oldest entries down to seven eighths of the bound, their unwritten values
         written first (one write batch per instance)."""
         excess = self.bytes - self._low_water
@@ -204,7 +205,7 @@ class ValueCache:
             if freed >= excess:
                 break
         dirty = self.dirty
-        self._write([ck for ck in victims if ck in dirty])
+        self._write([(ck, dirty[ck]) for ck in victims if ck in dirty])
         entries = self.entries
         for ck in victims:
             del entries[ck]
@@ -217,38 +218,42 @@ class ValueCache:
         clean. Before a snapshot freezes the files and before any scan of the state."""
         dirty = self.dirty
         if dirty:
-            self._write(list(dirty))
+            self._write(dirty.items())
             dirty.clear()
 
-    def _write(self, cks: list[bytes]) -> None:
-        """Write the dirty values of ``cks``; they stay dirty when the write fails."""
-        if not cks:
-            return
-        dirty, names = self.dirty, self._names
-        single = self._instances[0] if len(self._instances) == 1 else None
-        batches: dict[int, rocksdict.WriteBatch] = {}
-        handles: dict[tuple[bytes, int], rocksdict.ColumnFamily] = {}
-        for ck in cks:
-            sid, key = ck[:2], ck[2:]
-            instance = (single if single is not None
-                        else self._instance_of(key_group_of(key, self._kg_bytes)))
-            handle = handles.get((sid, instance.index))
-            if handle is None:
-                handle = handles[sid, instance.index] = instance.handles[names[sid]]
-            batch = batches.get(instance.index)
+    def _write(self, items: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Write ``(cache key, stored bytes or None)`` pairs, one write batch per instance;
+        they stay dirty when a write fails (the caller drops them once this returns)."""
+        instances = self._instances
+        route = self._route
+        two_bytes = self._kg_bytes == 2
+        batches: list[rocksdict.WriteBatch | None] = [None] * len(instances)
+        handles = self._handles
+        count = 0
+        for ck, stored in items:
+            sid = ck[:2]
+            of_state = handles.get(sid)
+            if of_state is None:
+                name = self._names[sid]
+                of_state = handles[sid] = [inst.handles[name] for inst in instances]
+            # The key group is the stored key's first byte(s): ck[2] (and ck[3]).
+            i = route[(ck[2] << 8 | ck[3]) if two_bytes else ck[2]]
+            batch = batches[i]
             if batch is None:
-                batch = batches[instance.index] = column_family_batch(handle)
-            stored = dirty[ck]
+                batch = batches[i] = column_family_batch(of_state[i])
             if stored is None:
-                batch.delete(key, handle)
+                batch.delete(ck[2:], of_state[i])
             else:
-                batch.put(key, stored, handle)
-        for index, batch in sorted(batches.items()):
-            try:
-                self._instances[index].db.write(batch, self._write_options)
-            except Exception as exc:
-                raise rocksdb_error(exc, "writing the value cache's buffered values") from exc
-        self.written += len(cks)
+                batch.put(ck[2:], stored, of_state[i])
+            count += 1
+        for instance, batch in zip(instances, batches):
+            if batch is not None:
+                try:
+                    instance.db.write(batch, self._write_options)
+                except Exception as exc:
+                    raise rocksdb_error(exc, "writing the value cache's buffered values") \
+                        from exc
+        self.written += count
 
     def forget(self, name: str) -> None:
         """Write every unwritten value, then drop state ``name``'s entries (something wrote
@@ -265,4 +270,5 @@ class ValueCache:
         """Drop every entry, written or not (the keyed backend is closing: its DBs go)."""
         self.entries.clear()
         self.dirty.clear()
+        self._handles.clear()  # native references: the DBs close after this
         self.bytes = 0
