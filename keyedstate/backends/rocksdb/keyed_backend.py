@@ -168,8 +168,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     # -- key context ---------------------------------------------------------------------------
 
     def _set_current(self, key: Any, key_bytes: bytes, key_group: int) -> None:
-        super()._set_current(key, key_bytes, key_group)
-        offset = key_group - self.key_group_range.start
+        # The base class's check and assignments inlined (no super() call on the per-key path);
+        # the base raises the error of a key group outside the range.
+        key_groups = self.key_group_range
+        offset = key_group - key_groups.start
+        if offset < 0 or key_group > key_groups.end:
+            super()._set_current(key, key_bytes, key_group)
+        self.current_key = key
+        self.current_key_bytes = key_bytes
+        self.current_key_group = key_group
         if self.sharded:
             # Set before the new prefix object: states rebind when they see the prefix change.
             self.current_instance = self._instance_of[offset]
