@@ -359,6 +359,13 @@ class RocksDBCachedState(RocksDBState):
             return data
         return value if type(value) in self._exact else self._deser(data)
 
+    def _loaded(self, forms: list[Any], default: Any) -> list[Any]:
+        """The values of ``forms`` (``default`` for :data:`ABSENT`), as :meth:`_load` of each."""
+        if self._decoded:
+            return [default if form is ABSENT else form for form in forms]
+        deser = self._deser
+        return [default if form is ABSENT else deser(form) for form in forms]
+
     def _load(self, form: Any) -> Any:
         """The value of a cached form (not :data:`ABSENT`): a fresh object per read where the
         type is mutable."""
@@ -509,12 +516,21 @@ class RocksDBCachedState(RocksDBState):
         :meth:`RocksDBState._put_many`: the cleanup steps of every write first, one stamp."""
         put = self._vput
         if self._ttl is None:
+            # ValueCache.put inlined, as in ValueState.update
+            vget, entries, dirty, cache = self._vget, self._entries, self._dirty, self._cache
+            exact, form_of = self._exact, self._form
             for ck, value, data in zip(cks, values, payloads):
                 if data is None:
-                    put(ck, (ABSENT, ENTRY_OVERHEAD + len(ck)), None)
+                    entry: tuple[Any, ...] = (ABSENT, ENTRY_OVERHEAD + len(ck))
                 else:
-                    put(ck, (self._form(value, data), ENTRY_OVERHEAD + len(ck) + len(data)),
-                        data)
+                    entry = (value if type(value) in exact else form_of(value, data),
+                             ENTRY_OVERHEAD + len(ck) + len(data))
+                old = vget(ck)
+                entries[ck] = entry
+                dirty[ck] = data
+                cache.bytes += entry[1] if old is None else entry[1] - old[1]
+                if cache.bytes > cache.capacity:
+                    cache.make_room()
             return
         if cleanup:
             self._cleanup_steps(len(cks))

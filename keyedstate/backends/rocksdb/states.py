@@ -366,9 +366,7 @@ class CachedValueState(RocksDBCachedState, ValueState[Any]):
             self._store(self._ck, value, data)
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
-        default, load = self._default, self._load
-        return [default if form is ABSENT else load(form)
-                for form in self._cached_many(keys, self._cache_keys(keys))]
+        return self._loaded(self._cached_many(keys, self._cache_keys(keys)), self._default)
 
     def update_many(self, keys: BatchKeys, values: Any) -> None:
         ser = self._ser
@@ -398,9 +396,7 @@ class CachedReducingState(RocksDBCachedState, ReducingState[Any]):
         self._store(ck, value, self._ser(value))
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
-        load = self._load
-        return [None if form is ABSENT else load(form)
-                for form in self._cached_many(keys, self._cache_keys(keys))]
+        return self._loaded(self._cached_many(keys, self._cache_keys(keys)), None)
 
     def add_many(self, keys: BatchKeys, values: Any) -> None:
         cks = self._cache_keys(keys)
