@@ -323,6 +323,9 @@ class RocksDBCachedState(RocksDBState):
         self._cache = cache
         self._entries = cache.entries
         self._dirty = cache.dirty
+        #: each instance's column family ``get`` (by instance index), for a miss
+        self._gets: list[Callable[[bytes], bytes | None]] = [
+            inst.cf(self.name).get for inst in context.instances]
         serializer = self.descriptor.value_serializer
         #: entries hold decoded values (immutable ones), else serialized bytes
         self._decoded = decodes_immutable(serializer)
@@ -339,10 +342,10 @@ class RocksDBCachedState(RocksDBState):
         return full
 
     def _bound_get(self) -> Callable[[bytes], bytes | None]:
-        """The column family ``get`` of the current key's instance (bound on a miss only)."""
+        """The column family ``get`` of the current key's instance (looked up on a miss only)."""
         context = self._context
-        if context.sharded and context.current_instance is not self._inst:
-            self._bind(context.current_instance)
+        if context.sharded:
+            return self._gets[context.current_instance.index]
         return self._get
 
     def _current(self) -> tuple[bytes, bytes]:
@@ -414,7 +417,15 @@ class RocksDBCachedState(RocksDBState):
             return ABSENT
         if self._ttl is None:
             form = self._deser(raw) if self._decoded else raw
-            self._vfill(ck, (form, ENTRY_OVERHEAD + len(ck) + len(raw)))
+            # ValueCache.fill inlined (the miss path of a state larger than the cache)
+            cache = self._cache
+            cache.misses += 1
+            size = ENTRY_OVERHEAD + len(ck) + len(raw)
+            old = self._vget(ck)
+            self._entries[ck] = (form, size)
+            cache.bytes += size if old is None else size - old[1]
+            if cache.bytes > cache.capacity:
+                cache.make_room()
             return form
         if now is None:
             self._cleanup_step()
@@ -551,6 +562,7 @@ class RocksDBCachedState(RocksDBState):
         super().close()
         self._vget = self._vput = self._vfill = _closed_cache
         self._entries = self._dirty = _CLOSED_CACHE
+        self._gets = [CLOSED.get] * len(self._gets)  # native references go before the DBs
 
 
 class _BulkTargets:
