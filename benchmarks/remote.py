@@ -239,6 +239,9 @@ def large(s3: LocalS3 | Location, work: str, keys: int, value_bytes: int,
     # uploads compaction output that has nothing to do with the restore. Settle it once.
     with timed() as t:
         for sub in source.subtasks:
+            cache = getattr(sub, "value_cache", None)
+            if cache is not None:  # the values still buffered join the settled DB
+                cache.flush()
             for instance in sub.instances:  # type: ignore[attr-defined]
                 for cf in instance.cfs.values():
                     cf.compact_range(None, None)

@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 from importlib.util import find_spec
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast
 
 import msgspec
 import numpy as np
@@ -333,7 +333,8 @@ def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any
 
 
 def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
-                    parallelism: int) -> tuple[Any, dict[str, Any]]:
+                    parallelism: int, job_options: Mapping[str, Any] | None = None
+                    ) -> tuple[Any, dict[str, Any]]:
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
@@ -364,8 +365,10 @@ def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
         return d
 
     job.driver = driver  # type: ignore[method-assign]
-    query = job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"),
-                                parallelism=parallelism, backend=backend),
+    query = job.start(JobConfig.from_mapping({
+                          "execution.checkpointing.dir": os.path.join(root, "ckpt"),
+                          "parallelism.default": parallelism, "state.backend.type": backend,
+                          **(job_options or {})}),
                       spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})
     query.await_termination()
@@ -385,9 +388,11 @@ def _state_store_of(progress: Any) -> str | None:
 
 def run_system(spark: Any, system: str, paths: Sequence[str],
                expected: Sequence[tuple[int, int, int]], root: str, events_per_batch: int,
-               parallelism: int, state_store: str = "rocksdb") -> dict[str, Any]:
+               parallelism: int, state_store: str = "rocksdb",
+               job_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run one system over ``paths`` (one batch each), verify it, and time it. Spark's own
-    stateful operators run with ``state_store`` ("rocksdb" or "hdfs")."""
+    stateful operators run with ``state_store`` ("rocksdb" or "hdfs"); keyedstate's with
+    ``job_options`` (dotted keys) added to their configuration."""
     os.makedirs(root)
     # A count reads the key only. Spark's own aggregation prunes the other columns by
     # itself; a Python function gets what it is given, so every system is given the
@@ -399,7 +404,7 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     if system in KEYEDSTATE_SYSTEMS:
-        query, extra = _run_keyedstate(system, events, root, sink, parallelism)
+        query, extra = _run_keyedstate(system, events, root, sink, parallelism, job_options)
     elif system in HANDOFFS:
         query = (events.writeStream.foreachBatch(handoff)
                  .option("checkpointLocation", os.path.join(root, "spark"))
@@ -481,11 +486,14 @@ def _warm_up(spark: Any, paths: Sequence[str], root: str, parallelism: int,
 def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8,
         baseline_batches: int = 3, parallelism: int = 2, master: str = "local[2]",
         systems: Sequence[str] = SYSTEMS, state_store: str = "rocksdb",
-        progress: Callable[[str], None] | None = None, spark: Any = None) -> dict[str, Any]:
+        progress: Callable[[str], None] | None = None, spark: Any = None,
+        job_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run every system in ``systems`` over the same generated batches; ``batches`` each,
     except the Spark Python baselines (``baseline_batches``). Spark's stateful operators use
-    ``state_store`` ("rocksdb" or "hdfs"; transformWithStateInPandas needs "rocksdb"). Fails
-    if any system's output differs from the generated data's counts."""
+    ``state_store`` ("rocksdb" or "hdfs"; transformWithStateInPandas needs "rocksdb").
+    ``job_options``: settings (dotted keys) added to every keyedstate system's configuration,
+    e.g. ``{"keyedstate.backend.rocksdb.value-cache-size": "1 mb"}`` (the state 10x the
+    cache). Fails if any system's output differs from the generated data's counts."""
     from keyedstate.spark.session import local_session
 
     unknown = sorted(set(systems) - set(SYSTEMS))
@@ -521,7 +529,7 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
                 say(f"{system}: {n} batches")
                 results.append(run_system(spark, system, paths[:n], expected[:n],
                                           os.path.join(root, system), events_per_batch,
-                                          parallelism, state_store))
+                                          parallelism, state_store, job_options))
         finally:
             if own_session:
                 spark.stop()
@@ -533,6 +541,7 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
         "workload": {"keys": keys, "events_per_batch": events_per_batch, "batches": batches,
                      "baseline_batches": baseline_batches, "parallelism": parallelism,
                      "spark_state_store": state_store,
+                     "job_options": dict(job_options or {}),
                      "timing": "seconds_per_batch: Spark's triggerExecution of each micro-batch; "
                                "events_per_s: events_per_batch / the median of the batches "
                                "after the first"},

@@ -166,6 +166,13 @@ class JobConfig:
                                                           secret=True))
     backend_options: dict[str, Any] = field(default_factory=dict,
                                             metadata=_key("keyedstate.backend.options"))
+    #: RocksDB backend: the bound of each subtask's value cache (estimated bytes; 0: off;
+    #: None: the backend's default, 32 MiB). Set, it goes into ``backend_options`` as
+    #: ``value_cache_size`` (overriding one there); the heap backend ignores it.
+    #: docs/rocksdb-backend.md, "The value cache"
+    rocksdb_value_cache_size: Bytes | None = field(
+        default=None,
+        metadata=_key("keyedstate.backend.rocksdb.value-cache-size", minimum=0))
     # -- object storage (docs/object-storage.md) -----------------------------------------------
     transfer_threads: int = field(
         default=4,
@@ -225,6 +232,10 @@ class JobConfig:
             object.__setattr__(self, option.field_name,
                                option.parse(getattr(self, option.field_name)))
         check_parallelism(self.parallelism, self.effective_max_parallelism)
+        if self.rocksdb_value_cache_size is not None and self.backend == "rocksdb":
+            # The backend is built from backend_options alone (load_backend).
+            object.__setattr__(self, "backend_options", {
+                **self.backend_options, "value_cache_size": self.rocksdb_value_cache_size})
         self.transfer_options()  # checks the transfer settings together
 
     @classmethod

@@ -477,9 +477,11 @@ def test_ttl_expiry_per_value_entry_and_element(local_dir: str) -> None:
 
 
 def test_ttl_incremental_cleanup_removes_expired_entries(local_dir: str) -> None:
+    # The cursor walks what RocksDB holds: the value cache off, every write is there at once
+    # (with it: test_rocksdb_cache.py).
     clock = ManualTimeProvider(0)
-    with _backend(RocksDBStateBackend(ONE_SHARD), KeyGroupRange(0, 127), local_dir,
-                  time_provider=clock) as kb:
+    with _backend(RocksDBStateBackend(ONE_SHARD, value_cache_size=0), KeyGroupRange(0, 127),
+                  local_dir, time_provider=clock) as kb:
         state = _state(kb, ValueStateDescriptor("v", "bigint", ttl=_ttl(cleanup=5)))
         for key in range(20):
             kb.set_current_key(key)
@@ -740,10 +742,10 @@ def test_plan_instances_cuts_even_groups_opened_from_their_largest() -> None:
         RocksDBStateBackend(max_instances=0)
 
 
-def _sharded(storage: CheckpointStorage, local_dir: str, **kwargs: Any
-             ) -> RocksDBKeyedStateBackend:
+def _sharded(storage: CheckpointStorage, local_dir: str, value_cache_size: int = 32 << 20,
+             **kwargs: Any) -> RocksDBKeyedStateBackend:
     """Subtask 0 of 2, restored from four subtasks: two instances."""
-    backend = RocksDBStateBackend(ONE_SHARD)
+    backend = RocksDBStateBackend(ONE_SHARD, value_cache_size=value_cache_size)
     handles = []
     for index in range(4):
         kg = KeyGroupRange.of_operator(MAX_P, 4, index)
@@ -827,7 +829,8 @@ def _ssts_of(storage: CheckpointStorage, cid: int) -> list[str]:
 def test_ttl_cleanup_and_full_snapshot_cover_every_instance(storage: CheckpointStorage,
                                                             local_dir: str) -> None:
     clock = ManualTimeProvider(0)
-    with _sharded(storage, local_dir, time_provider=clock) as kb:
+    # The value cache off: the cursor walks what RocksDB holds (see the test above).
+    with _sharded(storage, local_dir, value_cache_size=0, time_provider=clock) as kb:
         state = _state(kb, ValueStateDescriptor("v", "bigint", ttl=_ttl(cleanup=3)))
         keys = [k for k in range(200) if KEYS.key_group(k, MAX_P) in kb.key_group_range][:12]
         assert {kb.instance_of(KEYS.key_group(k, MAX_P)).index for k in keys} == {0, 1}

@@ -34,6 +34,10 @@ from keyedstate.backends.rocksdb.restore import (
     RESCALE_STRATEGIES,
     RocksDBIncrementalRestoreOperation,
 )
+from keyedstate.backends.rocksdb.value_cache import (
+    DEFAULT_VALUE_CACHE_SIZE,
+    parse_value_cache_size,
+)
 from keyedstate.errors import ConfigurationError
 from keyedstate.keygroups import key_group_prefix_bytes
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
@@ -59,6 +63,11 @@ class RocksDBStateBackend(StateBackend):
     restored state whose descriptor's type evolved is migrated (:mod:`..base.migration`):
     ``"lazy"`` (the default: values convert when read and are rewritten when written) or
     ``"eager"`` (every value rewritten when the state is first asked for).
+    ``value_cache_size``: the bound, in estimated bytes, of each keyed backend's value cache
+    (bytes, or a size string such as ``"32 mb"``; 0 switches it off; the configuration key
+    ``keyedstate.backend.rocksdb.value-cache-size``): a write-back cache of the value,
+    reducing and aggregating states' decoded values in front of RocksDB, written out at every
+    snapshot (docs/rocksdb-backend.md, "The value cache").
     """
 
     name = BACKEND_NAME
@@ -66,7 +75,8 @@ class RocksDBStateBackend(StateBackend):
     def __init__(self, options: RocksDBOptions | None = None, incremental: bool = True,
                  rescale_strategy: str = "ingest",
                  max_instances: int | None = None,
-                 state_migration: str = "lazy") -> None:
+                 state_migration: str = "lazy",
+                 value_cache_size: int | str = DEFAULT_VALUE_CACHE_SIZE) -> None:
         if rescale_strategy not in RESCALE_STRATEGIES:
             raise ConfigurationError(f"rescale_strategy {rescale_strategy!r} is unknown; choose "
                                      f"one of {list(RESCALE_STRATEGIES)}")
@@ -90,15 +100,17 @@ class RocksDBStateBackend(StateBackend):
         self.rescale_strategy = rescale_strategy
         self.max_instances = max_instances
         self.state_migration = state_migration
+        self.value_cache_size = parse_value_cache_size(value_cache_size)
 
     def __repr__(self) -> str:
         return (f"RocksDBStateBackend(options={self.options!r}, incremental={self.incremental}, "
                 f"rescale_strategy={self.rescale_strategy!r}, "
-                f"max_instances={self.max_instances}, state_migration={self.state_migration!r})")
+                f"max_instances={self.max_instances}, state_migration={self.state_migration!r}, "
+                f"value_cache_size={self.value_cache_size})")
 
     def _key(self) -> tuple[Any, ...]:
         return (self.options, self.incremental, self.rescale_strategy, self.max_instances,
-                self.state_migration)
+                self.state_migration, self.value_cache_size)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RocksDBStateBackend) and self._key() == other._key()
@@ -117,6 +129,7 @@ class RocksDBStateBackend(StateBackend):
         # A configuration pickled before max_instances existed gets the default.
         state.setdefault("max_instances", None)
         state.setdefault("state_migration", "lazy")
+        state.setdefault("value_cache_size", DEFAULT_VALUE_CACHE_SIZE)
         self.__dict__.update(state)
 
     state_sizes_method = "rocksdb.total-sst-files-size of each state's column family"
@@ -152,7 +165,7 @@ class RocksDBStateBackend(StateBackend):
                 time_provider=p.time_provider, instances=result.instances,
                 instance_dir=instance_dir, options=self.options, incremental=self.incremental,
                 restored_states=result.states, list_sequence=result.list_sequence,
-                state_migration=self.state_migration)
+                state_migration=self.state_migration, value_cache_size=self.value_cache_size)
         except BaseException:
             if result is not None:  # restored, but the backend failed to start
                 result.close()

@@ -14,6 +14,12 @@ from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import TIMESTAMP, TS_BYTES, namespace_part
 from keyedstate.backends.rocksdb.native import CLOSED, prefix_upper_bound, rocksdb_error, scan
 from keyedstate.backends.rocksdb.ttl_cleanup import CleanupCursor
+from keyedstate.backends.rocksdb.value_cache import (
+    ABSENT,
+    ENTRY_OVERHEAD,
+    decodes_immutable,
+    exact_types,
+)
 from keyedstate.errors import ConfigurationError, KeyedStateError, UserFunctionError
 from keyedstate.serde import serialize_namespace
 from keyedstate.state.api import State
@@ -276,6 +282,287 @@ class RocksDBState(State):
         self._get = self._put = self._delete = CLOSED.get
         self._cf = CLOSED
         self._handle = None
+
+
+def _closed_cache(*_: Any) -> Any:
+    raise rocksdb_error(rocksdict.DbClosedError("the keyed backend is closed"),
+                        "accessing a state")
+
+
+class _ClosedCache(dict):  # type: ignore[type-arg]
+    """Stands in for the cache's dicts once the backend is closed: a write raises."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _closed_cache()
+
+
+_CLOSED_CACHE: Any = _ClosedCache()
+
+
+class RocksDBCachedState(RocksDBState):
+    """A single-value state (value, reducing, aggregating) read and written through its keyed
+    backend's value cache (:mod:`.value_cache`): what every call returns and what reaches
+    RocksDB are those of :class:`RocksDBState`'s calls, the writes later.
+
+    The cache key of the current key (state id + stored key) is rebuilt with the stored key,
+    on a key change only. The primitives return and take the *cached form*: the decoded value
+    when :attr:`_decoded`, else the serialized bytes; :data:`ABSENT` for no value. TTL
+    stamps, expiry, refresh on read and the incremental cleanup's steps happen at the same
+    calls, with the same clock readings, as without the cache."""
+
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
+                 instance: RocksDBInstance) -> None:
+        self._ck = b""
+        super().__init__(context, descriptor, instance)
+        cache = context.value_cache
+        assert cache is not None
+        self._sid = cache.state_id(self.name)
+        self._vget: Callable[[bytes], tuple[Any, ...] | None] = cache.entries.get
+        self._vput: Callable[[bytes, tuple[Any, ...], bytes | None], None] = cache.put
+        self._vfill: Callable[[bytes, tuple[Any, ...]], None] = cache.fill
+        self._cache = cache
+        self._entries = cache.entries
+        self._dirty = cache.dirty
+        #: each instance's column family ``get`` (by instance index), for a miss
+        self._gets: list[Callable[[bytes], bytes | None]] = [
+            inst.cf(self.name).get for inst in context.instances]
+        serializer = self.descriptor.value_serializer
+        #: entries hold decoded values (immutable ones), else serialized bytes
+        self._decoded = decodes_immutable(serializer)
+        self._exact = exact_types(serializer)
+
+    def _rekey(self, kp: bytes | None) -> bytes:
+        # No rebinding to the key's instance here, unlike RocksDBState._rekey: a hit needs
+        # none; a miss binds first (_bound_get).
+        if kp is None:
+            return super()._rekey(kp)  # raises
+        self._kp = kp
+        self._full = full = kp + self._ns_part
+        self._ck = self._sid + full
+        return full
+
+    def _bound_get(self) -> Callable[[bytes], bytes | None]:
+        """The column family ``get`` of the current key's instance (looked up on a miss only)."""
+        context = self._context
+        if context.sharded:
+            return self._gets[context.current_instance.index]
+        return self._get
+
+    def _current(self) -> tuple[bytes, bytes]:
+        """The cache key and the stored key of the current key."""
+        kp = self._context.key_prefix
+        if kp is not self._kp:
+            self._rekey(kp)
+        return self._ck, self._full
+
+    def _form(self, value: Any, data: bytes) -> Any:
+        """The cached form of ``value``, just serialized to ``data``: what a read of ``data``
+        would decode to."""
+        if not self._decoded:
+            return data
+        return value if type(value) in self._exact else self._deser(data)
+
+    def _loaded(self, forms: list[Any], default: Any) -> list[Any]:
+        """The values of ``forms`` (``default`` for :data:`ABSENT`), as :meth:`_load` of each."""
+        if self._decoded:
+            return [default if form is ABSENT else form for form in forms]
+        deser = self._deser
+        return [default if form is ABSENT else deser(form) for form in forms]
+
+    def _load(self, form: Any) -> Any:
+        """The value of a cached form (not :data:`ABSENT`): a fresh object per read where the
+        type is mutable."""
+        return form if self._decoded else self._deser(form)
+
+    # -- one key -------------------------------------------------------------------------------
+
+    def _cached(self, ck: bytes, full: bytes) -> Any:
+        """The cached form of the live value under ``ck`` (:data:`ABSENT`: none), as
+        :meth:`RocksDBState._read`: an expired value deleted, refreshed on read under
+        ``ON_READ_AND_WRITE``, a cleanup step when a value is found."""
+        entry = self._vget(ck)
+        if entry is None:
+            try:
+                raw = self._bound_get()(full)
+            except Exception as exc:
+                raise rocksdb_error(exc, self._what) from exc
+            return self._filled(ck, raw, None)
+        if self._ttl is None:
+            return entry[0]
+        form = entry[0]
+        if form is ABSENT:
+            return ABSENT
+        self._cleanup_step()
+        return self._live_entry(ck, entry, self._now())
+
+    def _live_entry(self, ck: bytes, entry: tuple[Any, ...], now: int) -> Any:
+        """The cached form of a TTL state's cached ``entry`` (not absent) read at ``now``."""
+        if entry[2] + self._ttl_ms <= now:
+            self._vput(ck, (ABSENT, ENTRY_OVERHEAD + len(ck), 0, b""), None)
+            return ABSENT
+        if self._refresh_on_read:
+            payload = entry[3]
+            self._vput(ck, (entry[0], entry[1], now, payload), _pack_ts(now) + payload)
+        return entry[0]
+
+    def _filled(self, ck: bytes, raw: bytes | None, now: int | None) -> Any:
+        """Cache what RocksDB holds under ``ck`` (``raw``) and return its cached form, as
+        :meth:`_cached`; ``now``: the clock reading of a bulk read (its cleanup steps are
+        done), None: one key's read (a cleanup step here when a value is found)."""
+        if raw is None:
+            if self._ttl is None:
+                self._vfill(ck, (ABSENT, ENTRY_OVERHEAD + len(ck)))
+            else:
+                self._vfill(ck, (ABSENT, ENTRY_OVERHEAD + len(ck), 0, b""))
+            return ABSENT
+        if self._ttl is None:
+            form = self._deser(raw) if self._decoded else raw
+            # ValueCache.fill inlined (the miss path of a state larger than the cache)
+            cache = self._cache
+            cache.misses += 1
+            size = ENTRY_OVERHEAD + len(ck) + len(raw)
+            old = self._vget(ck)
+            self._entries[ck] = (form, size)
+            cache.bytes += size if old is None else size - old[1]
+            if cache.bytes > cache.capacity:
+                cache.make_room()
+            return form
+        if now is None:
+            self._cleanup_step()
+            now = self._now()
+        payload = raw[TS_BYTES:]
+        if _unpack_ts(raw)[0] + self._ttl_ms <= now:
+            self._vput(ck, (ABSENT, ENTRY_OVERHEAD + len(ck), 0, b""), None)
+            return ABSENT
+        form = self._deser(payload) if self._decoded else payload
+        size = ENTRY_OVERHEAD + len(ck) + 2 * len(payload)
+        if self._refresh_on_read:
+            self._vput(ck, (form, size, now, payload), _pack_ts(now) + payload)
+        else:
+            self._vfill(ck, (form, size, _unpack_ts(raw)[0], payload))
+        return form
+
+    def _store(self, ck: bytes, value: Any, data: bytes) -> None:
+        """Write ``value`` (serialized: ``data``) under ``ck``, as :meth:`RocksDBState._write`
+        (stamped under TTL, after a cleanup step)."""
+        if self._ttl is None:
+            self._vput(ck, (self._form(value, data), ENTRY_OVERHEAD + len(ck) + len(data)),
+                       data)
+            return
+        self._cleanup_step()
+        now = self._now()
+        self._vput(ck, (self._form(value, data), ENTRY_OVERHEAD + len(ck) + 2 * len(data),
+                        now, data), _pack_ts(now) + data)
+
+    def _remove(self, ck: bytes) -> None:
+        """Delete the value under ``ck`` (no cleanup step, as :meth:`RocksDBState.clear`)."""
+        if self._ttl is None:
+            self._vput(ck, (ABSENT, ENTRY_OVERHEAD + len(ck)), None)
+        else:
+            self._vput(ck, (ABSENT, ENTRY_OVERHEAD + len(ck), 0, b""), None)
+
+    def clear(self) -> None:
+        self._remove(self._current()[0])
+
+    # -- bulk ----------------------------------------------------------------------------------
+
+    def _cache_keys(self, keys: BatchKeys) -> list[bytes]:
+        """The cache key of each of ``keys`` in the current namespace (checks the range)."""
+        head = self._sid
+        ns = self._ns_part
+        return [head + prefix + ns for prefix in self._context.bulk_key_prefixes(keys)]
+
+    def _cached_many(self, keys: BatchKeys, cks: list[bytes]) -> list[Any]:
+        """The cached form of each of ``cks`` (:data:`ABSENT`: none), as
+        :meth:`RocksDBState._read_many`: missing entries read from RocksDB with one point
+        lookup per key (in the instance of its key), then one cleanup step per value found,
+        then every expiry check at one clock reading."""
+        vget = self._vget
+        entries = [vget(ck) for ck in cks]
+        raws: list[bytes | None] = []
+        misses = [i for i, entry in enumerate(entries) if entry is None]
+        if misses:
+            raws = self._fetch(keys, cks, misses)
+        if self._ttl is None:
+            out = [None if entry is None else entry[0] for entry in entries]
+            for i, raw in zip(misses, raws):
+                out[i] = self._filled(cks[i], raw, None)
+            return out
+        found = sum(1 for entry in entries if entry is not None and entry[0] is not ABSENT)
+        self._cleanup_steps(found + sum(1 for raw in raws if raw is not None))
+        now = self._now()
+        out = [None] * len(cks)
+        fetched = dict(zip(misses, raws))
+        live = self._live_entry
+        for i, (ck, entry) in enumerate(zip(cks, entries)):
+            if entry is None:
+                out[i] = self._filled(ck, fetched[i], now)
+            elif entry[0] is ABSENT:
+                out[i] = ABSENT
+            else:
+                out[i] = live(ck, entry, now)
+        return out
+
+    def _fetch(self, keys: BatchKeys, cks: list[bytes], positions: list[int]
+               ) -> list[bytes | None]:
+        """RocksDB's bytes of ``cks[i]`` for each of ``positions`` (point lookups in the
+        instance of each key)."""
+        shards = self._context.bulk_shards(keys)
+        try:
+            if len(shards) == 1 and shards[0][1] is None:
+                get = shards[0][0].cf(self.name).get
+                return [get(cks[i][2:]) for i in positions]
+            instance_at: dict[int, RocksDBInstance] = {}
+            for instance, where in shards:
+                assert where is not None
+                for i in where:
+                    instance_at[i] = instance
+            return [instance_at[i].cf(self.name).get(cks[i][2:]) for i in positions]
+        except Exception as exc:
+            raise rocksdb_error(exc, self._what) from exc
+
+    def _store_many(self, cks: list[bytes], values: list[Any], payloads: list[bytes | None],
+                    *, cleanup: bool = True) -> None:
+        """Write each value (serialized: its payload; None deletes), as
+        :meth:`RocksDBState._put_many`: the cleanup steps of every write first, one stamp."""
+        put = self._vput
+        if self._ttl is None:
+            # ValueCache.put inlined, as in ValueState.update
+            vget, entries, dirty, cache = self._vget, self._entries, self._dirty, self._cache
+            exact, form_of = self._exact, self._form
+            for ck, value, data in zip(cks, values, payloads):
+                if data is None:
+                    entry: tuple[Any, ...] = (ABSENT, ENTRY_OVERHEAD + len(ck))
+                else:
+                    entry = (value if type(value) in exact else form_of(value, data),
+                             ENTRY_OVERHEAD + len(ck) + len(data))
+                old = vget(ck)
+                entries[ck] = entry
+                dirty[ck] = data
+                cache.bytes += entry[1] if old is None else entry[1] - old[1]
+                if cache.bytes > cache.capacity:
+                    cache.make_room()
+            return
+        if cleanup:
+            self._cleanup_steps(len(cks))
+        now = self._now()
+        stamp = _pack_ts(now)
+        for ck, value, data in zip(cks, values, payloads):
+            if data is None:
+                put(ck, (ABSENT, ENTRY_OVERHEAD + len(ck), 0, b""), None)
+            else:
+                put(ck, (self._form(value, data), ENTRY_OVERHEAD + len(ck) + 2 * len(data),
+                         now, data), stamp + data)
+
+    def clear_many(self, keys: BatchKeys) -> None:
+        cks = self._cache_keys(keys)
+        self._store_many(cks, [None] * len(cks), [None] * len(cks), cleanup=False)
+
+    def close(self) -> None:
+        super().close()
+        self._vget = self._vput = self._vfill = _closed_cache
+        self._entries = self._dirty = _CLOSED_CACHE
+        self._gets = [CLOSED.get] * len(self._gets)  # native references go before the DBs
 
 
 class _BulkTargets:

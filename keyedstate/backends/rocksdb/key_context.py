@@ -14,6 +14,7 @@ from typing import Protocol
 import rocksdict
 
 from keyedstate.backends.rocksdb.instance import RocksDBInstance
+from keyedstate.backends.rocksdb.value_cache import ValueCache
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.ttl import TtlTimeProvider
 
@@ -58,6 +59,11 @@ class RocksDBKeyContext(Protocol):
     @property
     def write_options(self) -> rocksdict.WriteOptions:
         """The options of every write (WAL off unless configured)."""
+
+    @property
+    def value_cache(self) -> ValueCache | None:
+        """The value cache of the single-value states (None: off, every access goes to
+        RocksDB)."""
 
     def instance_of(self, key_group: int) -> RocksDBInstance:
         """The instance owning ``key_group`` (which must be in the backend's range)."""

@@ -59,8 +59,9 @@ from keyedstate.backends.rocksdb.snapshot import (
     instance_prefix,
     write_meta_file,
 )
-from keyedstate.backends.rocksdb.states import STATE_CLASSES
+from keyedstate.backends.rocksdb.states import CACHED_STATE_CLASSES, STATE_CLASSES
 from keyedstate.backends.rocksdb.timers import RocksDBTimerService
+from keyedstate.backends.rocksdb.value_cache import DEFAULT_VALUE_CACHE_SIZE, ValueCache
 from keyedstate.errors import (
     BackendError,
     ConfigurationError,
@@ -90,6 +91,11 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     :meth:`RocksDBStateBackend.create_keyed_backend`; removes its directory on :meth:`close`.
     Its states and timers see it as their :class:`.RocksDBKeyContext`: they read
     ``key_prefix``, ``current_instance`` and ``sharded``; only the backend writes them.
+
+    With ``value_cache_size`` > 0 its value, reducing and aggregating states go through a
+    :class:`.ValueCache` of about that many bytes (:mod:`.value_cache`): its buffered writes
+    reach RocksDB at every :meth:`snapshot` (before the files are frozen), before every whole-state
+    read (:meth:`iter_entries`, :meth:`iter_records`, :meth:`load_records`) and when it evicts.
     """
 
     name = BACKEND_NAME
@@ -99,7 +105,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  time_provider: TtlTimeProvider | None, instances: Sequence[RestoredInstance],
                  instance_dir: str, options: RocksDBOptions, incremental: bool,
                  restored_states: dict[str, StateMetaInfoSnapshot],
-                 list_sequence: int, state_migration: str = "lazy") -> None:
+                 list_sequence: int, state_migration: str = "lazy",
+                 value_cache_size: int = DEFAULT_VALUE_CACHE_SIZE) -> None:
         super().__init__(subtask_index=subtask_index, key_group_range=key_group_range,
                          max_parallelism=max_parallelism, key_serializer=key_serializer,
                          time_provider=time_provider)
@@ -144,6 +151,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             for name in [*self._restored, *TIMER_STATE_NAMES.values()]:
                 self._column_family(name)
         self._timers = RocksDBTimerService(self)
+        #: the value cache of the single-value states (None: off)
+        self.value_cache = (ValueCache(value_cache_size, self._instances,
+                                       self.key_group_prefix_bytes, self.write_options)
+                            if value_cache_size > 0 else None)
 
     @property
     def instances(self) -> tuple[RocksDBInstance, ...]:
@@ -157,8 +168,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     # -- key context ---------------------------------------------------------------------------
 
     def _set_current(self, key: Any, key_bytes: bytes, key_group: int) -> None:
-        super()._set_current(key, key_bytes, key_group)
-        offset = key_group - self.key_group_range.start
+        # The base class's check and assignments inlined (no super() call on the per-key path);
+        # the base raises the error of a key group outside the range.
+        key_groups = self.key_group_range
+        offset = key_group - key_groups.start
+        if offset < 0 or key_group > key_groups.end:
+            super()._set_current(key, key_bytes, key_group)
+        self.current_key = key
+        self.current_key_bytes = key_bytes
+        self.current_key_group = key_group
         if self.sharded:
             # Set before the new prefix object: states rebind when they see the prefix change.
             self.current_instance = self._instance_of[offset]
@@ -236,7 +254,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                                           else migration.evolved_serializer())
         with native(f"creating the column family of state {descriptor.name!r}"):
             self._column_family(descriptor.name)
-        state = STATE_CLASSES[descriptor.kind](self, bound, self.current_instance)
+        state_class = STATE_CLASSES[descriptor.kind]
+        if self.value_cache is not None:
+            state_class = CACHED_STATE_CLASSES.get(descriptor.kind, state_class)
+        state = state_class(self, bound, self.current_instance)
         self._states[descriptor.name] = state
         return cast(S, state)
 
@@ -314,11 +335,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         info = self._known(state_name)
         now = self.time_provider.now_ms()
         return itertools.chain.from_iterable(
-            read(inst.cf(state_name), name=state_name, kind=info.meta.kind,
+            read(self._flushed(inst).cf(state_name), name=state_name, kind=info.meta.kind,
                  value_serializer=info.value_serializer,
                  user_key_serializer=info.user_key_serializer, ttl_ms=info.meta.ttl_ms,
                  now_ms=now, key_group_prefix_bytes=self.key_group_prefix_bytes)
             for inst in self._instances)
+
+    def _flushed(self, instance: RocksDBInstance) -> RocksDBInstance:
+        """``instance``, the value cache's buffered writes written first: a scan starting now
+        sees every write made so far, as it would without the cache (each instance's scan
+        starts lazily, when the one before it is done)."""
+        if self.value_cache is not None:
+            self.value_cache.flush()
+        return instance
 
     def load_records(self, meta: StateMetaInfo, value_serializer: TypeSerializer,
                      user_key_serializer: TypeSerializer | None,
@@ -330,6 +359,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         check_load_compatible(None if existing is None else existing.meta, meta,
                               value_serializer, user_key_serializer)
         what = f"loading records of state {meta.name!r}"
+        if self.value_cache is not None:
+            # The records are written behind the cache: its entries of the state would hide them.
+            self.value_cache.forget(meta.name)
         with native(what):
             self._column_family(meta.name)
         if existing is None:
@@ -395,6 +427,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         snapshot first fully compacts at most one instance (:func:`rolling_compaction`)."""
         self._check_open()
         start = time.perf_counter()
+        if self.value_cache is not None:
+            self.value_cache.flush()  # the buffered writes belong to this snapshot
         for state in self._states.values():
             state.reset_cleanup_cursor()  # a live iterator would pin files the DB replaced
         states = self._state_snapshots()
@@ -489,6 +523,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # Every native reference must go before a DB closes, or RocksDB keeps it open.
         for state in self._states.values():
             state.close()
+        if self.value_cache is not None:
+            self.value_cache.close()  # unwritten values go with the DBs
         self.db = CLOSED
         try:
             errors = []

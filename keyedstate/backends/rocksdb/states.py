@@ -15,11 +15,12 @@ from typing import Any, Iterable, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.base_state import RocksDBState
+from keyedstate.backends.rocksdb.base_state import RocksDBCachedState, RocksDBState
 from keyedstate.backends.rocksdb.instance import RocksDBInstance
 from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import SEQUENCE
 from keyedstate.backends.rocksdb.native import prefix_upper_bound, rocksdb_error, scan
+from keyedstate.backends.rocksdb.value_cache import ABSENT, ENTRY_OVERHEAD
 from keyedstate.errors import KeyedStateError
 from keyedstate.serde import TypeSerializer
 from keyedstate.state.api import AggregatingState, ListState, MapState, ReducingState, ValueState
@@ -311,6 +312,165 @@ def _clear_prefixes(state: RocksDBState, keys: BatchKeys) -> None:
         for key, _ in scan(cf, base, prefix_upper_bound(base), state._what):
             batch.delete(key)
     targets.commit()
+
+
+# -- through the value cache (docs/rocksdb-backend.md, "The value cache") ------------------------
+
+
+class CachedValueState(RocksDBCachedState, ValueState[Any]):
+    """:class:`RocksDBValueState` through the value cache."""
+
+    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
+                 instance: RocksDBInstance) -> None:
+        super().__init__(context, descriptor, instance)
+        assert isinstance(descriptor, ValueStateDescriptor)
+        self._default = descriptor.default
+
+    # The hot path: the key check and a hit inlined (no TTL: one dict lookup).
+
+    def value(self) -> Any:
+        kp = self._context.key_prefix
+        if kp is not self._kp:
+            self._rekey(kp)
+        ck = self._ck
+        if self._ttl is None:
+            entry = self._vget(ck)
+            form = self._cached(ck, self._full) if entry is None else entry[0]
+        else:
+            form = self._cached(ck, self._full)
+        if form is ABSENT:
+            return self._default
+        return form if self._decoded else self._deser(form)
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        kp = self._context.key_prefix
+        if kp is not self._kp:
+            self._rekey(kp)
+        data = self._ser(value)
+        if self._ttl is None:
+            # _store and ValueCache.put inlined: a value of an exact type is its own cached form
+            ck = self._ck
+            form = value if type(value) in self._exact else self._form(value, data)
+            size = ENTRY_OVERHEAD + len(ck) + len(data)
+            old = self._vget(ck)
+            self._entries[ck] = (form, size)
+            self._dirty[ck] = data
+            cache = self._cache
+            cache.bytes += size if old is None else size - old[1]
+            if cache.bytes > cache.capacity:
+                cache.make_room()
+        else:
+            self._store(self._ck, value, data)
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        return self._loaded(self._cached_many(keys, self._cache_keys(keys)), self._default)
+
+    def update_many(self, keys: BatchKeys, values: Any) -> None:
+        ser = self._ser
+        values = values_of(keys, values)
+        payloads = [None if v is None else ser(v) for v in values]
+        # A None clears, and clear() does no cleanup step: only the writes count as accesses.
+        if self._ttl is not None:
+            self._cleanup_steps(sum(p is not None for p in payloads))
+        self._store_many(self._cache_keys(keys), values, payloads, cleanup=False)
+
+
+class CachedReducingState(RocksDBCachedState, ReducingState[Any]):
+    """:class:`RocksDBReducingState` through the value cache."""
+
+    def get(self) -> Any:
+        form = self._cached(*self._current())
+        return None if form is ABSENT else self._load(form)
+
+    def add(self, value: Any) -> None:
+        ck, full = self._current()
+        form = self._cached(ck, full)
+        if form is not ABSENT:
+            # The input is checked against the type before the user function sees it.
+            self._check(value)
+            reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
+            value = self._user_call("reduce function", reduce, self._load(form), value)
+        self._store(ck, value, self._ser(value))
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        return self._loaded(self._cached_many(keys, self._cache_keys(keys)), None)
+
+    def add_many(self, keys: BatchKeys, values: Any) -> None:
+        cks = self._cache_keys(keys)
+        values = values_of(keys, values)
+        forms = self._cached_many(keys, cks)
+        reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
+        check, load, ser, call = self._check, self._load, self._ser, self._user_call
+        results: list[Any] = []
+        payloads: list[bytes | None] = []
+        for form, value in zip(forms, values):
+            if form is not ABSENT:
+                check(value)
+                value = call("reduce function", reduce, load(form), value)
+            results.append(value)
+            payloads.append(ser(value))
+        self._store_many(cks, results, payloads)
+
+
+class CachedAggregatingState(RocksDBCachedState, AggregatingState[Any]):
+    """:class:`RocksDBAggregatingState` through the value cache."""
+
+    def get(self) -> Any:
+        form = self._cached(*self._current())
+        if form is ABSENT:
+            return None
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        return self._user_call("aggregate function's get_result", function.get_result,
+                               self._load(form))
+
+    def add(self, value: Any) -> None:
+        ck, full = self._current()
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        form = self._cached(ck, full)
+        if form is ABSENT:
+            acc = self._user_call("aggregate function's create_accumulator",
+                                  function.create_accumulator)
+        else:
+            acc = self._load(form)
+        acc = self._user_call("aggregate function's add", function.add, value, acc)
+        self._store(ck, acc, self._ser(acc))
+
+    def get_many(self, keys: BatchKeys) -> list[Any]:
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        load, call = self._load, self._user_call
+        return [None if form is ABSENT else
+                call("aggregate function's get_result", function.get_result, load(form))
+                for form in self._cached_many(keys, self._cache_keys(keys))]
+
+    def add_many(self, keys: BatchKeys, values: Any) -> None:
+        cks = self._cache_keys(keys)
+        values = values_of(keys, values)
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        call, load, ser = self._user_call, self._load, self._ser
+        accs: list[Any] = []
+        payloads: list[bytes | None] = []
+        for form, value in zip(self._cached_many(keys, cks), values):
+            if form is ABSENT:
+                acc = call("aggregate function's create_accumulator",
+                           function.create_accumulator)
+            else:
+                acc = load(form)
+            acc = call("aggregate function's add", function.add, value, acc)
+            accs.append(acc)
+            payloads.append(ser(acc))
+        self._store_many(cks, accs, payloads)
+
+
+#: The state kinds the value cache serves (a list or map is read by prefix scans, which see
+#: RocksDB only: those kinds go to RocksDB directly).
+CACHED_STATE_CLASSES: dict[StateKind, type[RocksDBState]] = {
+    StateKind.VALUE: CachedValueState,
+    StateKind.REDUCING: CachedReducingState,
+    StateKind.AGGREGATING: CachedAggregatingState,
+}
 
 
 STATE_CLASSES: dict[StateKind, type[RocksDBState]] = {

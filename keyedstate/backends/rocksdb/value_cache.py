@@ -1,0 +1,274 @@
+"""The value cache of a RocksDB keyed backend: a bounded write-back cache of the values of its
+single-value states (value, reducing, aggregating) in front of rocksdict, so that a key read
+and written in every batch costs dict operations, not RocksDB point lookups and puts
+(docs/rocksdb-backend.md, "The value cache").
+
+What is stored does not change: a value reaches RocksDB with the exact bytes (TTL stamp
+included) it would have had without the cache, only later, in one write batch per instance:
+at :meth:`ValueCache.flush` (every snapshot, before its files are frozen; before any scan of
+the state's column families) and when :meth:`ValueCache.put` needs room (the oldest entries go,
+their unwritten values written first).
+
+An entry is a tuple whose first item is the *cached form* of the value (:data:`ABSENT` when the
+key has none: read as absent, cleared or expired) and whose second is its estimated size in
+bytes; a TTL state's entry adds the last-access stamp (ms) and the value's serialized bytes
+(``(form, size, stamp, payload)``). The cached form is the decoded value for states whose type
+decodes to immutable Python values (scalars: one decode per fill, no decode per read), else
+the serialized bytes, decoded on every read (a caller changing a list or dict it read must
+not change the state, as without the cache). Keys are the state's two-byte id followed by the
+stored key (``[kg][key][ns]``), so one dict holds every state and its insertion order is the
+order entries are evicted in: first in, first out (a hit or a write leaves an entry where it
+is: moving it would cost every write a dict slot).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+import rocksdict
+
+from keyedstate.backends.rocksdb.instance import RocksDBInstance
+from keyedstate.backends.rocksdb.native import column_family_batch, rocksdb_error
+from keyedstate.config_values import Invalid, parse_bytes
+from keyedstate.errors import BackendError, ConfigurationError
+from keyedstate.serde import TypeSerializer
+
+MiB = 1 << 20
+
+#: The default bound of one keyed backend's value cache (``value_cache_size``).
+DEFAULT_VALUE_CACHE_SIZE = 32 * MiB
+
+#: The configuration key of the bound (``JobConfig.rocksdb_value_cache_size``).
+VALUE_CACHE_SIZE_KEY = "keyedstate.backend.rocksdb.value-cache-size"
+
+#: Estimated Python bytes of one entry beside its key's and value's bytes: the dict slot, the
+#: key's bytes object, the entry tuple, the decoded object, and while it is unwritten its
+#: slot in the dirty dict and its stored bytes. Measured with tracemalloc (20,000 keys of 13
+#: bytes, bigint and short string values): 200-230 bytes an entry written out, 300-325 while
+#: unwritten; estimated 285-290, so the bound holds within about 10% while every entry is
+#: unwritten, with room to spare once they are written.
+ENTRY_OVERHEAD = 260
+
+#: Eviction frees an eighth of the bound at once (one write batch per instance for the
+#: unwritten values among the evicted, and the dict's front scanned once per eighth).
+_EVICT_FRACTION = 8
+
+#: The id of the first state; ids are two bytes (at most 65,536 states per keyed backend).
+_MAX_STATES = 1 << 16
+
+
+class _Absent:
+    """The cached form of a key without a value (read as absent, cleared or expired)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+def decodes_immutable(serializer: TypeSerializer) -> bool:
+    """True when every value ``serializer`` decodes is an immutable Python value (a typed
+    state of a scalar type, evolved or not): its cache entries hold decoded values, shared
+    by every read. Nested types (lists, maps, structs) and untyped (pickled) states decode to
+    objects a caller may change, so their entries hold the serialized bytes."""
+    arrow_type = getattr(serializer, "arrow_type", None)
+    return isinstance(arrow_type, pa.DataType) and not pa.types.is_nested(arrow_type)
+
+
+def exact_types(serializer: TypeSerializer) -> frozenset[type]:
+    """The Python types whose values ``serializer`` decodes back to an equal value of the very
+    same type: a written value of one of them is cached as it is; any other is cached as its
+    bytes decode (a numpy integer, a bool for a bigint, a naive datetime: what a read from
+    RocksDB would return)."""
+    t = getattr(serializer, "arrow_type", None)
+    if not isinstance(t, pa.DataType) or not decodes_immutable(serializer):
+        return frozenset()
+    if pa.types.is_integer(t):
+        return frozenset({int})
+    if pa.types.is_float64(t):
+        return frozenset({float})
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return frozenset({str})
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return frozenset({bytes})
+    if pa.types.is_boolean(t):
+        return frozenset({bool})
+    return frozenset()
+
+
+def parse_value_cache_size(value: Any) -> int:
+    """``value_cache_size`` as bytes: an int, or a size string (``"32 mb"``); 0 switches the
+    cache off. Anything else (negative, not a size, a bool) is a
+    :class:`~keyedstate.errors.ConfigurationError` naming the value and the way out."""
+    try:
+        if isinstance(value, bool):
+            raise Invalid
+        size = parse_bytes(value)
+        if size < 0:
+            raise Invalid
+    except Invalid:
+        raise ConfigurationError(
+            f"value_cache_size ({VALUE_CACHE_SIZE_KEY}) can't be {value!r}: it takes a number "
+            f"of bytes, an integer or a size such as '32 mb' (0 switches the value cache "
+            f"off; default {DEFAULT_VALUE_CACHE_SIZE // MiB} MiB)") from None
+    return size
+
+
+class ValueCache:
+    """The value cache of one keyed backend (module docstring): at most about ``capacity``
+    estimated bytes of entries, its unwritten values (``dirty``: cache key -> stored bytes,
+    None deletes) written to the instance owning their key group.
+
+    States read ``entries`` directly (bound ``entries.get``) and change it only through
+    :meth:`put` (a write: dirty until written) and :meth:`fill` (a value read from RocksDB).
+    """
+
+    def __init__(self, capacity: int, instances: Sequence[RocksDBInstance],
+                 key_group_prefix_bytes: int, write_options: rocksdict.WriteOptions) -> None:
+        if capacity < 1:
+            raise ConfigurationError(f"a value cache needs a positive size, got {capacity}")
+        self.capacity = capacity
+        self._low_water = capacity - capacity // _EVICT_FRACTION
+        self._instances = tuple(instances)
+        self._kg_bytes = key_group_prefix_bytes
+        #: key group -> index of its instance (the key groups of every instance)
+        self._route: dict[int, int] = {kg: inst.index for inst in self._instances
+                                       for kg in inst.key_group_range}
+        #: state id -> the state's column family handle in each instance
+        self._handles: dict[bytes, list[rocksdict.ColumnFamily]] = {}
+        self._write_options = write_options
+        #: cache key (state id + stored key) -> entry, oldest first
+        self.entries: dict[bytes, tuple[Any, ...]] = {}
+        #: cache key -> the bytes to store (None: delete), for values not yet in RocksDB
+        self.dirty: dict[bytes, bytes | None] = {}
+        #: estimated bytes of every entry
+        self.bytes = 0
+        self._ids: dict[str, bytes] = {}
+        self._names: dict[bytes, str] = {}
+        #: values read from RocksDB (a miss), entries evicted, values written (evictions and
+        #: flushes): for tests and benchmarks
+        self.misses = 0
+        self.evictions = 0
+        self.written = 0
+
+    def state_id(self, name: str) -> bytes:
+        """The two-byte prefix of every cache key of state ``name`` (one per name)."""
+        sid = self._ids.get(name)
+        if sid is None:
+            if len(self._ids) >= _MAX_STATES:
+                raise BackendError(f"more than {_MAX_STATES} states in one keyed backend")
+            sid = len(self._ids).to_bytes(2, "big")
+            self._ids[name] = sid
+            self._names[sid] = name
+        return sid
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def put(self, ck: bytes, entry: tuple[Any, ...], stored: bytes | None) -> None:
+        """A write: ``entry`` becomes the entry of ``ck`` and ``stored`` (None: a delete) its
+        bytes to write. (``ValueState.update`` inlines this.)"""
+        # In place: an entry keeps its place in the eviction order (its first entry), and the
+        # dict no dummy slot (pop and insert would leave one per write, a resize per pass).
+        entries = self.entries
+        old = entries.get(ck)
+        entries[ck] = entry
+        self.dirty[ck] = stored
+        self.bytes += entry[1] if old is None else entry[1] - old[1]
+        if self.bytes > self.capacity:
+            self.make_room()
+
+    def fill(self, ck: bytes, entry: tuple[Any, ...]) -> None:
+        """A value read from RocksDB (or its absence): ``entry``, nothing to write."""
+        self.misses += 1
+        entries = self.entries
+        old = entries.get(ck)  # not None: a key twice in one bulk call
+        entries[ck] = entry
+        self.bytes += entry[1] if old is None else entry[1] - old[1]
+        if self.bytes > self.capacity:
+            self.make_room()
+
+    # -- writing out -------------------------------------------------------------------------
+
+    def make_room(self) -> None:
+        """Evict the oldest entries down to seven eighths of the bound, their unwritten values
+        written first (one write batch per instance)."""
+        excess = self.bytes - self._low_water
+        victims: list[bytes] = []
+        freed = 0
+        for ck, entry in self.entries.items():
+            victims.append(ck)
+            freed += entry[1]
+            if freed >= excess:
+                break
+        dirty = self.dirty
+        self._write([(ck, dirty[ck]) for ck in victims if ck in dirty])
+        entries = self.entries
+        for ck in victims:
+            del entries[ck]
+            dirty.pop(ck, None)
+        self.bytes -= freed
+        self.evictions += len(victims)
+
+    def flush(self) -> None:
+        """Write every unwritten value (one write batch per instance); the entries stay,
+        clean. Before a snapshot freezes the files and before any scan of the state."""
+        dirty = self.dirty
+        if dirty:
+            self._write(dirty.items())
+            dirty.clear()
+
+    def _write(self, items: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """Write ``(cache key, stored bytes or None)`` pairs, one write batch per instance;
+        they stay dirty when a write fails (the caller drops them once this returns)."""
+        instances = self._instances
+        route = self._route
+        two_bytes = self._kg_bytes == 2
+        batches: list[rocksdict.WriteBatch | None] = [None] * len(instances)
+        handles = self._handles
+        count = 0
+        for ck, stored in items:
+            sid = ck[:2]
+            of_state = handles.get(sid)
+            if of_state is None:
+                name = self._names[sid]
+                of_state = handles[sid] = [inst.handles[name] for inst in instances]
+            # The key group is the stored key's first byte(s): ck[2] (and ck[3]).
+            i = route[(ck[2] << 8 | ck[3]) if two_bytes else ck[2]]
+            batch = batches[i]
+            if batch is None:
+                batch = batches[i] = column_family_batch(of_state[i])
+            if stored is None:
+                batch.delete(ck[2:], of_state[i])
+            else:
+                batch.put(ck[2:], stored, of_state[i])
+            count += 1
+        for instance, batch in zip(instances, batches):
+            if batch is not None:
+                try:
+                    instance.db.write(batch, self._write_options)
+                except Exception as exc:
+                    raise rocksdb_error(exc, "writing the value cache's buffered values") \
+                        from exc
+        self.written += count
+
+    def forget(self, name: str) -> None:
+        """Write every unwritten value, then drop state ``name``'s entries (something wrote
+        its column family behind the cache: records loaded into it)."""
+        self.flush()
+        sid = self._ids.get(name)
+        if sid is None:
+            return
+        entries = self.entries
+        for ck in [ck for ck in entries if ck[:2] == sid]:
+            self.bytes -= entries.pop(ck)[1]
+
+    def close(self) -> None:
+        """Drop every entry, written or not (the keyed backend is closing: its DBs go)."""
+        self.entries.clear()
+        self.dirty.clear()
+        self._handles.clear()  # native references: the DBs close after this
+        self.bytes = 0
