@@ -64,7 +64,8 @@ class RocksDBStateBackend(StateBackend):
     ``"lazy"`` (the default: values convert when read and are rewritten when written) or
     ``"eager"`` (every value rewritten when the state is first asked for).
     ``value_cache_size``: the bound, in estimated bytes, of each keyed backend's value cache
-    (bytes, or a size string such as ``"32 mb"``; 0 switches it off; the configuration key
+    (bytes, or a size string such as ``"32 mb"``; 0, the default, switches it off; the
+    configuration key
     ``keyedstate.backend.rocksdb.value-cache-size``): a write-back cache of the value,
     reducing and aggregating states' decoded values in front of RocksDB, written out at every
     snapshot (docs/rocksdb-backend.md, "The value cache").

@@ -36,8 +36,11 @@ from keyedstate.serde import TypeSerializer
 
 MiB = 1 << 20
 
-#: The default bound of one keyed backend's value cache (``value_cache_size``).
-DEFAULT_VALUE_CACHE_SIZE = 32 * MiB
+#: The default bound of one keyed backend's value cache (``value_cache_size``): off. Measured
+#: (docs/rocksdb-backend.md, "The value cache"), the cache makes a per-key access cheaper only
+#: while the keys a job touches fit in it, and dearer when the state is larger: a job turns
+#: it on for a hot set it knows fits.
+DEFAULT_VALUE_CACHE_SIZE = 0
 
 #: The configuration key of the bound (``JobConfig.rocksdb_value_cache_size``).
 VALUE_CACHE_SIZE_KEY = "keyedstate.backend.rocksdb.value-cache-size"
@@ -113,8 +116,8 @@ def parse_value_cache_size(value: Any) -> int:
     except Invalid:
         raise ConfigurationError(
             f"value_cache_size ({VALUE_CACHE_SIZE_KEY}) can't be {value!r}: it takes a number "
-            f"of bytes, an integer or a size such as '32 mb' (0 switches the value cache "
-            f"off; default {DEFAULT_VALUE_CACHE_SIZE // MiB} MiB)") from None
+            f"of bytes, an integer or a size such as '32 mb' (0, the default, switches the "
+            f"value cache off)") from None
     return size
 
 
