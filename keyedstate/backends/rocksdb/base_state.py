@@ -289,7 +289,7 @@ def _closed_cache(*_: Any) -> Any:
                         "accessing a state")
 
 
-class _ClosedCache(dict):  # type: ignore[type-arg]
+class _ClosedCache(dict):
     """Stands in for the cache's dicts once the backend is closed: a write raises."""
 
     def __setitem__(self, key: Any, value: Any) -> None:
