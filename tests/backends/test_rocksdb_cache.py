@@ -1,10 +1,7 @@
-"""The RocksDB backend's value cache (docs/rocksdb-backend.md, "The value cache").
-
-The backend contract and the Hypothesis state machine run here with the cache off and with a
-tiny cache (a few entries: every few writes evict, so buffered values are written out all the
-time); ``test_contract.py`` and ``test_state_machine.py`` run them with the default cache.
-Then targeted tests: what a snapshot, a rescale, a scan, TTL, a load and a closed backend see
-of values still buffered, values of mutable types, and the setting's errors.
+"""The RocksDB backend's value cache (docs/rocksdb-backend.md, "The value cache"): what a
+snapshot, a rescale, a scan, TTL, a load and a closed backend see of values still buffered,
+values of mutable types, and the setting's errors. The whole contract and the state machine
+run with the cache tiny and large in ``test_rocksdb_cache_contract.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import numpy as np
 import pytest
 
 from keyedstate.backends import load_backend
-from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend, meta_info_of
+from keyedstate.backends.base.backend import KeyedStateBackend, meta_info_of
 from keyedstate.backends.rocksdb import RocksDBStateBackend
 from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
 from keyedstate.backends.rocksdb.value_cache import DEFAULT_VALUE_CACHE_SIZE, ValueCache
@@ -32,47 +29,7 @@ from keyedstate.state.descriptors import (
     ValueStateDescriptor,
 )
 
-from . import test_state_machine as machine
-
-# The whole backend contract (every module of tests/backends/contract/, bulk calls included)
-# runs here once per cache size below: its classes and fixtures, imported, are collected in
-# this module, where ``state_backend`` is this module's (``harness``: tests/backends/conftest.py).
 from .contract.common import Average, Harness, dump
-from .contract.test_bulk import TestBulkStateAccess  # noqa: F401
-from .contract.test_isolation import TestIsolation  # noqa: F401
-from .contract.test_key_groups import TestKeyGroups  # noqa: F401
-from .contract.test_lifecycle import TestLifecycle  # noqa: F401
-from .contract.test_list_state import TestListState  # noqa: F401
-from .contract.test_map_state import TestMapState  # noqa: F401
-from .contract.test_reducing_and_aggregating_state import (  # noqa: F401
-    TestReducingAndAggregatingState,
-)
-from .contract.test_registration import TestRegistration  # noqa: F401
-from .contract.test_restore_errors import TestRestoreErrors  # noqa: F401
-from .contract.test_snapshots import TestSnapshots  # noqa: F401
-from .contract.test_timers import TestTimers  # noqa: F401
-from .contract.test_ttl import TestTtl  # noqa: F401
-from .contract.test_typed_values import TestTypedAndUntypedValues  # noqa: F401
-from .contract.test_value_state import TestValueState  # noqa: F401
-
-#: Cache sizes the contract runs with here (the default, off, runs in contract/ itself): a
-#: few entries (an entry is about 180 estimated bytes), so that almost every write evicts,
-#: and one that holds every test's state.
-VARIANTS = {"tiny": 600, "large": 32 << 20}
-
-
-@pytest.fixture(params=sorted(VARIANTS))
-def state_backend(request: pytest.FixtureRequest) -> StateBackend:
-    return RocksDBStateBackend(value_cache_size=VARIANTS[request.param])
-
-
-def test_the_model_with_the_cache_tiny_or_large(state_backend: StateBackend) -> None:
-    machine.test_backend_matches_the_model(state_backend)
-
-
-def test_the_fixed_scenario_with_the_cache_tiny_or_large(state_backend: StateBackend) -> None:
-    machine.test_fixed_scenario_through_the_machine(state_backend)
-
 
 # --------------------------------------------------------------------------------------------
 # targeted tests
