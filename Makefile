@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (Python 3.11+, Java 17+):
 #   make demo   creates .venv, installs keyedstate, runs the main job
-#   make check  the fast loop (about 2 minutes): lint (import contracts, ruff), types (mypy,
+#   make check  the fast loop (3 minutes on 2 cores): lint (import contracts, ruff), types (mypy,
 #               tests/test_typing.py) and the unit tests (not marked spark, s3, chaos, slow or
 #               integration; property tests draw a quarter of their examples: tests/README.md)
 #   make test   installs the test dependencies, runs the whole suite (its browser tests
