@@ -152,6 +152,16 @@ def resume_point(start: JobStart, config: JobConfig) -> ResumePoint:
                        int(props.get(BATCH_ID, -1)), origin)
 
 
+def next_watermark(reports: Sequence[SubtaskReport], watermark: int,
+                   watermark_delay_ms: int) -> int:
+    """The watermark after a batch: its largest event time less ``watermark_delay_ms``, never
+    back from ``watermark``."""
+    event_times = [r.max_event_time for r in reports if r.max_event_time is not None]
+    if event_times:
+        return max(watermark, max(event_times) - watermark_delay_ms)
+    return watermark
+
+
 def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoint,
                    reports: Sequence[SubtaskReport], *, parallelism: int, batch_id: int, watermark: int,
                    watermark_delay_ms: int, drain: bool, key_columns: Sequence[str],
@@ -194,9 +204,7 @@ def complete_batch(coordinator: CheckpointCoordinator, pending: PendingCheckpoin
                           trigger_ms=pending.timestamp_ms, handles=handles,
                           subtasks=subtasks, end_to_end_ms=end_to_end_ms)
     previous = coordinator.latest_completed
-    event_times = [r.max_event_time for r in ordered if r.max_event_time is not None]
-    if event_times:
-        watermark = max(watermark, max(event_times) - watermark_delay_ms)
+    watermark = next_watermark(ordered, watermark, watermark_delay_ms)
     staged: dict[str, list[str]] = {}
     for r in ordered:
         for tag, path in r.staged.items():

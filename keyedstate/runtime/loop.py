@@ -59,6 +59,7 @@ from keyedstate.runtime.batch import (
     batch_stats,
     complete_batch,
     mark_output_committed,
+    next_watermark,
     output_pending,
     resume_point,
     side_output_schemas,
@@ -316,10 +317,7 @@ class BatchLoop(ABC):
         self._in_flight.add(InFlight(pending, batch_id, reports, drain, self.watermark,
                                      context, started, tasks))
         # Step 5. Advance, on the checkpoint in flight.
-        event_times = [r.max_event_time for r in reports if r.max_event_time is not None]
-        if event_times:
-            self.watermark = max(self.watermark,
-                                 max(event_times) - self.config.watermark_delay_ms)
+        self.watermark = next_watermark(reports, self.watermark, self.config.watermark_delay_ms)
         self.last_batch_id = batch_id
         self.drained = drain
         self.base = RestoreSource.in_flight(self.storage, pending.checkpoint_id,
@@ -344,12 +342,11 @@ class BatchLoop(ABC):
                 self._discard_in_flight(exc)
             props = completed.metadata.properties
             watermark = int(props.get(WATERMARK, MIN_WATERMARK))
+            base = RestoreSource.of(self.storage, completed.metadata, own=True)
             if self.base is not None and self.base.pending \
                     and self.base.checkpoint_id == completed.checkpoint_id:
-                self.base = RestoreSource.of(self.storage, completed.metadata, own=True)
-            self._committed = Committed(RestoreSource.of(self.storage, completed.metadata,
-                                                         own=True),
-                                        True, watermark, flight.batch_id, flight.drain)
+                self.base = base
+            self._committed = Committed(base, True, watermark, flight.batch_id, flight.drain)
             # Step 6, after the checkpoint completed; then step 7.
             self._to_commit.append((flight, completed, reports))
             done += self._commit_completed()
