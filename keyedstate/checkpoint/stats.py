@@ -65,8 +65,9 @@ class SubtaskStateStats(msgspec.Struct, frozen=True, array_like=True):
 
     #: the synchronous part of the snapshot (the batch waits for it)
     sync_ms: float | None = None
-    #: the asynchronous part (Flink's name): writing the files to checkpoint storage, run in
-    #: the subtask's task, so on the batch's path (docs/checkpoints.md)
+    #: the asynchronous part (Flink's name): writing the files to checkpoint storage, in the
+    #: subtask's task (on the batch's path) by default, in the worker's uploader with
+    #: ``keyedstate.checkpointing.async-upload`` (docs/checkpoints.md)
     async_ms: float | None = None
     #: getting the state before the batch: restoring it, or opening empty state (0 when the
     #: live state was reused)

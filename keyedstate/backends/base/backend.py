@@ -183,7 +183,8 @@ class SnapshotStats:
 class SnapshotResult(ABC):
     """The product of a snapshot's synchronous part; :meth:`materialize` is the asynchronous
     part (Flink's name: it holds its own view of the state, so it may run while processing
-    goes on; the runtime runs it in the subtask's task, on the batch's path,
+    goes on; the runtime runs it in the subtask's task, on the batch's path, by default, and
+    in the Python worker's uploader with ``keyedstate.checkpointing.async-upload``,
     docs/checkpoints.md "The asynchronous phase"). Exactly one of :meth:`materialize` or
     :meth:`discard` must be called."""
 

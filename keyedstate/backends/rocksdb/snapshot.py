@@ -10,8 +10,9 @@ before it, a ``full`` snapshot deletes expired TTL entries so a restore can't re
    incremental snapshots are off, or when no snapshot was confirmed yet).
 
 Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`; it reads only the hard links,
-so processing could go on meanwhile, but the runtime calls it in the task, on the batch's
-path: docs/checkpoints.md "The asynchronous phase"):
+so processing goes on meanwhile when the runtime runs it in the Python worker's uploader, with
+``keyedstate.checkpointing.async-upload``; by default the task calls it, on the batch's path:
+docs/checkpoints.md "The asynchronous phase"):
 
 1. every SST file the base already has (same name, same size) is re-referenced by its existing
    :class:`StreamHandle` when the base is the job's own and lies in this storage root; when it
