@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -107,6 +108,9 @@ def input_file_name(batch_id: int) -> str:
     return f"part-{batch_id:05d}.parquet"
 
 
+_INPUT_FILE = re.compile(r"part-\d{5}\.parquet")
+
+
 def generate_batch(seed: int, batch_id: int, rows: int, keys: int) -> pa.Table:
     """The rows of one batch; a pure function of its arguments."""
     rng = random.Random(f"{seed}/{batch_id}")
@@ -140,9 +144,20 @@ def write_input(directory: str, seed: int, batches: int, rows: int, keys: int) -
 
 
 def publish_input(generated: str, input_dir: str, up_to_batch: int) -> None:
-    """Make files ``0..up_to_batch`` visible to the file source, in batch order (idempotent).
-    With ``maxFilesPerTrigger=1`` batch ``b`` is file ``b``."""
+    """Make exactly files ``0..up_to_batch`` visible to the file source, in batch order
+    (idempotent). With ``maxFilesPerTrigger=1`` batch ``b`` is file ``b``.
+
+    Files past ``up_to_batch`` are withdrawn: a rollback reads its parent's files again, and
+    the parent published them up to its own end, past a segment of the rollback that ends
+    earlier (a same-session restart with a changed definition); left visible, the segment's
+    query would read them under the segment's definition instead of the next one's. A query
+    that read them before has ended (queries of the soak run one at a time), and the next
+    segment publishes them again."""
     os.makedirs(input_dir, exist_ok=True)
+    visible = {input_file_name(b) for b in range(up_to_batch + 1)}
+    for name in os.listdir(input_dir):
+        if _INPUT_FILE.fullmatch(name) and name not in visible:
+            os.remove(os.path.join(input_dir, name))
     for b in range(up_to_batch + 1):
         name = input_file_name(b)
         target = os.path.join(input_dir, name)
