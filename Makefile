@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (Python 3.11+, Java 17+):
 #   make demo   creates .venv, installs keyedstate, runs the main job
-#   make check  the fast loop (1 min 49 s on 2 cores, two pytest processes): lint (import contracts, ruff), types (mypy,
+#   make check  the fast loop (1 min 49 s on 2 cores, one pytest process per core:
+#               tests/README.md): lint (import contracts, ruff), types (mypy,
 #               tests/test_typing.py) and the unit tests (not marked spark, s3, chaos, slow or
 #               integration; property tests draw a quarter of their examples: tests/README.md)
 #   make test   installs the test dependencies, runs the whole suite (its browser tests

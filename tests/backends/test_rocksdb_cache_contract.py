@@ -53,5 +53,3 @@ def test_the_model_with_the_cache_tiny_or_large(state_backend: StateBackend) -> 
 
 def test_the_fixed_scenario_with_the_cache_tiny_or_large(state_backend: StateBackend) -> None:
     machine.test_fixed_scenario_through_the_machine(state_backend)
-
-

@@ -108,6 +108,7 @@ def input_file_name(batch_id: int) -> str:
     return f"part-{batch_id:05d}.parquet"
 
 
+#: the names :func:`input_file_name` gives (what :func:`publish_input` may withdraw)
 _INPUT_FILE = re.compile(r"part-\d{5}\.parquet")
 
 
