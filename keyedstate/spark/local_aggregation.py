@@ -132,6 +132,22 @@ def partition_tags(partitions: int) -> tuple[int, ...]:
     return tuple(tags[t] for t in range(partitions))
 
 
+def partition_by_task(df: DataFrame, key_columns: Sequence[str], parallelism: int,
+                      max_parallelism: int, spark_tasks: int) -> DataFrame:
+    """``df``'s rows with their routing columns and task tag, hash-partitioned by the tag
+    (``repartition(n, tag)``, one shuffle): partition ``t`` holds the rows of Spark task
+    ``t``'s subtasks, and a ``groupBy`` that includes the tag is satisfied by this partitioning
+    (no second shuffle). Each row is tagged with the int whose Spark hash puts it in its Spark
+    task's partition (:func:`partition_tags`)."""
+    from pyspark.sql import functions as F
+
+    tags = ", ".join(str(t) for t in partition_tags(spark_tasks))
+    task = task_of_subtask(parallelism, spark_tasks)
+    return (with_routing_columns(df, list(key_columns), parallelism, max_parallelism)
+            .withColumn(TASK_TAG_COLUMN, F.expr(f"element_at(array({tags}), {task} + 1)"))
+            .repartition(spark_tasks, TASK_TAG_COLUMN))
+
+
 def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: LocalAggregation,
                         parallelism: int, max_parallelism: int, spark_tasks: int, *,
                         watermark: int, watermark_column: str | None) -> DataFrame:
@@ -139,24 +155,19 @@ def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: 
     columns, then :func:`_aggregate_columns`, partitioned as
     :func:`~keyedstate.spark.routing.route` partitions rows, with one shuffle.
 
-    Each row is tagged with the int whose Spark hash puts it in its Spark task's partition
-    (:func:`partition_tags`) and hash-partitioned by the tag (``repartition(n, tag)``); a
-    ``groupBy`` that includes the tag is then satisfied by that partitioning, so Spark
-    aggregates within each partition after the one shuffle instead of shuffling again
-    (``explain()``: one ``Exchange hashpartitioning(tag)``, then the ``HashAggregate``). The
-    tasks check that every row they get is of their subtasks (:mod:`keyedstate.spark.tasks`).
+    :func:`partition_by_task`, then a ``groupBy`` that includes the tag, which that
+    partitioning satisfies, so Spark aggregates within each partition after the one shuffle
+    instead of shuffling again (``explain()``: one ``Exchange hashpartitioning(tag)``, then the
+    ``HashAggregate``). The tasks check that every row they get is of their subtasks
+    (:mod:`keyedstate.spark.tasks`).
     """
     from pyspark.sql import functions as F
 
     keys = list(key_columns)
-    tags = ", ".join(str(t) for t in partition_tags(spark_tasks))
-    task = task_of_subtask(parallelism, spark_tasks)
-    tagged = (with_routing_columns(df, keys, parallelism, max_parallelism)
-              .withColumn(TASK_TAG_COLUMN, F.expr(f"element_at(array({tags}), {task} + 1)"))
-              .repartition(spark_tasks, TASK_TAG_COLUMN))
     grouping = [F.col(TASK_TAG_COLUMN), *(F.col(f"`{c}`") for c in keys), F.col(KG_COLUMN),
                 F.col(SUBTASK_COLUMN)]
-    return (tagged.groupBy(*grouping)
+    return (partition_by_task(df, keys, parallelism, max_parallelism, spark_tasks)
+            .groupBy(*grouping)
             .agg(*_aggregate_columns(df, aggregation, watermark=watermark,
                                      watermark_column=watermark_column))
             .drop(TASK_TAG_COLUMN))
