@@ -429,7 +429,8 @@ class KeyedJobDriver(BatchLoop):
 
     def _route(self, df: DataFrame, spark_tasks: int) -> DataFrame:
         """The batch's rows routed to their subtasks' Spark tasks; with a local aggregation,
-        aggregated per key in the same shuffle (at the watermark the batch starts with)."""
+        aggregated per key first (at the watermark the batch starts with; Spark's partial
+        aggregate before its shuffle, ``aggregate_and_route``)."""
         if self.local_aggregation is not None:
             return aggregate_and_route(
                 df, self.job.stream.key_columns, self.local_aggregation, self.config.parallelism,

@@ -1,9 +1,8 @@
 """The local phase of a two-phase aggregation in Spark's JVM (the driver's side of
 :mod:`keyedstate.runtime.local_aggregation`): a batch's rows aggregated per key with DataFrame
 operations as they are routed (:func:`aggregate_and_route`), so that one row per key, not
-every row, crosses into Python. Why one shuffle and an aggregation after it, not Spark's
-partial aggregate, a shuffle, the final aggregate and keyedstate's own shuffle:
-docs/spark.md, "Two-phase aggregation".
+every row, crosses into Python. Its plans (:data:`PLANS`), and why the runtime runs Spark's
+partial aggregate before the shuffle: docs/spark.md, "Two-phase aggregation".
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from keyedstate.runtime.local_aggregation import (
     Sum,
 )
 from keyedstate.runtime.wire import KG_COLUMN, SUBTASK_COLUMN
-from keyedstate.spark.routing import task_of_subtask, with_routing_columns
+from keyedstate.spark.routing import route, task_of_subtask, with_routing_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -132,6 +131,19 @@ def partition_tags(partitions: int) -> tuple[int, ...]:
     return tuple(tags[t] for t in range(partitions))
 
 
+#: The plan the runtime runs: ``groupBy(keys).agg(...)``, which Spark splits around its
+#: shuffle as it splits its own aggregation (a partial aggregate in every map task, the shuffle
+#: of one row per key and map task, the final aggregate), then :func:`route` of the aggregated
+#: rows (a second shuffle, of one row per key).
+PARTIAL_AGGREGATE = "partial-aggregate"
+#: The plan it replaced: the raw rows shuffled once into their Spark tasks
+#: (:func:`partition_by_task`) and aggregated after the shuffle. Kept for the benchmark's
+#: floors (``bench throughput``), which measure the plans side by side.
+SHUFFLE_THEN_AGGREGATE = "shuffle-then-aggregate"
+#: :func:`aggregate_and_route`'s plans
+PLANS = (PARTIAL_AGGREGATE, SHUFFLE_THEN_AGGREGATE)
+
+
 def partition_by_task(df: DataFrame, key_columns: Sequence[str], parallelism: int,
                       max_parallelism: int, spark_tasks: int) -> DataFrame:
     """``df``'s rows with their routing columns and task tag, hash-partitioned by the tag
@@ -150,24 +162,40 @@ def partition_by_task(df: DataFrame, key_columns: Sequence[str], parallelism: in
 
 def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: LocalAggregation,
                         parallelism: int, max_parallelism: int, spark_tasks: int, *,
-                        watermark: int, watermark_column: str | None) -> DataFrame:
+                        watermark: int, watermark_column: str | None,
+                        plan: str = PARTIAL_AGGREGATE) -> DataFrame:
     """``df``'s rows aggregated per key and routed: the key columns, key group and subtask
     columns, then :func:`_aggregate_columns`, partitioned as
-    :func:`~keyedstate.spark.routing.route` partitions rows, with one shuffle.
+    :func:`~keyedstate.spark.routing.route` partitions rows. The tasks check that every row
+    they get is of their subtasks (:mod:`keyedstate.spark.tasks`).
 
-    :func:`partition_by_task`, then a ``groupBy`` that includes the tag, which that
-    partitioning satisfies, so Spark aggregates within each partition after the one shuffle
-    instead of shuffling again (``explain()``: one ``Exchange hashpartitioning(tag)``, then the
-    ``HashAggregate``). The tasks check that every row they get is of their subtasks
-    (:mod:`keyedstate.spark.tasks`).
+    ``plan`` :data:`PARTIAL_AGGREGATE` (the runtime's): ``groupBy(keys).agg(...)``, then the
+    routing columns of the aggregated rows and ``route()``. ``explain()``: a
+    ``HashAggregate`` of ``partial_`` functions in the stage that reads the rows, an
+    ``Exchange hashpartitioning(keys)`` of one row per key and map task, the final
+    ``HashAggregate``, the routing ``Exchange`` of one row per key. The first shuffle has
+    ``spark.sql.shuffle.partitions`` partitions, as Spark's own aggregation (adaptive
+    execution coalesces them); the routing shuffle has one per Spark task.
+
+    ``plan`` :data:`SHUFFLE_THEN_AGGREGATE`: :func:`partition_by_task`, then a ``groupBy``
+    that includes the tag, which that partitioning satisfies: one ``Exchange
+    hashpartitioning(tag)`` of the raw rows, the ``HashAggregate`` after it. Another plan
+    raises :class:`ConfigurationError`.
     """
     from pyspark.sql import functions as F
 
     keys = list(key_columns)
-    grouping = [F.col(TASK_TAG_COLUMN), *(F.col(f"`{c}`") for c in keys), F.col(KG_COLUMN),
-                F.col(SUBTASK_COLUMN)]
-    return (partition_by_task(df, keys, parallelism, max_parallelism, spark_tasks)
-            .groupBy(*grouping)
-            .agg(*_aggregate_columns(df, aggregation, watermark=watermark,
-                                     watermark_column=watermark_column))
-            .drop(TASK_TAG_COLUMN))
+    columns = _aggregate_columns(df, aggregation, watermark=watermark,
+                                 watermark_column=watermark_column)
+    key_cols = [F.col(f"`{c}`") for c in keys]
+    if plan == PARTIAL_AGGREGATE:
+        aggregated = df.groupBy(*key_cols).agg(*columns)
+        routed = route(aggregated, keys, parallelism, max_parallelism, spark_tasks)
+        # The columns in the order of the other plan: keys, routing, aggregates.
+        return routed.select(*key_cols, F.col(KG_COLUMN), F.col(SUBTASK_COLUMN),
+                             *(F.col(f"`{c}`") for c in aggregated.columns[len(keys):]))
+    if plan == SHUFFLE_THEN_AGGREGATE:
+        grouping = [F.col(TASK_TAG_COLUMN), *key_cols, F.col(KG_COLUMN), F.col(SUBTASK_COLUMN)]
+        return (partition_by_task(df, keys, parallelism, max_parallelism, spark_tasks)
+                .groupBy(*grouping).agg(*columns).drop(TASK_TAG_COLUMN))
+    raise ConfigurationError(f"unknown local aggregation plan {plan!r}; the plans are {PLANS}")

@@ -39,3 +39,14 @@ def test_handoff_verify_refuses_a_batch_python_did_not_fully_see() -> None:
     handoff.seen = {0: 400, 1: 399}
     with pytest.raises(AssertionError, match="399"):
         handoff.verify(throughput.ARROW_HANDOFF, 400, 2)
+
+
+def test_every_floor_runs_small(spark: Any) -> None:
+    """The floors of the two-phase plans, side by side with the raw rows': Python is given
+    every event of every batch, counted per key or not; the goal that the runtime's two-phase
+    floor reaches the raw rows' is reported."""
+    figures = throughput.run(keys=50, events_per_batch=400, batches=2, parallelism=2,
+                             systems=list(throughput.HANDOFFS), spark=spark)
+    assert [r["system"] for r in figures["results"]] == list(throughput.HANDOFFS)
+    assert all(r["verified"] and r["batches"] == 2 for r in figures["results"])
+    assert f"{throughput.TWO_PHASE_HANDOFF} >= 1x {throughput.ARROW_HANDOFF}" in figures["goals"]

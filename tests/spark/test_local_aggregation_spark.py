@@ -133,24 +133,130 @@ def test_partition_tags_land_in_their_partitions_as_spark_hashes_them(spark):
 
 
 def test_the_aggregation_runs_after_the_one_shuffle_that_routes_the_rows(spark, tmp_path):
-    """explain(): a single Exchange (hash-partitioned by the task tag) and the aggregation
-    after it; every aggregated row is in its subtask's Spark task."""
+    """The shuffle-then-aggregate plan (kept for the benchmark's floors): explain() has a
+    single Exchange (hash-partitioned by the task tag) and the aggregation after it; every
+    aggregated row is in its subtask's Spark task."""
     from pyspark.sql import functions as F
 
     from keyedstate.runtime.grouping import subtasks_of_task
     from keyedstate.runtime.wire import SUBTASK_COLUMN
-    from keyedstate.spark.local_aggregation import aggregate_and_route
+    from keyedstate.spark.local_aggregation import SHUFFLE_THEN_AGGREGATE, aggregate_and_route
 
     data = two_phase_batches(1, events=2000, users=200)[0]
     df = spark.createDataFrame(data.to_pandas(), TWO_PHASE_INPUT)
     routed = aggregate_and_route(df, ["user_id"], TwoPhaseTotals.local_aggregation, 5, 128, 3,
-                                 watermark=0, watermark_column="ts")
+                                 watermark=0, watermark_column="ts",
+                                 plan=SHUFFLE_THEN_AGGREGATE)
     plan = routed._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Exchange") == 1 and "HashAggregate" in plan
     placed = routed.select("user_id", SUBTASK_COLUMN,
                            F.spark_partition_id().alias("task")).collect()
     assert len(placed) == 200
     assert all(r[SUBTASK_COLUMN] in subtasks_of_task(r["task"], 3, 5) for r in placed)
+
+
+def _shuffle_records(df: Any) -> list[int]:
+    """The rows each shuffle of ``df``'s last run wrote (Spark's SQL metric
+    ``shuffleRecordsWritten`` of every ``ShuffleExchangeExec``), sorted; through adaptive
+    execution's final plan and its query stages."""
+    records, nodes = [], [df._jdf.queryExecution().executedPlan()]
+    while nodes:
+        node = nodes.pop()
+        name = node.getClass().getSimpleName()
+        if name == "AdaptiveSparkPlanExec":
+            nodes.append(node.executedPlan())
+            continue
+        if name.endswith("QueryStageExec"):
+            nodes.append(node.plan())
+            continue
+        if name == "ShuffleExchangeExec":
+            records.append(node.metrics().apply("shuffleRecordsWritten").value())
+        children = node.children()
+        nodes.extend(children.apply(i) for i in range(children.size()))
+    return sorted(records)
+
+
+def test_the_partial_aggregate_runs_before_the_shuffle(spark):
+    """The runtime's plan aggregates in every map task before anything is shuffled: the first
+    shuffle carries one row per key and input partition, the routing shuffle one row per key
+    (Spark's SQL metrics), where the plan it replaced shuffled every row; explain() shows the
+    partial aggregate below the first Exchange. Every aggregated row is in its subtask's
+    Spark task."""
+    from pyspark.sql import functions as F
+
+    from keyedstate.runtime.grouping import subtasks_of_task
+    from keyedstate.runtime.wire import SUBTASK_COLUMN
+    from keyedstate.spark.local_aggregation import (
+        PARTIAL_AGGREGATE,
+        SHUFFLE_THEN_AGGREGATE,
+        aggregate_and_route,
+    )
+
+    data = two_phase_batches(1, events=2000, users=200)[0]
+    df = spark.createDataFrame(data.to_pandas(), TWO_PHASE_INPUT)
+    pairs = df.select(F.spark_partition_id().alias("p"), "user_id").distinct().count()
+    keys = df.select("user_id").distinct().count()
+    assert df.rdd.getNumPartitions() > 1 and keys < pairs < 2000
+
+    def routed(plan: str) -> Any:
+        return aggregate_and_route(df, ["user_id"], TwoPhaseTotals.local_aggregation, 5, 128,
+                                   3, watermark=0, watermark_column="ts", plan=plan)
+
+    def partial_below_every_exchange(df: Any) -> bool:
+        text = df._jdf.queryExecution().executedPlan().toString()  # the root first
+        return text.rindex("partial_count") > text.rindex("Exchange")
+
+    partial = routed(PARTIAL_AGGREGATE)  # the default
+    assert partial_below_every_exchange(partial)
+    assert len(partial.collect()) == keys
+    assert _shuffle_records(partial) == sorted([pairs, keys])
+    placed = partial.select("user_id", SUBTASK_COLUMN,
+                            F.spark_partition_id().alias("task")).collect()
+    assert all(r[SUBTASK_COLUMN] in subtasks_of_task(r["task"], 3, 5) for r in placed)
+
+    replaced = routed(SHUFFLE_THEN_AGGREGATE)
+    assert not partial_below_every_exchange(replaced)
+    assert len(replaced.collect()) == keys
+    assert _shuffle_records(replaced) == [2000]
+    with pytest.raises(ConfigurationError, match="unknown local aggregation plan"):
+        routed("sideways")
+
+
+def _pandas_aggregate(table: Any, watermark: int) -> list[tuple]:
+    """Per key, with pandas: the aggregates of TwoPhaseTotals over the on-time rows (event
+    time at or after ``watermark``, epoch ms), then on-time rows, late rows and the largest
+    event time of all the key's rows."""
+    import pyarrow as pa
+
+    df = table.to_pandas()
+    df["ms"] = table.column("ts").cast(pa.int64()).to_numpy() // 1000
+    df["late"] = df["ms"] < watermark
+    out = []
+    for key, rows in df.groupby("user_id"):
+        on = rows[~rows["late"]]
+        valued = on["cents"].notna()
+        out.append((key, len(on), int(on["cents"].sum()) if valued.any() else None,
+                    int(on["ms"].max()) if len(on) else None, int(valued.sum()), len(on),
+                    int(rows["late"].sum()), int(rows["ms"].max())))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("plan", ["partial-aggregate", "shuffle-then-aggregate"])
+def test_every_plan_aggregates_as_pandas(spark, plan):
+    """Both plans give pandas' aggregates per key, late rows split off before them."""
+    from keyedstate.spark.local_aggregation import PLANS, aggregate_and_route
+
+    assert plan in PLANS
+    data = two_phase_batches(1, events=3000, users=120, seed=3)[0]
+    watermark = 1_700_000_000_000 + 1000  # rows span t0 - 3 s .. t0 + 4 s: some are late
+    df = spark.createDataFrame(data.to_pandas(), TWO_PHASE_INPUT)
+    routed = aggregate_and_route(df, ["user_id"], TwoPhaseTotals.local_aggregation, 4, 128, 2,
+                                 watermark=watermark, watermark_column="ts", plan=plan)
+    got = routed.selectExpr("user_id", "events", "cents", "unix_micros(last) div 1000",
+                            "valued", "_ks_rows", "_ks_late", "_ks_max_event_time").collect()
+    expected = _pandas_aggregate(data, watermark)
+    assert sorted(tuple(r) for r in got) == expected
+    assert any(r[6] for r in expected) and any(r[5] for r in expected)
 
 
 def test_a_task_refuses_rows_of_a_subtask_it_does_not_run():
