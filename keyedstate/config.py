@@ -80,6 +80,17 @@ class LateEvents(StrEnum):
     SIDE_OUTPUT = "side-output"
 
 
+class LocalAggregationPlan(StrEnum):
+    """How Spark runs a function's local aggregation (``keyedstate.local-aggregation.plan``;
+    docs/spark.md, "Two-phase aggregation"): ``partial-aggregate`` aggregates in every map task
+    before the shuffle, as Spark's own aggregation, then routes one row per key;
+    ``shuffle-then-aggregate`` shuffles the raw rows once into their Spark tasks and aggregates
+    after the shuffle (less work when keys rarely repeat within a batch)."""
+
+    PARTIAL_AGGREGATE = "partial-aggregate"
+    SHUFFLE_THEN_AGGREGATE = "shuffle-then-aggregate"
+
+
 #: The side output late events go to with ``keyedstate.late-events: side-output``.
 LATE_EVENTS_TAG = "late-events"
 
@@ -160,6 +171,11 @@ class JobConfig:
     watermark_delay: dt.timedelta = field(default=dt.timedelta(0),
                                           metadata=_key("keyedstate.watermark.delay"))
     late_events: LateEvents = field(default=LateEvents.DROP, metadata=_key("keyedstate.late-events"))
+    #: Spark: how a function's local aggregation runs (:class:`LocalAggregationPlan`); the
+    #: local runtime aggregates with pyarrow either way
+    local_aggregation_plan: LocalAggregationPlan = field(
+        default=LocalAggregationPlan.PARTIAL_AGGREGATE,
+        metadata=_key("keyedstate.local-aggregation.plan"))
     local_dir: str | None = field(default=None, metadata=_key("state.backend.local-dir"))
     storage_options: dict[str, Any] = field(default_factory=dict,
                                             metadata=_key("keyedstate.checkpointing.storage-options",

@@ -429,13 +429,14 @@ class KeyedJobDriver(BatchLoop):
 
     def _route(self, df: DataFrame, spark_tasks: int) -> DataFrame:
         """The batch's rows routed to their subtasks' Spark tasks; with a local aggregation,
-        aggregated per key first (at the watermark the batch starts with; Spark's partial
-        aggregate before its shuffle, ``aggregate_and_route``)."""
+        aggregated per key first (at the watermark the batch starts with;
+        ``aggregate_and_route`` in the plan of ``keyedstate.local-aggregation.plan``)."""
         if self.local_aggregation is not None:
             return aggregate_and_route(
                 df, self.job.stream.key_columns, self.local_aggregation, self.config.parallelism,
                 self.max_parallelism, spark_tasks, watermark=self.watermark,
-                watermark_column=self.config.watermark_column)
+                watermark_column=self.config.watermark_column,
+                plan=self.config.local_aggregation_plan)
         return route(df, self.job.stream.key_columns, self.config.parallelism,
                      self.max_parallelism, spark_tasks)
 

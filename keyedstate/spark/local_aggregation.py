@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
+from keyedstate.config import LocalAggregationPlan
 from keyedstate.errors import ConfigurationError
 from keyedstate.runtime.local_aggregation import (
     LATE_COLUMN,
@@ -131,17 +132,16 @@ def partition_tags(partitions: int) -> tuple[int, ...]:
     return tuple(tags[t] for t in range(partitions))
 
 
-#: The plan the runtime runs: ``groupBy(keys).agg(...)``, which Spark splits around its
-#: shuffle as it splits its own aggregation (a partial aggregate in every map task, the shuffle
-#: of one row per key and map task, the final aggregate), then :func:`route` of the aggregated
-#: rows (a second shuffle, of one row per key).
-PARTIAL_AGGREGATE = "partial-aggregate"
-#: The plan it replaced: the raw rows shuffled once into their Spark tasks
-#: (:func:`partition_by_task`) and aggregated after the shuffle. Kept for the benchmark's
-#: floors (``bench throughput``), which measure the plans side by side.
-SHUFFLE_THEN_AGGREGATE = "shuffle-then-aggregate"
-#: :func:`aggregate_and_route`'s plans
-PLANS = (PARTIAL_AGGREGATE, SHUFFLE_THEN_AGGREGATE)
+#: The default plan: ``groupBy(keys).agg(...)``, which Spark splits around its shuffle as it
+#: splits its own aggregation (a partial aggregate in every map task, the shuffle of one row
+#: per key and map task, the final aggregate), then :func:`route` of the aggregated rows (a
+#: second shuffle, of one row per key).
+PARTIAL_AGGREGATE = LocalAggregationPlan.PARTIAL_AGGREGATE.value
+#: The raw rows shuffled once into their Spark tasks (:func:`partition_by_task`) and
+#: aggregated after the shuffle (``keyedstate.local-aggregation.plan: shuffle-then-aggregate``).
+SHUFFLE_THEN_AGGREGATE = LocalAggregationPlan.SHUFFLE_THEN_AGGREGATE.value
+#: :func:`aggregate_and_route`'s plans (``keyedstate.local-aggregation.plan``)
+PLANS = tuple(plan.value for plan in LocalAggregationPlan)
 
 
 def partition_by_task(df: DataFrame, key_columns: Sequence[str], parallelism: int,

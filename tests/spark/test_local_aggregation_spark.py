@@ -73,6 +73,24 @@ def test_two_phase_totals_match_pandas_across_a_restart(spark, tmp_path, backend
     assert [s.function_rows for s in stats] == [len(rows) for rows in expected]
 
 
+def test_the_shuffle_then_aggregate_plan_gives_the_same_totals(spark, tmp_path):
+    """keyedstate.local-aggregation.plan: shuffle-then-aggregate (the raw rows shuffled, then
+    aggregated): pandas' totals and late rows, as the default plan gives them."""
+    root = str(tmp_path)
+    data = two_phase_batches(3, seed=7)
+    expected, late = two_phase_oracle(data, delay_ms=1000)
+    assert sum(late) > 0
+    events = file_stream(spark, os.path.join(root, "input"), data, TWO_PHASE_INPUT)
+    query = run(spark, root, TwoPhaseTotals(), parallelism=3, backend="heap", events=events,
+                local_aggregation_plan="shuffle-then-aggregate")
+    out = pd.read_parquet(os.path.join(root, "out"))
+    got = [sorted(tuple(r) for r in out[out.batch_id == b][
+        ["user_id", "count", "cents", "last_ms", "batch_id"]].itertuples(index=False))
+        for b in range(3)]
+    assert got == expected
+    assert [s.late_events for s in query.stats if s.checkpoint_id >= 0] == late
+
+
 def test_the_same_function_gives_the_same_output_on_both_runtimes(spark, tmp_path):
     """The pyarrow aggregation (local runtime) and the JVM's give one result, without a
     watermark too."""
