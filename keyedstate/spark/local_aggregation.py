@@ -164,12 +164,12 @@ def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: 
                         parallelism: int, max_parallelism: int, spark_tasks: int, *,
                         watermark: int, watermark_column: str | None,
                         plan: str = PARTIAL_AGGREGATE) -> DataFrame:
-    """``df``'s rows aggregated per key and routed: the key columns, key group and subtask
-    columns, then :func:`_aggregate_columns`, partitioned as
-    :func:`~keyedstate.spark.routing.route` partitions rows. The tasks check that every row
-    they get is of their subtasks (:mod:`keyedstate.spark.tasks`).
+    """``df``'s rows aggregated per key and routed: the key columns, the key group and subtask
+    columns and :func:`_aggregate_columns` (in an order that depends on the plan: read them by
+    name), partitioned as :func:`~keyedstate.spark.routing.route` partitions rows. The tasks
+    check that every row they get is of their subtasks (:mod:`keyedstate.spark.tasks`).
 
-    ``plan`` :data:`PARTIAL_AGGREGATE` (the runtime's): ``groupBy(keys).agg(...)``, then the
+    ``plan`` :data:`PARTIAL_AGGREGATE` (the default): ``groupBy(keys).agg(...)``, then the
     routing columns of the aggregated rows and ``route()``. ``explain()``: a
     ``HashAggregate`` of ``partial_`` functions in the stage that reads the rows, an
     ``Exchange hashpartitioning(keys)`` of one row per key and map task, the final
@@ -189,11 +189,8 @@ def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: 
                                  watermark_column=watermark_column)
     key_cols = [F.col(f"`{c}`") for c in keys]
     if plan == PARTIAL_AGGREGATE:
-        aggregated = df.groupBy(*key_cols).agg(*columns)
-        routed = route(aggregated, keys, parallelism, max_parallelism, spark_tasks)
-        # The columns in the order of the other plan: keys, routing, aggregates.
-        return routed.select(*key_cols, F.col(KG_COLUMN), F.col(SUBTASK_COLUMN),
-                             *(F.col(f"`{c}`") for c in aggregated.columns[len(keys):]))
+        return route(df.groupBy(*key_cols).agg(*columns), keys, parallelism, max_parallelism,
+                     spark_tasks)
     if plan == SHUFFLE_THEN_AGGREGATE:
         grouping = [F.col(TASK_TAG_COLUMN), *key_cols, F.col(KG_COLUMN), F.col(SUBTASK_COLUMN)]
         return (partition_by_task(df, keys, parallelism, max_parallelism, spark_tasks)
