@@ -229,7 +229,7 @@ def test_the_partial_aggregate_runs_before_the_shuffle(spark):
 
     def partial_below_every_exchange(df: Any) -> bool:
         text = df._jdf.queryExecution().executedPlan().toString()  # the root first
-        return text.rindex("partial_count") > text.rindex("Exchange")
+        return text.rfind("partial_count") > text.rindex("Exchange")
 
     partial = routed(PARTIAL_AGGREGATE)  # the default
     assert partial_below_every_exchange(partial)
