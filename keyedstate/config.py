@@ -82,13 +82,14 @@ class LateEvents(StrEnum):
 
 class LocalAggregationPlan(StrEnum):
     """How Spark runs a function's local aggregation (``keyedstate.local-aggregation.plan``;
-    docs/spark.md, "Two-phase aggregation"): ``partial-aggregate`` aggregates in every map task
-    before the shuffle, as Spark's own aggregation, then routes one row per key;
-    ``shuffle-then-aggregate`` shuffles the raw rows once into their Spark tasks and aggregates
-    after the shuffle (less work when keys rarely repeat within a batch)."""
+    docs/spark.md, "Two-phase aggregation"): ``shuffle-then-aggregate`` (the default, the
+    faster plan measured here) shuffles the raw rows once into their Spark tasks and aggregates
+    after the shuffle; ``partial-aggregate`` aggregates in every map task before the shuffle,
+    as Spark's own aggregation, then routes one row per key with a second shuffle (fewer bytes
+    over a network when keys repeat often within a map task)."""
 
-    PARTIAL_AGGREGATE = "partial-aggregate"
     SHUFFLE_THEN_AGGREGATE = "shuffle-then-aggregate"
+    PARTIAL_AGGREGATE = "partial-aggregate"
 
 
 #: The side output late events go to with ``keyedstate.late-events: side-output``.
@@ -174,7 +175,7 @@ class JobConfig:
     #: Spark: how a function's local aggregation runs (:class:`LocalAggregationPlan`); the
     #: local runtime aggregates with pyarrow either way
     local_aggregation_plan: LocalAggregationPlan = field(
-        default=LocalAggregationPlan.PARTIAL_AGGREGATE,
+        default=LocalAggregationPlan.SHUFFLE_THEN_AGGREGATE,
         metadata=_key("keyedstate.local-aggregation.plan"))
     local_dir: str | None = field(default=None, metadata=_key("state.backend.local-dir"))
     storage_options: dict[str, Any] = field(default_factory=dict,

@@ -132,13 +132,13 @@ def partition_tags(partitions: int) -> tuple[int, ...]:
     return tuple(tags[t] for t in range(partitions))
 
 
-#: The default plan: ``groupBy(keys).agg(...)``, which Spark splits around its shuffle as it
+#: ``groupBy(keys).agg(...)``, which Spark splits around its shuffle as it
 #: splits its own aggregation (a partial aggregate in every map task, the shuffle of one row
 #: per key and map task, the final aggregate), then :func:`route` of the aggregated rows (a
 #: second shuffle, of one row per key).
 PARTIAL_AGGREGATE = LocalAggregationPlan.PARTIAL_AGGREGATE.value
-#: The raw rows shuffled once into their Spark tasks (:func:`partition_by_task`) and
-#: aggregated after the shuffle (``keyedstate.local-aggregation.plan: shuffle-then-aggregate``).
+#: The default plan: the raw rows shuffled once into their Spark tasks
+#: (:func:`partition_by_task`) and aggregated after the shuffle.
 SHUFFLE_THEN_AGGREGATE = LocalAggregationPlan.SHUFFLE_THEN_AGGREGATE.value
 #: :func:`aggregate_and_route`'s plans (``keyedstate.local-aggregation.plan``)
 PLANS = tuple(plan.value for plan in LocalAggregationPlan)
@@ -163,13 +163,13 @@ def partition_by_task(df: DataFrame, key_columns: Sequence[str], parallelism: in
 def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: LocalAggregation,
                         parallelism: int, max_parallelism: int, spark_tasks: int, *,
                         watermark: int, watermark_column: str | None,
-                        plan: str = PARTIAL_AGGREGATE) -> DataFrame:
+                        plan: str = SHUFFLE_THEN_AGGREGATE) -> DataFrame:
     """``df``'s rows aggregated per key and routed: the key columns, the key group and subtask
     columns and :func:`_aggregate_columns` (in an order that depends on the plan: read them by
     name), partitioned as :func:`~keyedstate.spark.routing.route` partitions rows. The tasks
     check that every row they get is of their subtasks (:mod:`keyedstate.spark.tasks`).
 
-    ``plan`` :data:`PARTIAL_AGGREGATE` (the default): ``groupBy(keys).agg(...)``, then the
+    ``plan`` :data:`PARTIAL_AGGREGATE`: ``groupBy(keys).agg(...)``, then the
     routing columns of the aggregated rows and ``route()``. ``explain()``: a
     ``HashAggregate`` of ``partial_`` functions in the stage that reads the rows, an
     ``Exchange hashpartitioning(keys)`` of one row per key and map task, the final
@@ -177,7 +177,7 @@ def aggregate_and_route(df: DataFrame, key_columns: Sequence[str], aggregation: 
     ``spark.sql.shuffle.partitions`` partitions, as Spark's own aggregation (adaptive
     execution coalesces them); the routing shuffle has one per Spark task.
 
-    ``plan`` :data:`SHUFFLE_THEN_AGGREGATE`: :func:`partition_by_task`, then a ``groupBy``
+    ``plan`` :data:`SHUFFLE_THEN_AGGREGATE` (the default): :func:`partition_by_task`, then a ``groupBy``
     that includes the tag, which that partitioning satisfies: one ``Exchange
     hashpartitioning(tag)`` of the raw rows, the ``HashAggregate`` after it. Another plan
     raises :class:`ConfigurationError`.

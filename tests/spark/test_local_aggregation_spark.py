@@ -73,16 +73,16 @@ def test_two_phase_totals_match_pandas_across_a_restart(spark, tmp_path, backend
     assert [s.function_rows for s in stats] == [len(rows) for rows in expected]
 
 
-def test_the_shuffle_then_aggregate_plan_gives_the_same_totals(spark, tmp_path):
-    """keyedstate.local-aggregation.plan: shuffle-then-aggregate (the raw rows shuffled, then
-    aggregated): pandas' totals and late rows, as the default plan gives them."""
+def test_the_partial_aggregate_plan_gives_the_same_totals(spark, tmp_path):
+    """keyedstate.local-aggregation.plan: partial-aggregate (aggregated in every map task,
+    then routed): pandas' totals and late rows, as the default plan gives them."""
     root = str(tmp_path)
     data = two_phase_batches(3, seed=7)
     expected, late = two_phase_oracle(data, delay_ms=1000)
     assert sum(late) > 0
     events = file_stream(spark, os.path.join(root, "input"), data, TWO_PHASE_INPUT)
     query = run(spark, root, TwoPhaseTotals(), parallelism=3, backend="heap", events=events,
-                local_aggregation_plan="shuffle-then-aggregate")
+                local_aggregation_plan="partial-aggregate")
     out = pd.read_parquet(os.path.join(root, "out"))
     got = [sorted(tuple(r) for r in out[out.batch_id == b][
         ["user_id", "count", "cents", "last_ms", "batch_id"]].itertuples(index=False))
@@ -202,10 +202,10 @@ def _partitioned(spark: Any, table: Any, partitions: int) -> Any:
 
 
 def test_the_partial_aggregate_runs_before_the_shuffle(spark):
-    """The default plan aggregates in every map task before anything is shuffled: the first
+    """partial-aggregate aggregates in every map task before anything is shuffled: the first
     shuffle carries one row per key and input partition, the routing shuffle one row per key
-    (Spark's SQL metrics), where shuffle-then-aggregate shuffles every row; explain() shows the
-    partial aggregate below every Exchange. Every aggregated row is in its subtask's Spark
+    (Spark's SQL metrics), where the default shuffle-then-aggregate shuffles every row;
+    explain() shows the partial aggregate below every Exchange. Every aggregated row is in its subtask's Spark
     task."""
     from pyspark.sql import functions as F
 
@@ -231,7 +231,7 @@ def test_the_partial_aggregate_runs_before_the_shuffle(spark):
         text = df._jdf.queryExecution().executedPlan().toString()  # the root first
         return text.rfind("partial_count") > text.rindex("Exchange")
 
-    partial = routed(PARTIAL_AGGREGATE)  # the default
+    partial = routed(PARTIAL_AGGREGATE)
     assert partial_below_every_exchange(partial)
     assert len(partial.collect()) == keys
     assert _shuffle_records(partial) == sorted([pairs, keys])
@@ -239,10 +239,10 @@ def test_the_partial_aggregate_runs_before_the_shuffle(spark):
                             F.spark_partition_id().alias("task")).collect()
     assert all(r[SUBTASK_COLUMN] in subtasks_of_task(r["task"], 3, 5) for r in placed)
 
-    replaced = routed(SHUFFLE_THEN_AGGREGATE)
-    assert not partial_below_every_exchange(replaced)
-    assert len(replaced.collect()) == keys
-    assert _shuffle_records(replaced) == [2000]
+    default = routed(SHUFFLE_THEN_AGGREGATE)
+    assert not partial_below_every_exchange(default)
+    assert len(default.collect()) == keys
+    assert _shuffle_records(default) == [2000]
     with pytest.raises(ConfigurationError, match="unknown local aggregation plan"):
         routed("sideways")
 
