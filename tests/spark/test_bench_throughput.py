@@ -27,6 +27,10 @@ def test_keyedstate_systems_run_small(spark: Any) -> None:
     assert all(results[s]["verified"] and results[s]["batches"] == 2 for s in systems)
     assert f"{throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE} >= 2x {throughput.BUILTIN_AGG}" \
         in figures["goals"]
+    # Each system whose floor ran has its state overhead; the per-key heap count did not run.
+    assert set(figures["state_overheads"]) == set(systems) - set(throughput.HANDOFFS)
+    assert any(g.startswith(f"{throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE} overhead")
+               for g in figures["goals"])
     # The two-phase count's function received one row per key and batch, not every event.
     two_phase = results[throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE]["keyedstate"]
     for batch in two_phase:
@@ -39,6 +43,35 @@ def test_handoff_verify_refuses_a_batch_python_did_not_fully_see() -> None:
     handoff.seen = {0: 400, 1: 399}
     with pytest.raises(AssertionError, match="399"):
         handoff.verify(throughput.ARROW_HANDOFF, 400, 2)
+
+
+def _result(system: str, seconds: list[float]) -> dict[str, Any]:
+    return {"system": system, "seconds_per_batch": seconds}
+
+
+def test_state_overhead_is_the_median_over_its_own_floor() -> None:
+    """Overheads subtract each path's floor from the same run (the first batch left out, as
+    events/s leaves it out); RocksDB is judged against the heap's overhead, lower is better,
+    and a heap no slower than its floor judges nothing."""
+    results = [_result(throughput.ARROW_HANDOFF, [9.0, 1.0, 1.0, 1.0]),
+               _result(throughput.TWO_PHASE_HANDOFF, [9.0, 0.8, 0.9, 0.8]),
+               _result(throughput.KEYEDSTATE_ROCKSDB, [9.0, 2.0, 2.2, 2.1]),
+               _result(throughput.KEYEDSTATE_HEAP, [9.0, 1.5, 1.5, 1.6]),
+               _result(throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE, [9.0, 1.0, 1.0, 1.0]),
+               _result(throughput.KEYEDSTATE_HEAP_TWO_PHASE, [9.0, 0.7, 0.8, 0.8])]
+    overheads = throughput.state_overheads(results)
+    assert overheads[throughput.KEYEDSTATE_ROCKSDB]["overhead_s"] == pytest.approx(1.1)
+    assert overheads[throughput.KEYEDSTATE_HEAP]["overhead_s"] == pytest.approx(0.5)
+    assert overheads[throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE]["floor"] == \
+        throughput.TWO_PHASE_HANDOFF
+    goals = throughput.overhead_goals(overheads)
+    per_key = goals[f"{throughput.KEYEDSTATE_ROCKSDB} overhead <= 1.2x "
+                    f"{throughput.KEYEDSTATE_HEAP}'s"]
+    assert per_key["ratio"] == pytest.approx(2.2) and not per_key["met"]
+    two_phase = goals[f"{throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE} overhead <= 1.2x "
+                      f"{throughput.KEYEDSTATE_HEAP_TWO_PHASE}'s"]
+    assert two_phase["ratio"] is None and not two_phase["met"]
+    assert len(goals) == 2  # the vectorized systems did not run
 
 
 def test_every_floor_runs_small(spark: Any) -> None:
