@@ -284,22 +284,29 @@ class RocksDBAggregatingState(RocksDBState, AggregatingState[Any]):
         acc = self._user_call("aggregate function's add", function.add, value, acc)
         self._write(key, self._ser(acc))
 
+    # An accumulator is absent when nothing is stored, as in get and add: not when it decodes
+    # to None (an untyped function's accumulator may be None).
+
     def get_many(self, keys: BatchKeys) -> list[Any]:
         function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        return [None if acc is None else
-                self._user_call("aggregate function's get_result", function.get_result, acc)
-                for acc in self._deser_or_none(self._read_many(keys, self._bulk_keys(keys)))]
+        deser = self._deser
+        return [None if raw is None else
+                self._user_call("aggregate function's get_result", function.get_result,
+                                deser(raw))
+                for raw in self._read_many(keys, self._bulk_keys(keys))]
 
     def add_many(self, keys: BatchKeys, values: Any) -> None:
         stored_keys = self._bulk_keys(keys)
         values = values_of(keys, values)
         function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        call, ser = self._user_call, self._ser
+        call, deser, ser = self._user_call, self._deser, self._ser
         payloads: list[bytes | None] = []
-        for acc, value in zip(self._deser_or_none(self._read_many(keys, stored_keys)), values):
-            if acc is None:
+        for raw, value in zip(self._read_many(keys, stored_keys), values):
+            if raw is None:
                 acc = call("aggregate function's create_accumulator",
                            function.create_accumulator)
+            else:
+                acc = deser(raw)
             payloads.append(ser(call("aggregate function's add", function.add, value, acc)))
         self._put_many(keys, stored_keys, payloads)
 
