@@ -5,11 +5,13 @@ from __future__ import annotations
 import shutil
 import sys
 import uuid
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
 
 import examples
+from keyedstate.storage.cache import all_process_caches
 from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
 # The venv's editable install maps ``keyedstate_examples`` (what ``keyedstate demo`` imports) to
@@ -58,3 +60,31 @@ def s3_bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple
                  ).create_bucket(Bucket=bucket)
     options = {**S3_CREDENTIALS, "client_kwargs": {"endpoint_url": s3_server}}
     yield f"s3://{bucket}", options
+
+
+@dataclass
+class Store:
+    """A fresh snapshot root: ``url(name)`` is a folder in it, ``options`` its fsspec options,
+    ``kind`` "local" or "s3" (or what a test wraps it in)."""
+
+    kind: str
+    base: str
+    options: dict[str, Any]
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
+    """A fresh :class:`Store`, once a local directory and once a bucket of the local S3
+    server (marked ``s3``): the object-storage suite (``tests/s3/``) and the same tests through
+    the latency-shaping filesystem (``tests/testing/``) run on both. No test sees another's
+    cached files."""
+    if request.param == "local":
+        yield Store("local", str(tmp_path / "store"), {})
+    else:
+        url, options = request.getfixturevalue("s3_bucket")
+        yield Store("s3", url, options)
+    for cache in all_process_caches():
+        cache.clear()

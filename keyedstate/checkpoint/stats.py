@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -143,9 +143,15 @@ def _ms(seconds: Any) -> float | None:
     return None if seconds is None else round(float(seconds) * 1000, 1)
 
 
-def _max(values: Sequence[float | None]) -> float | None:
+def _max(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
+
+
+def _total(values: Iterable[int | None]) -> int | None:
+    """The sum of the known ``values`` (a bool counts 1), None when none is known."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def completed_stats(checkpoint_id: int, *, batch_id: int | None, trigger_ms: int | None,
@@ -163,32 +169,26 @@ def completed_stats(checkpoint_id: int, *, batch_id: int | None, trigger_ms: int
         restore.merge(TransferStats.from_properties(handle.properties, RESTORE_PREFIX))
     sizes = [h.full_size for h in handles]
     known = list(subtasks or [])
-    reused = [s.reused for s in known if s.reused is not None]
-    restored = [s.restored for s in known if s.restored is not None]
-    caught_up = [s.caught_up for s in known if s.caught_up is not None]
-    background = [s.background_catch_up_ms for s in known
-                  if s.background_catch_up_ms is not None]
-    rows_in = [s.rows_in for s in known if s.rows_in is not None]
-    rows_out = [s.rows_out for s in known if s.rows_out is not None]
     return CompletedCheckpointStats(
         checkpoint_id=checkpoint_id, batch_id=batch_id, trigger_ms=trigger_ms,
         end_to_end_ms=None if end_to_end_ms is None else round(end_to_end_ms, 1),
-        sync_ms=_max([s.sync_ms for s in known]), async_ms=_max([s.async_ms for s in known]),
-        restore_ms=_max([s.restore_ms for s in known]),
+        sync_ms=_max(s.sync_ms for s in known), async_ms=_max(s.async_ms for s in known),
+        restore_ms=_max(s.restore_ms for s in known),
         parallelism=len(handles),
-        reused_subtasks=sum(reused) if reused else None,
-        restored_subtasks=sum(restored) if restored else None,
+        reused_subtasks=_total(s.reused for s in known),
+        restored_subtasks=_total(s.restored for s in known),
         incremental_bytes=sum(h.incremental_size for h in handles), full_bytes=sum(sizes),
         min_subtask_bytes=min(sizes) if sizes else None,
         max_subtask_bytes=max(sizes) if sizes else None,
         uploaded_bytes=snapshot.uploaded_bytes, duplicated_bytes=snapshot.duplicated_bytes,
         inlined_bytes=snapshot.inlined_bytes, downloaded_bytes=restore.downloaded_bytes,
         cache_hit_bytes=restore.cache_hit_bytes,
-        rows_in=sum(rows_in) if rows_in else None,
-        rows_out=sum(rows_out) if rows_out else None,
-        caught_up_subtasks=sum(caught_up) if caught_up else None,
-        background_caught_up_subtasks=sum(1 for ms in background if ms > 0)
-        if background else None)
+        rows_in=_total(s.rows_in for s in known),
+        rows_out=_total(s.rows_out for s in known),
+        caught_up_subtasks=_total(s.caught_up for s in known),
+        background_caught_up_subtasks=_total(
+            None if s.background_catch_up_ms is None else s.background_catch_up_ms > 0
+            for s in known))
 
 
 def _decode(decoder: msgspec.json.Decoder, properties: Mapping[str, str], key: str,

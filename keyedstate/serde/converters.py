@@ -36,11 +36,7 @@ def converters(type_: pa.DataType) -> tuple[Encode, Decode]:
     ``None`` is allowed everywhere (a null).
     """
     if pa.types.is_boolean(type_):
-        def enc(v: Any) -> Any:
-            if v is None or type(v) is bool:
-                return v
-            raise _fail(v, type_)
-        return enc, _identity
+        return _exactly(bool, type_), _identity
     if pa.types.is_integer(type_):
         bound = _INT_BOUNDS[type_.bit_width]
         lo, hi = (-bound, bound) if pa.types.is_signed_integer(type_) else (0, 2 * bound)
@@ -57,30 +53,22 @@ def converters(type_: pa.DataType) -> tuple[Encode, Decode]:
             return v
         return enc, _identity
     if pa.types.is_floating(type_):
-        def enc(v: Any) -> Any:
-            if v is None or type(v) is float:
-                return v
+        def to_float(v: Any) -> Any:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 try:
                     return float(v)
                 except OverflowError:
                     raise _fail(v, type_) from None
             raise _fail(v, type_)
-        return enc, _identity
+        return _exactly(float, type_, to_float), _identity
     if pa.types.is_string(type_) or pa.types.is_large_string(type_):
-        def enc(v: Any) -> Any:
-            if v is None or type(v) is str:
-                return v
-            raise _fail(v, type_)
-        return enc, _identity
+        return _exactly(str, type_), _identity
     if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
-        def enc(v: Any) -> Any:
-            if v is None or type(v) is bytes:
-                return v
+        def to_bytes(v: Any) -> Any:
             if isinstance(v, (bytearray, memoryview)):
                 return bytes(v)
             raise _fail(v, type_)
-        return enc, _identity
+        return _exactly(bytes, type_, to_bytes), _identity
     if pa.types.is_date32(type_):
         def enc(v: Any) -> Any:
             if v is None:
@@ -175,6 +163,19 @@ def converters(type_: pa.DataType) -> tuple[Encode, Decode]:
 
 def _identity(v: Any) -> Any:
     return v
+
+
+def _exactly(py_type: type, type_: pa.DataType, other: Encode | None = None) -> Encode:
+    """The encoder of ``type_``, whose plain form is a ``py_type`` value as it is: a value of
+    exactly that type (not a subclass: a bool is no int) or None passes; any other goes to
+    ``other`` (converts it or raises), else is refused."""
+    def enc(v: Any) -> Any:
+        if v is None or type(v) is py_type:
+            return v
+        if other is not None:
+            return other(v)
+        raise _fail(v, type_)
+    return enc
 
 
 def datetime_to_micros(v: _dt.datetime) -> int:

@@ -80,14 +80,7 @@ class _DDLParser:
             return pa.map_(key, value)
         if word == "struct":
             self.take("<")
-            fields = []
-            while self.peek() != ">":
-                fname = self.name()
-                if self.peek() == ":":
-                    self.take(":")
-                fields.append(pa.field(fname, self.type_()))
-                if self.peek() == ",":
-                    self.take(",")
+            fields = self.fields(">")
             self.take(">")
             return pa.struct(fields)
         if word in ("decimal", "dec", "numeric"):
@@ -108,21 +101,26 @@ class _DDLParser:
             return _SIMPLE_DDL[word]
         raise SerializationError(f"unknown type {word!r} in {self.text!r}")
 
+    def fields(self, end: str | None) -> list[pa.Field]:
+        """``name[:] type`` fields, separated by commas, up to the token ``end`` (None: the
+        end of the text), which is left to the caller."""
+        fields = []
+        while self.peek() != end:
+            fname = self.name()
+            if self.peek() == ":":
+                self.take(":")
+            fields.append(pa.field(fname, self.type_()))
+            if self.peek() == ",":
+                self.take(",")
+        return fields
+
     def parse(self) -> pa.DataType:
         # "a BIGINT, b STRING" (a schema) becomes a struct; a lone type stays itself.
         start = self.i
         if len(self.tokens) >= 2 and self.tokens[1] not in ("<", "(") and (
             self.tokens[0].lower() not in _SIMPLE_DDL or self.tokens[1].lower() in _ALL_WORDS
         ):
-            fields = []
-            while self.peek() is not None:
-                fname = self.name()
-                if self.peek() == ":":
-                    self.take(":")
-                fields.append(pa.field(fname, self.type_()))
-                if self.peek() == ",":
-                    self.take(",")
-            return pa.struct(fields)
+            return pa.struct(self.fields(None))
         self.i = start
         result = self.type_()
         if self.peek() is not None:

@@ -226,6 +226,39 @@ def test_user_function_errors_name_the_state(local_dir: str) -> None:
             _state(kb, AggregatingStateDescriptor("agg", Broken(), "bigint")).add(1)
 
 
+class _NoneAfterZero:
+    """An untyped aggregate function whose accumulator is None after adding 0."""
+
+    def create_accumulator(self) -> int:
+        return 100
+
+    def add(self, value: int, acc: int | None) -> int | None:
+        return None if value == 0 else (acc or 0) + value
+
+    def get_result(self, acc: int | None) -> tuple[str, int | None]:
+        return ("result", acc)
+
+
+@pytest.mark.parametrize("value_cache_size", [0, 32 << 20])
+def test_an_accumulator_stored_as_none_is_present_to_bulk_calls(local_dir: str,
+                                                                value_cache_size: int) -> None:
+    """Absent means nothing stored: a bulk call treats an accumulator that decodes to None
+    as its per-key call does, with the value cache or without it."""
+    from keyedstate.state.batch_keys import BatchKeys
+
+    backend = RocksDBStateBackend(ONE_SHARD, value_cache_size=value_cache_size)
+    with _backend(backend, KeyGroupRange(0, 127), local_dir) as kb:
+        state = _state(kb, AggregatingStateDescriptor("acc", _NoneAfterZero()))
+        keys = BatchKeys.of([1], KEYS, MAX_P)
+        kb.set_current_key(1)
+        state.add(0)
+        assert state.get() == ("result", None)
+        assert state.get_many(keys) == [("result", None)]
+        state.add_many(keys, [5])  # add(5, None), as state.add(5) would; no new accumulator
+        kb.set_current_key(1)
+        assert state.get() == ("result", 5)
+
+
 # -- incremental snapshots (Flink's incremental checkpoints) ---------------------------------
 
 

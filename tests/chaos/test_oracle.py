@@ -10,12 +10,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from keyedstate.testing.chaos.compare import (
     actual_state,
+    compare_rows,
     compare_state,
     expected_state,
     lineage_conflicts,
@@ -275,3 +277,20 @@ def test_the_state_readers_rows_are_read_under_the_definition(tmp_path):
     # buckets is dropped by definition 3: its rows are a state nobody expects.
     assert len(state["buckets"]) == 1
     assert compare_state({"stats": state["stats"], "last_seen": {"a": 4}}, state).unexpected == 1
+
+
+def test_rows_and_state_entries_are_counted_by_identity():
+    """Exactly-once accounting: a row or entry missing, one with another value, one not
+    expected (a row as often as it appears), a row twice."""
+    expected = [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "c", "v": 3}, {"k": "d", "v": 4}]
+    actual = pd.DataFrame({"k": ["a", "b", "d", "d", "x", "x"], "v": [1, 20, 4, 4, 9, 9]})
+    rows = compare_rows(expected, actual, ["k"], ["k", "v"])
+    assert (rows.expected, rows.actual, rows.missing, rows.wrong_value, rows.unexpected,
+            rows.duplicated) == (4, 6, 1, 1, 2, 2)
+    assert rows.violations == 6 and len(rows.examples) == 5
+
+    state = compare_state({"s": {"a": [1, 2], "b": 2, "c": 3}, "gone": {"z": 0}},
+                          {"s": {"a": (1, 2), "b": 20, "x": 9}, "new": {"y": 1}})
+    assert (state.expected, state.actual, state.missing, state.wrong_value,
+            state.unexpected) == (4, 4, 2, 1, 2)
+    assert len(state.examples) == 5

@@ -17,6 +17,7 @@ from keyedstate.processor.inspection import find_garbage
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.runtime.local import LocalJob
 from keyedstate.state.descriptors import ValueStateDescriptor
+from tests.checkpoint.test_savepoints import files_under
 from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 from tests.spark.jobs import COUNT_SCHEMA, IdleCounts
 
@@ -49,17 +50,6 @@ def sku_batch(table: pa.Table) -> pa.Table:
     return table.rename_columns(["sku", "ts", "amount"])
 
 
-def listing(root: Any) -> dict[str, bytes]:
-    """Every file under ``root`` with its bytes: what a refused start must leave untouched."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = f.read()
-    return out
-
-
 # -- what identifies a job ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["rocksdb", "heap"])
@@ -70,7 +60,7 @@ def test_another_job_on_a_directory_is_refused_before_anything_is_written(tmp_pa
     cfg = config(tmp_path, backend=backend)
     with new_job(cfg) as job:
         job.process_batch(data[0])
-    before = listing(tmp_path / "ckpt")
+    before = files_under(str(tmp_path / "ckpt"))
     with pytest.raises(JobMismatchError) as refused:
         sku_job(cfg)
     message = str(refused.value)
@@ -78,7 +68,7 @@ def test_another_job_on_a_directory_is_refused_before_anything_is_written(tmp_pa
                  "restore_path", "keyedstate.state-recovery.allow-job-change"):
         assert part in message, (part, message)
     assert isinstance(refused.value, ConfigurationError)
-    assert listing(tmp_path / "ckpt") == before
+    assert files_under(str(tmp_path / "ckpt")) == before
     # The directory's own job still restarts from it.
     with new_job(cfg) as job:
         assert job.last_batch_id == 0
@@ -248,11 +238,11 @@ def test_corrupt_latest_checkpoint_advice_works_when_followed(tmp_path):
         job.process_batch(data[1])
         latest = job.latest_checkpoint
     corrupt(tmp_path / "ckpt" / latest.metadata_path)
-    before = listing(tmp_path / "ckpt")
+    before = files_under(str(tmp_path / "ckpt"))
     with pytest.raises(CorruptCheckpointError, match="new checkpoint directory") as refused:
         new_job(cfg.replace(restore_path=str(tmp_path / "savepoint")))
     assert "Nothing was deleted" in str(refused.value)
-    assert listing(tmp_path / "ckpt") == before
+    assert files_under(str(tmp_path / "ckpt")) == before
     with new_job(config(tmp_path / "new", restore_path=str(tmp_path / "savepoint"))) as job:
         assert job.last_batch_id == 0
         job.process_batch(data[1])

@@ -1,17 +1,16 @@
-"""Fixtures of the object-storage suite: one store per test, on the local S3 server (moto) or
-on a local directory (the same tests run on both), and an S3 server that checks credentials."""
+"""Fixtures of the object-storage suite: the transfer options its stores use, and an S3 server
+that checks credentials. Its ``store`` (a local directory or a bucket of the local S3 server:
+the same tests run on both) is in ``tests/conftest.py``, shared with ``tests/testing/``."""
 
 from __future__ import annotations
 
 import json
 import os
 import uuid
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
 
-from keyedstate.storage.cache import all_process_caches
 from keyedstate.storage.transfer import KiB, MiB, TransferOptions
 from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
@@ -19,30 +18,6 @@ from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 #: enough that a test's few thousand keys produce inline, merged and plain files.
 TRANSFER = TransferOptions(inline_threshold=2 * KiB, merge_file_size=64 * KiB,
                            merge_max_size=1 * MiB, backoff_s=0.01, max_backoff_s=0.05)
-
-
-@dataclass
-class Store:
-    """A fresh snapshot root: ``url(name)`` is a folder in it, ``options`` its fsspec options,
-    ``kind`` "local" or "s3"."""
-
-    kind: str
-    base: str
-    options: dict[str, Any]
-
-    def url(self, name: str) -> str:
-        return f"{self.base}/{name}"
-
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
-    if request.param == "local":
-        yield Store("local", str(tmp_path / "store"), {})
-    else:
-        url, options = request.getfixturevalue("s3_bucket")
-        yield Store("s3", url, options)
-    for cache in all_process_caches():  # no test sees another's cached files
-        cache.clear()
 
 
 @pytest.fixture(scope="session")
@@ -74,4 +49,4 @@ def auth_s3() -> Iterator[dict[str, Any]]:
         stop_moto_server(proc, timeout_s=10)
 
 
-__all__ = ["MiB", "Store", "TRANSFER"]
+__all__ = ["MiB", "TRANSFER"]

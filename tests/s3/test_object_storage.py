@@ -20,7 +20,8 @@ from keyedstate.storage.cache import all_process_caches
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import checkpoint_id_of_shared_file
 from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
-from tests.s3.conftest import TRANSFER, Store
+from tests.conftest import Store
+from tests.s3.conftest import TRANSFER
 
 pytestmark = pytest.mark.integration
 

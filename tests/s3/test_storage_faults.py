@@ -15,7 +15,8 @@ from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.storage.cache import all_process_caches
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.testing.faults import FaultPlan
-from tests.s3.conftest import TRANSFER, Store
+from tests.conftest import Store
+from tests.s3.conftest import TRANSFER
 from tests.s3.test_object_storage import KEYS, add, counts
 
 pytestmark = pytest.mark.integration

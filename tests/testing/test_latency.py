@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -35,8 +35,8 @@ from keyedstate.testing.latency import (
     process_counts,
     read_request_log,
 )
+from tests.conftest import Store
 from tests.s3 import test_object_storage as storage_tests
-from tests.s3.conftest import Store
 from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts
 
 pytestmark = pytest.mark.integration
@@ -46,19 +46,6 @@ MODEL = LatencyModel("test", first_byte_ms=1.0, mb_per_s=500.0)
 BACKENDS = ["rocksdb", "heap"]
 INPUT = "user_id string, ts timestamp, amount double"
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def inner(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
-    """The store behind the wrapper: a local directory, or a bucket of the local S3 server
-    (the object-storage suite's ``store``, for a test of this folder)."""
-    if request.param == "local":
-        yield Store("local", str(tmp_path / "store"), {})
-    else:
-        url, options = request.getfixturevalue("s3_bucket")
-        yield Store("s3", url, options)
-    for cache in all_process_caches():  # no test sees another's cached files
-        cache.clear()
 
 
 def shaped(store: Store, log_dir: str | None = None) -> Store:
@@ -101,9 +88,9 @@ def charged(counts: RequestCounts, model: LatencyModel) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_files_are_stored_once_and_referenced_in_place_through_it(inner, tmp_path, backend):
+def test_files_are_stored_once_and_referenced_in_place_through_it(store, tmp_path, backend):
     before = process_counts()
-    storage_tests.test_every_file_is_stored_once_and_referenced_in_place(shaped(inner),
+    storage_tests.test_every_file_is_stored_once_and_referenced_in_place(shaped(store),
                                                                           tmp_path, backend)
     moved = process_counts() - before
     assert moved.requests("write", "shared") > 0 and moved.requests("write", "metadata") == 4
@@ -111,23 +98,23 @@ def test_files_are_stored_once_and_referenced_in_place_through_it(inner, tmp_pat
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_savepoints_and_no_claim_restores_are_duplicated_through_it(inner, tmp_path, backend):
+def test_savepoints_and_no_claim_restores_are_duplicated_through_it(store, tmp_path, backend):
     before = process_counts()
     storage_tests.test_savepoint_and_no_claim_restore_are_duplicated_by_the_store(
-        shaped(inner), tmp_path, backend)
+        shaped(store), tmp_path, backend)
     moved = process_counts() - before
     # the store copies what it holds: server-side copies, not a byte through the client
     assert moved.requests("copy") > 0 and moved.bytes("copy") == 0
     charged(moved, MODEL)
 
 
-def test_small_files_are_inlined_or_merged_through_it(inner, tmp_path):
+def test_small_files_are_inlined_or_merged_through_it(store, tmp_path):
     storage_tests.test_small_files_are_inlined_or_merged_and_gc_sees_exact_references(
-        shaped(inner), tmp_path)
+        shaped(store), tmp_path)
 
 
-def test_a_restore_with_a_warm_cache_downloads_nothing_through_it(inner, tmp_path):
-    storage_tests.test_restore_with_a_warm_file_cache_downloads_nothing(shaped(inner),
+def test_a_restore_with_a_warm_cache_downloads_nothing_through_it(store, tmp_path):
+    storage_tests.test_restore_with_a_warm_file_cache_downloads_nothing(shaped(store),
                                                                         tmp_path, "rocksdb")
 
 
@@ -136,11 +123,11 @@ def test_a_restore_with_a_warm_cache_downloads_nothing_through_it(inner, tmp_pat
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_job_checkpoints_and_restores_through_it_with_every_request_counted(
-        inner, tmp_path, backend):
+        store, tmp_path, backend):
     data = [batch(b) for b in range(4)]
-    with new_job(inner.url("plain"), inner.options, backend) as plain:
+    with new_job(store.url("plain"), store.options, backend) as plain:
         expected = [sorted_rows(plain.process_batch(t)["main"]) for t in data]
-    wrapped = shaped(inner, log_dir=str(tmp_path / "requests"))
+    wrapped = shaped(store, log_dir=str(tmp_path / "requests"))
     url, options = wrapped.url("job"), wrapped.options
     per_batch: list[RequestCounts] = []
     with new_job(url, options, backend) as job:

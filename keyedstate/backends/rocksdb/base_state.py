@@ -192,10 +192,13 @@ class RocksDBState(State):
         except KeyedStateError:
             raise
         except Exception as exc:
-            raise UserFunctionError(
-                f"the {what} of state {self.name!r} raised {type(exc).__name__}: {exc}; the "
-                f"state is unchanged, fix the function"
-            ) from exc
+            raise self._user_error(what, exc) from exc
+
+    def _user_error(self, what: str, exc: Exception) -> UserFunctionError:
+        """The error to raise ``from exc`` for the user function ``what`` (per-key paths)."""
+        return UserFunctionError(
+            f"the {what} of state {self.name!r} raised {type(exc).__name__}: {exc}; the "
+            f"state is unchanged, fix the function")
 
     # -- bulk ----------------------------------------------------------------------------------
 

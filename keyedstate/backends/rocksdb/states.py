@@ -11,7 +11,7 @@ the per-key calls, in the same order (list sequence numbers included).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import rocksdict
 
@@ -31,13 +31,28 @@ from keyedstate.state.descriptors import StateDescriptor, StateKind, ValueStateD
 _SEQ = SEQUENCE.pack
 
 
-class RocksDBValueState(RocksDBState, ValueState[Any]):
+class _ValueSteps(RocksDBState, ValueState[Any]):
+    """What both value states (:class:`RocksDBValueState`, :class:`CachedValueState`) share
+    beside where a value is read and written: the default and a bulk update's bytes."""
+
     def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
                  instance: RocksDBInstance) -> None:
         super().__init__(context, descriptor, instance)
         assert isinstance(descriptor, ValueStateDescriptor)
         self._default = descriptor.default
 
+    def _update_payloads(self, values: list[Any]) -> list[bytes | None]:
+        """The bytes of each of ``values`` (None: a clear), once the cleanup steps of its
+        writes are done (the caller stores them with ``cleanup=False``)."""
+        ser = self._ser
+        payloads = [None if v is None else ser(v) for v in values]
+        # A None clears, and clear() does no cleanup step: only the writes count as accesses.
+        if self._ttl is not None:
+            self._cleanup_steps(sum(p is not None for p in payloads))
+        return payloads
+
+
+class RocksDBValueState(_ValueSteps):
     # The hot path: the key check is inlined (no _key() call) and TTL costs one branch.
 
     def value(self) -> Any:
@@ -74,11 +89,7 @@ class RocksDBValueState(RocksDBState, ValueState[Any]):
                 for raw in self._read_many(keys, self._bulk_keys(keys))]
 
     def update_many(self, keys: BatchKeys, values: Any) -> None:
-        ser = self._ser
-        payloads = [None if v is None else ser(v) for v in values_of(keys, values)]
-        # A None clears, and clear() does no cleanup step: only the writes count as accesses.
-        if self._ttl is not None:
-            self._cleanup_steps(sum(p is not None for p in payloads))
+        payloads = self._update_payloads(values_of(keys, values))
         self._put_many(keys, self._bulk_keys(keys), payloads, cleanup=False)
 
 
@@ -230,7 +241,33 @@ class RocksDBMapState(RocksDBState, MapState[Any, Any]):
         _clear_prefixes(self, keys)
 
 
-class RocksDBReducingState(RocksDBState, ReducingState[Any]):
+class _ReducingSteps(RocksDBState, ReducingState[Any]):
+    """The reduce step of both reducing states (:class:`RocksDBReducingState`,
+    :class:`CachedReducingState`): they differ only in where a value is read and written.
+    The per-key step calls the user function in its own ``try`` (one frame, as a direct
+    ``_user_call``)."""
+
+    def _reduced(self, stored: Any, value: Any) -> Any:
+        """``value`` reduced into ``stored``, the key's value."""
+        # The input is checked against the type before the user function sees it.
+        self._check(value)
+        try:
+            return self.descriptor.reduce_function(stored, value)  # type: ignore[attr-defined]
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise self._user_error("reduce function", exc) from exc
+
+    def _reduce_all(self, stored: list[Any], absent: Any, load: Callable[[Any], Any],
+                    values: Iterable[Any]) -> list[Any]:
+        """Each of ``values`` reduced into its key's value: ``load`` of its ``stored`` item,
+        none where that is ``absent``."""
+        reduced = self._reduced
+        return [value if old is absent else reduced(load(old), value)
+                for old, value in zip(stored, values)]
+
+
+class RocksDBReducingState(_ReducingSteps):
     def get(self) -> Any:
         raw = self._read(self._key())
         return None if raw is None else self._deser(raw)
@@ -239,10 +276,7 @@ class RocksDBReducingState(RocksDBState, ReducingState[Any]):
         key = self._key()
         raw = self._read(key)
         if raw is not None:
-            # The input is checked against the type before the user function sees it.
-            self._check(value)
-            reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
-            value = self._user_call("reduce function", reduce, self._deser(raw), value)
+            value = self._reduced(self._deser(raw), value)
         self._write(key, self._ser(value))
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
@@ -251,57 +285,81 @@ class RocksDBReducingState(RocksDBState, ReducingState[Any]):
     def add_many(self, keys: BatchKeys, values: Any) -> None:
         stored_keys = self._bulk_keys(keys)
         values = values_of(keys, values)
-        raws = self._read_many(keys, stored_keys)
-        reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
-        check, deser, ser, call = self._check, self._deser, self._ser, self._user_call
-        payloads: list[bytes | None] = []
-        for raw, value in zip(raws, values):
-            if raw is not None:
-                check(value)
-                value = call("reduce function", reduce, deser(raw), value)
-            payloads.append(ser(value))
-        self._put_many(keys, stored_keys, payloads)
+        results = self._reduce_all(self._read_many(keys, stored_keys), None, self._deser, values)
+        ser = self._ser
+        self._put_many(keys, stored_keys, [ser(value) for value in results])
 
 
-class RocksDBAggregatingState(RocksDBState, AggregatingState[Any]):
+class _AggregatingSteps(RocksDBState, AggregatingState[Any]):
+    """The aggregate function's steps of both aggregating states
+    (:class:`RocksDBAggregatingState`, :class:`CachedAggregatingState`): they differ only in
+    where an accumulator is read and written. Each step calls the user function in its own
+    ``try`` (one frame, as a direct ``_user_call``)."""
+
+    def _new_accumulator(self) -> Any:
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        try:
+            return function.create_accumulator()
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise self._user_error("aggregate function's create_accumulator", exc) from exc
+
+    def _added(self, value: Any, acc: Any) -> Any:
+        """``acc`` with ``value`` added."""
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        try:
+            return function.add(value, acc)
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise self._user_error("aggregate function's add", exc) from exc
+
+    def _result(self, acc: Any) -> Any:
+        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
+        try:
+            return function.get_result(acc)
+        except KeyedStateError:
+            raise
+        except Exception as exc:
+            raise self._user_error("aggregate function's get_result", exc) from exc
+
+    def _results(self, stored: list[Any], absent: Any, load: Callable[[Any], Any]) -> list[Any]:
+        """The result of each key's accumulator: ``load`` of its ``stored`` item, None where
+        that is ``absent``."""
+        result = self._result
+        return [None if acc is absent else result(load(acc)) for acc in stored]
+
+    def _accumulate_all(self, stored: list[Any], absent: Any, load: Callable[[Any], Any],
+                        values: Iterable[Any]) -> list[Any]:
+        """Each key's accumulator (``load`` of its ``stored`` item, a new one where that is
+        ``absent``) with its value added."""
+        new, added = self._new_accumulator, self._added
+        return [added(value, new() if acc is absent else load(acc))
+                for acc, value in zip(stored, values)]
+
+
+class RocksDBAggregatingState(_AggregatingSteps):
     def get(self) -> Any:
         raw = self._read(self._key())
-        if raw is None:
-            return None
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        return self._user_call("aggregate function's get_result", function.get_result,
-                               self._deser(raw))
+        return None if raw is None else self._result(self._deser(raw))
 
     def add(self, value: Any) -> None:
         key = self._key()
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
         raw = self._read(key)
-        if raw is None:
-            acc = self._user_call("aggregate function's create_accumulator",
-                                  function.create_accumulator)
-        else:
-            acc = self._deser(raw)
-        acc = self._user_call("aggregate function's add", function.add, value, acc)
-        self._write(key, self._ser(acc))
+        acc = self._new_accumulator() if raw is None else self._deser(raw)
+        self._write(key, self._ser(self._added(value, acc)))
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        return [None if acc is None else
-                self._user_call("aggregate function's get_result", function.get_result, acc)
-                for acc in self._deser_or_none(self._read_many(keys, self._bulk_keys(keys)))]
+        return self._results(self._read_many(keys, self._bulk_keys(keys)), None, self._deser)
 
     def add_many(self, keys: BatchKeys, values: Any) -> None:
         stored_keys = self._bulk_keys(keys)
         values = values_of(keys, values)
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        call, ser = self._user_call, self._ser
-        payloads: list[bytes | None] = []
-        for acc, value in zip(self._deser_or_none(self._read_many(keys, stored_keys)), values):
-            if acc is None:
-                acc = call("aggregate function's create_accumulator",
-                           function.create_accumulator)
-            payloads.append(ser(call("aggregate function's add", function.add, value, acc)))
-        self._put_many(keys, stored_keys, payloads)
+        accs = self._accumulate_all(self._read_many(keys, stored_keys), None, self._deser,
+                                    values)
+        ser = self._ser
+        self._put_many(keys, stored_keys, [ser(acc) for acc in accs])
 
 
 def _clear_prefixes(state: RocksDBState, keys: BatchKeys) -> None:
@@ -317,14 +375,8 @@ def _clear_prefixes(state: RocksDBState, keys: BatchKeys) -> None:
 # -- through the value cache (docs/rocksdb-backend.md, "The value cache") ------------------------
 
 
-class CachedValueState(RocksDBCachedState, ValueState[Any]):
+class CachedValueState(RocksDBCachedState, _ValueSteps):
     """:class:`RocksDBValueState` through the value cache."""
-
-    def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
-                 instance: RocksDBInstance) -> None:
-        super().__init__(context, descriptor, instance)
-        assert isinstance(descriptor, ValueStateDescriptor)
-        self._default = descriptor.default
 
     # The hot path: the key check and a hit inlined (no TTL: one dict lookup).
 
@@ -369,16 +421,12 @@ class CachedValueState(RocksDBCachedState, ValueState[Any]):
         return self._loaded(self._cached_many(keys, self._cache_keys(keys)), self._default)
 
     def update_many(self, keys: BatchKeys, values: Any) -> None:
-        ser = self._ser
         values = values_of(keys, values)
-        payloads = [None if v is None else ser(v) for v in values]
-        # A None clears, and clear() does no cleanup step: only the writes count as accesses.
-        if self._ttl is not None:
-            self._cleanup_steps(sum(p is not None for p in payloads))
+        payloads = self._update_payloads(values)
         self._store_many(self._cache_keys(keys), values, payloads, cleanup=False)
 
 
-class CachedReducingState(RocksDBCachedState, ReducingState[Any]):
+class CachedReducingState(RocksDBCachedState, _ReducingSteps):
     """:class:`RocksDBReducingState` through the value cache."""
 
     def get(self) -> Any:
@@ -389,10 +437,7 @@ class CachedReducingState(RocksDBCachedState, ReducingState[Any]):
         ck, full = self._current()
         form = self._cached(ck, full)
         if form is not ABSENT:
-            # The input is checked against the type before the user function sees it.
-            self._check(value)
-            reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
-            value = self._user_call("reduce function", reduce, self._load(form), value)
+            value = self._reduced(self._load(form), value)
         self._store(ck, value, self._ser(value))
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
@@ -401,67 +446,35 @@ class CachedReducingState(RocksDBCachedState, ReducingState[Any]):
     def add_many(self, keys: BatchKeys, values: Any) -> None:
         cks = self._cache_keys(keys)
         values = values_of(keys, values)
-        forms = self._cached_many(keys, cks)
-        reduce = self.descriptor.reduce_function  # type: ignore[attr-defined]
-        check, load, ser, call = self._check, self._load, self._ser, self._user_call
-        results: list[Any] = []
-        payloads: list[bytes | None] = []
-        for form, value in zip(forms, values):
-            if form is not ABSENT:
-                check(value)
-                value = call("reduce function", reduce, load(form), value)
-            results.append(value)
-            payloads.append(ser(value))
-        self._store_many(cks, results, payloads)
+        results = self._reduce_all(self._cached_many(keys, cks), ABSENT, self._load, values)
+        ser = self._ser
+        self._store_many(cks, results, [ser(value) for value in results])
 
 
-class CachedAggregatingState(RocksDBCachedState, AggregatingState[Any]):
+class CachedAggregatingState(RocksDBCachedState, _AggregatingSteps):
     """:class:`RocksDBAggregatingState` through the value cache."""
 
     def get(self) -> Any:
         form = self._cached(*self._current())
-        if form is ABSENT:
-            return None
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        return self._user_call("aggregate function's get_result", function.get_result,
-                               self._load(form))
+        return None if form is ABSENT else self._result(self._load(form))
 
     def add(self, value: Any) -> None:
         ck, full = self._current()
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
         form = self._cached(ck, full)
-        if form is ABSENT:
-            acc = self._user_call("aggregate function's create_accumulator",
-                                  function.create_accumulator)
-        else:
-            acc = self._load(form)
-        acc = self._user_call("aggregate function's add", function.add, value, acc)
+        acc = self._new_accumulator() if form is ABSENT else self._load(form)
+        acc = self._added(value, acc)
         self._store(ck, acc, self._ser(acc))
 
     def get_many(self, keys: BatchKeys) -> list[Any]:
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        load, call = self._load, self._user_call
-        return [None if form is ABSENT else
-                call("aggregate function's get_result", function.get_result, load(form))
-                for form in self._cached_many(keys, self._cache_keys(keys))]
+        return self._results(self._cached_many(keys, self._cache_keys(keys)), ABSENT,
+                             self._load)
 
     def add_many(self, keys: BatchKeys, values: Any) -> None:
         cks = self._cache_keys(keys)
         values = values_of(keys, values)
-        function = self.descriptor.aggregate_function  # type: ignore[attr-defined]
-        call, load, ser = self._user_call, self._load, self._ser
-        accs: list[Any] = []
-        payloads: list[bytes | None] = []
-        for form, value in zip(self._cached_many(keys, cks), values):
-            if form is ABSENT:
-                acc = call("aggregate function's create_accumulator",
-                           function.create_accumulator)
-            else:
-                acc = load(form)
-            acc = call("aggregate function's add", function.add, value, acc)
-            accs.append(acc)
-            payloads.append(ser(acc))
-        self._store_many(cks, accs, payloads)
+        accs = self._accumulate_all(self._cached_many(keys, cks), ABSENT, self._load, values)
+        ser = self._ser
+        self._store_many(cks, accs, [ser(acc) for acc in accs])
 
 
 #: The state kinds the value cache serves (a list or map is read by prefix scans, which see

@@ -10,11 +10,12 @@ value, a state entry that differs.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -159,6 +160,25 @@ class Comparison:
         if len(self.examples) < 10:
             self.examples.append(text)
 
+    def tally(self, label: str, want: Mapping[Any, Any], got: Mapping[Any, Any],
+              seen: Mapping[Any, int] | None = None,
+              same: Callable[[Any, Any], bool] = operator.eq) -> None:
+        """Count what ``got`` holds against what it should (``want``), both by identity: each
+        wanted entry missing or with another value (not ``same``), then each entry not wanted,
+        ``seen[identity]`` times (default once). The examples name an entry
+        ``label[identity]``."""
+        for ident, value in want.items():
+            if ident not in got:
+                self.missing += 1
+                self.note(f"{label}[{ident!r}]: missing (expected {value!r})")
+            elif not same(got[ident], value):
+                self.wrong_value += 1
+                self.note(f"{label}[{ident!r}]: expected {value!r}, got {got[ident]!r}")
+        for ident, value in got.items():
+            if ident not in want:
+                self.unexpected += 1 if seen is None else seen[ident]
+                self.note(f"{label}[{ident!r}]: unexpected ({value!r})")
+
     def add(self, other: Comparison, prefix: str = "") -> None:
         """Count ``other`` in (a branch's comparison into the run's)."""
         self.expected += other.expected
@@ -210,17 +230,8 @@ def compare_rows(expected: list[dict[str, Any]], actual: pd.DataFrame, identity:
     for ident, n in counts.items():
         if n > 1:
             c.duplicated += n - 1
-            c.note(f"{ident} appears {n} times")
-        if ident not in want:
-            c.unexpected += n
-            c.note(f"unexpected row {got[ident]}")
-        elif got[ident] != want[ident]:
-            c.wrong_value += 1
-            c.note(f"{ident}: expected {want[ident]}, got {got[ident]}")
-    for ident in want:
-        if ident not in counts:
-            c.missing += 1
-            c.note(f"missing row {want[ident]}")
+            c.note(f"row[{ident!r}]: appears {n} times")
+    c.tally("row", want, got, seen=counts)
     return c
 
 
@@ -374,18 +385,12 @@ def compare_state(expected: dict[str, dict[Any, Any]], actual: dict[str, dict[An
         want, got = expected.get(name, {}), actual.get(name, {})
         c.expected += len(want)
         c.actual += len(got)
-        for k, v in want.items():
-            if k not in got:
-                c.missing += 1
-                c.note(f"{name}[{k!r}] missing (expected {v!r})")
-            elif _canon(got[k]) != _canon(v):
-                c.wrong_value += 1
-                c.note(f"{name}[{k!r}]: expected {v!r}, got {got[k]!r}")
-        for k in got:
-            if k not in want:
-                c.unexpected += 1
-                c.note(f"{name}[{k!r}] unexpected ({got[k]!r})")
+        c.tally(name, want, got, same=_same)
     return c
+
+
+def _same(a: Any, b: Any) -> bool:
+    return _canon(a) == _canon(b)
 
 
 def _canon(value: Any) -> Any:

@@ -279,13 +279,8 @@ def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],
         if job.positions_drill:
             drill = positions.get(job.index)
             entry["positions_drill"] = drill.get("outcome") if drill else None
-            if drill is None:
-                report.failures.append(f"the positions drill of job {job.index} never ran")
-            elif drill.get("violation"):
-                report.failures.append(
-                    f"positions drill of job {job.index}: the savepoint without its context "
-                    f"was {drill.get('outcome')} ({drill.get('error', '')[:300]}), left "
-                    f"{drill.get('left')}, claimed {drill.get('claimed')}")
+            _judge_refusal(report, drill, f"positions drill of job {job.index}",
+                           ": the savepoint without its context was")
         boundaries.append(entry)
     # Rollbacks: refused without the option, nothing left; then a branch from the planned fork.
     checks = {e["job"]: e for e in events if e.get("event") == "rollback-check"}
@@ -299,14 +294,8 @@ def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],
         entry = boundaries[job.index - 1]
         entry["rollback"] = {"check": check.get("outcome") if check else None,
                              "fork_batches": sorted(forks)}
-        if check is None:
-            report.failures.append(f"the rollback check of job {job.index} never ran")
-        elif check.get("violation"):
-            report.failures.append(
-                f"rollback of job {job.index} without on_rollback=branch: "
-                f"{check.get('outcome')} ({check.get('error', '')[:300]}), left "
-                f"{check.get('left')}, sinks changed {check.get('sinks_changed')}, claimed "
-                f"{check.get('claimed')}")
+        _judge_refusal(report, check, f"rollback check of job {job.index}",
+                       " without on_rollback=branch:")
         if forks != {plan.fork_batch(job)}:
             report.failures.append(f"job {job.index} rolled back to batches {sorted(forks)}, "
                                    f"planned {plan.fork_batch(job)}")
@@ -322,6 +311,21 @@ def _judge_boundaries(plan: Plan, run_dir: str, events: list[dict[str, Any]],
         "count": len(positions),
         "refused": sum(1 for d in positions.values() if d.get("outcome") == "refused"
                        and not d.get("violation"))}
+
+
+def _judge_refusal(report: ChaosReport, event: dict[str, Any] | None, drill: str,
+                   refused: str) -> None:
+    """A drill whose start must be refused, leaving nothing (``event``: what it logged, None:
+    it never ran): a failure names the ``drill``, what had to be ``refused``, and what
+    happened instead."""
+    if event is None:
+        report.failures.append(f"the {drill} never ran")
+    elif event.get("violation"):
+        sinks = (f", sinks changed {event['sinks_changed']}" if "sinks_changed" in event
+                 else "")
+        report.failures.append(
+            f"{drill}{refused} {event.get('outcome')} ({event.get('error', '')[:300]}), left "
+            f"{event.get('left')}{sinks}, claimed {event.get('claimed')}")
 
 
 def _executor_heap_mib(master: str) -> int:

@@ -8,7 +8,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Self, TypeVar
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
@@ -215,12 +215,29 @@ class LatencyFileSystem(AbstractFileSystem):
             self._record(kind, path, Cell(1, 0, 0.0, time.perf_counter() - t0), started)
 
 
-class _ShapedReader:
-    """A file opened for reading: its request was paid at open; its bytes pay the bandwidth
-    as they arrive."""
+class _ShapedFile:
+    """A file of the inner filesystem behind the model: a context manager that closes it, and
+    the inner file's other attributes as they are."""
 
     def __init__(self, fs: LatencyFileSystem, path: str, inner: Any) -> None:
         self._fs, self._path, self._inner = fs, path, inner
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _ShapedReader(_ShapedFile):
+    """A file opened for reading: its request was paid at open; its bytes pay the bandwidth
+    as they arrive."""
 
     def _arrived(self, n: int, t0: float, started: float) -> None:
         modeled = self._fs.model.transfer_s(n)
@@ -250,25 +267,14 @@ class _ShapedReader:
         while line := self.readline():
             yield line
 
-    def close(self) -> None:
-        self._inner.close()
 
-    def __enter__(self) -> _ShapedReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _ShapedWriter:
+class _ShapedWriter(_ShapedFile):
     """A file opened for writing: one PUT of every byte written, paid at close (where s3fs
     uploads an object of up to its block size)."""
 
     def __init__(self, fs: LatencyFileSystem, path: str, inner: Any, started: float) -> None:
-        self._fs, self._path, self._inner, self._started = fs, path, inner, started
+        super().__init__(fs, path, inner)
+        self._started = started
         self._written = 0
         self._closed = False
 
@@ -288,15 +294,6 @@ class _ShapedWriter:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> _ShapedWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 # Where the installed metadata has no entry point for the protocol yet (an editable install
