@@ -77,7 +77,8 @@ the median at ``keys``.
 Run ``keyedstate bench growth [--keys N] [--latency MODEL]`` or, with the master, backends,
 batches, store and sizes, ``python -m keyedstate_benchmarks.growth --master
 local-cluster[2,1,1024] --out docs/bench-results/growth.json`` (the figure goes to
-``docs/img/growth.png``, ``--plot``).
+``docs/img/growth.png``, ``--plot``). The generated batches and the verifying sink are in
+:mod:`.growth_workload`, what a batch's requests tell in :mod:`.growth_requests`.
 """
 
 from __future__ import annotations
@@ -87,32 +88,25 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from keyedstate.runtime.batch import StagedOutput, read_staged
-from keyedstate.spark.sinks import Sink
-from keyedstate.testing.latency import LatencyModel, RequestRecord, counts_of, read_request_log
+from keyedstate.testing.latency import LatencyModel, read_request_log
 
 from .common import Location, behind, latency_model, machine, save_figure, workdir
-from .remote import LocalS3
-from .throughput import (
-    INPUT_SCHEMA,
-    OUTPUT_DDL,
-    ROW_GROUP_SIZE,
-    KeyedCount,
-    _input,
-    spark_version,
+from .growth_requests import (
+    LOGGED_PHASES,
+    check_protocol_installed,
+    describe_store,
+    request_phases,
 )
+from .growth_workload import LOAD, MEASURED, Batch, VerifiedCounts, write_workload
+from .remote import LocalS3
+from .throughput import OUTPUT_DDL, KeyedCount, _input, spark_version
 
 BACKENDS = ("rocksdb", "heap")
 #: where checkpoints go: the local S3 server (moto on loopback) or a local directory
@@ -123,120 +117,6 @@ SMALL_KEYS = 100_000
 GOAL_MEDIAN_RATIO = 1.3
 #: ... and its p90 and max at most this times its own median
 GOAL_TAIL_RATIO = 2.0
-LOAD, WARM_UP, MEASURED = "load", "warm-up", "measured"
-KEY_PREFIX = "user-"
-
-
-# --------------------------------------------------------------------------------------------
-# the generated batches and their expected output
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Batch:
-    """One generated micro-batch (one Parquet file) and the job's expected output for it."""
-
-    phase: str
-    path: str
-    events: int
-    #: the key indices in the batch, ascending (key ``i`` is ``user-{i:08d}``)
-    keys: np.ndarray
-    #: each of those keys' count after the batch: the output the job must emit
-    counts: np.ndarray
-
-
-def key_names(n: int) -> pa.Array:
-    """``user-00000000`` ... for key indices ``0 .. n-1`` (the names of ``bench throughput``)."""
-    digits = pc.utf8_lpad(pc.cast(pa.array(np.arange(n, dtype=np.int64)), pa.string()), 8, "0")
-    return pc.binary_join_element_wise(KEY_PREFIX, digits, "")
-
-
-def write_workload(directory: str, keys: int, load_batch_keys: int, warm_up_batches: int,
-                   batches: int, events_per_batch: int, distinct_keys: int, seed: int = 14
-                   ) -> list[Batch]:
-    """The Parquet files of one run, with increasing modification times (the file source takes
-    them in that order): loading batches that hold each of ``keys`` keys exactly once, then
-    ``warm_up_batches + batches`` batches of ``events_per_batch`` events over exactly
-    ``distinct_keys`` keys each (every drawn key at least once, the rest of the events drawn
-    uniformly among them)."""
-    os.makedirs(directory, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    names = key_names(keys)
-    counts = np.zeros(keys, dtype=np.int64)
-    out: list[Batch] = []
-
-    def write(idx: np.ndarray, phase: str) -> None:
-        n = len(out)
-        table = pa.table({
-            "user_id": names.take(pa.array(idx)),
-            "ts": pa.array(1_800_000_000_000_000 + n * 10**9 + np.arange(len(idx)),
-                           pa.timestamp("us", tz="UTC")),
-            "amount": rng.uniform(0, 100, len(idx)).round(2),
-        }, schema=INPUT_SCHEMA)
-        path = os.path.join(directory, f"events-{n:05d}.parquet")
-        pq.write_table(table, path, row_group_size=ROW_GROUP_SIZE)
-        os.utime(path, (1_800_000_000 + n, 1_800_000_000 + n))
-        touched, in_batch = np.unique(idx, return_counts=True)
-        counts[touched] += in_batch
-        out.append(Batch(phase, path, len(idx), touched, counts[touched].copy()))
-
-    for start in range(0, keys, load_batch_keys):
-        write(rng.permutation(np.arange(start, min(keys, start + load_batch_keys))), LOAD)
-    for n in range(warm_up_batches + batches):
-        drawn = rng.choice(keys, distinct_keys, replace=False)
-        idx = np.concatenate([drawn, rng.choice(drawn, events_per_batch - distinct_keys)])
-        write(rng.permutation(idx), WARM_UP if n < warm_up_batches else MEASURED)
-    return out
-
-
-def check_output(batch_id: int, table: pa.Table, want: Batch) -> str | None:
-    """None if ``table`` (``user_id``, ``count``) holds exactly one row per key of ``want``
-    with the key's expected count, else what differs."""
-    idx = pc.cast(pc.utf8_slice_codeunits(table.column("user_id"), len(KEY_PREFIX)),
-                  pa.int64()).to_numpy()
-    got = table.column("count").to_numpy()
-    order = np.argsort(idx, kind="stable")
-    idx, got = idx[order], got[order]
-    if not np.array_equal(idx, want.keys):
-        return (f"batch {batch_id}: {len(idx)} output rows for {len(np.unique(idx))} keys, "
-                f"expected one row for each of its {len(want.keys)} keys")
-    wrong = np.flatnonzero(got != want.counts)
-    if wrong.size:
-        i = wrong[0]
-        return (f"batch {batch_id}: {wrong.size} keys with wrong counts, e.g. "
-                f"{KEY_PREFIX}{idx[i]:08d}: {got[i]}, expected {want.counts[i]}")
-    return None
-
-
-class VerifiedCounts(Sink):
-    """The job's only sink: each batch's output (read from its staged files in the driver, as a
-    ``CallbackSink`` does, without a Spark job) against the generated data's, key by key
-    (:func:`check_output`). The verdicts are kept (:attr:`verified`, :attr:`errors`) and
-    judged after the run (:meth:`check`), so that the run ends with every wrong batch named.
-    A replayed commit checks again; a batch that was ever wrong stays wrong."""
-
-    def __init__(self, expected: Sequence[Batch]) -> None:
-        self.expected = expected
-        self.verified: dict[int, bool] = {}
-        self.errors: dict[int, str] = {}
-        self.seconds: dict[int, float] = {}
-
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        started = time.perf_counter()
-        error = (check_output(batch_id, read_staged(staged), self.expected[batch_id])
-                 if 0 <= batch_id < len(self.expected) else
-                 f"batch {batch_id} was not generated (only {len(self.expected)} were)")
-        self.verified[batch_id] = self.verified.get(batch_id, True) and error is None
-        if error is not None:
-            self.errors[batch_id] = error
-        self.seconds[batch_id] = time.perf_counter() - started
-
-    def check(self, run: str) -> None:
-        """Raise ``AssertionError`` unless every generated batch was committed and right."""
-        missing = [b for b in range(len(self.expected)) if b not in self.verified]
-        if missing or self.errors:
-            raise AssertionError(f"{run}: batches never committed: {missing}; wrong output: "
-                                 f"{list(self.errors.values())[:5]}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,39 +205,6 @@ def _epoch(timestamp: str) -> float:
     """Seconds since the epoch of a progress report's ISO timestamp (a trigger's start)."""
     return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
-
-#: The phases of a batch that only a latency model's request log times (module docstring).
-LOGGED_PHASES = ("staging_s", "metadata_commit_s", "commit_requests_s", "output_commit_s")
-
-
-def request_phases(records: Sequence[RequestRecord], start: float, end: float,
-                   driver_pid: int, sink_s: float) -> dict[str, Any]:
-    """What the requests logged from ``start`` to ``end`` tell of one batch: ``staging_s``
-    (the slowest worker process's wall seconds writing staged output), ``metadata_commit_s``
-    (the driver's ``_metadata`` PUTs), ``commit_requests_s`` (the driver's requests after
-    the sink: the commit marker, deleting the staged files, listing old markers),
-    ``output_commit_s`` (those plus ``sink_s``, the sink's own commit: the sink-commit step
-    but for its Python between requests), the requests of the driver and of the workers
-    with their modeled seconds, ``requests`` (every process's, by kind and area) and
-    ``driver_requests_detail`` (the driver's, by kind and area: it makes them one after
-    another, on the batch's path)."""
-    inside = [r for r in records if start <= r.t < end]
-    driver = counts_of([r for r in inside if r.pid == driver_pid])
-    workers = {pid: counts_of([r for r in inside if r.pid == pid])
-               for pid in {r.pid for r in inside if r.pid != driver_pid}}
-    commit_requests_s = (driver.wall_s(area="commits") + driver.wall_s("delete", "staging")
-                         + driver.wall_s("list", "staging"))
-    return {
-        "staging_s": max((w.wall_s("write", "staging") for w in workers.values()), default=0.0),
-        "metadata_commit_s": driver.wall_s("write", "metadata"),
-        "commit_requests_s": commit_requests_s,
-        "output_commit_s": sink_s + commit_requests_s,
-        "driver_requests": driver.requests(), "driver_modeled_s": driver.modeled_s(),
-        "worker_requests": sum(w.requests() for w in workers.values()),
-        "worker_modeled_s": sum(w.modeled_s() for w in workers.values()),
-        "requests": counts_of(inside).as_dict(),
-        "driver_requests_detail": driver.as_dict(),
-    }
 
 
 def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
@@ -524,32 +371,6 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         "goals": goals,
         "goals_met": bool(goals) and all(g["met"] for g in goals.values()),
     }
-
-
-def check_protocol_installed() -> None:
-    """Spark's Python workers open ``kslatency://`` through fsspec's entry points, without
-    importing the wrapper first: refuse to start (``MissingDependencyError``) where a fresh
-    Python does not find the protocol (an editable install made before its entry point)."""
-    from keyedstate.errors import MissingDependencyError
-
-    probe = subprocess.run([sys.executable, "-c", "import fsspec; "
-                            "fsspec.get_filesystem_class('kslatency')"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise MissingDependencyError(
-            "kslatency:// is not registered in this Python's installed metadata, so Spark's "
-            "Python workers can't open the checkpoints; reinstall keyedstate (pip install -e "
-            f"'.[bench]', or make install) to register its fsspec entry point. "
-            f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'no error'})")
-
-
-def describe_store(store: str, model: LatencyModel | None) -> str:
-    """Where a run's checkpoints went, in words (the JSON's and the figure's)."""
-    where = "moto S3 server on loopback, via s3fs" if store == "s3" else "a local directory"
-    if model is None:
-        return where
-    bandwidth = f", {model.mb_per_s:g} MB/s per stream" if model.mb_per_s else ""
-    return f"{where}, behind {model.name} ({model.first_byte_ms:g} ms per request{bandwidth})"
 
 
 def compute_goals(results: Sequence[dict[str, Any]], small_keys: int, keys: int
