@@ -63,6 +63,18 @@ The local directory without a model is the baseline "checkpoints on local disk";
 the same directory behaves as an object store (inlining, merging, the file cache: checkpoint
 storage sees a remote filesystem) and pays its round trips.
 
+**Output latency** (every batch's ``output_latency_s``): from the start of the trigger that
+reads the batch's file (the file taken as published then) to the end of its sink commit
+(:mod:`.growth_checkpointing` says why).
+
+**Comparing checkpointing** (``--compare-checkpointing``, ``checkpointing=`` of :func:`run`;
+:mod:`.growth_checkpointing`): at ``keys`` only, per backend, the job once with checkpoints on
+local disk (no latency), once behind the latency model (synchronous) and once behind it in the
+asynchronous mode (``async-upload``, one checkpoint in flight), judged by that module's goals.
+In the asynchronous mode a batch's statistics come when its checkpoint completes, during the
+next batch: its ``driver_s`` runs to its sink commit there, and a batch's window of requests
+holds the previous batch's ``_metadata`` and commit.
+
 **Verification.** The job's only sink reads each batch's output (the staged files, in the
 driver) and compares it key by key with the generated data's counts: the keys of the batch,
 each with its count so far. A batch missing, differing or run with another number of input rows
@@ -98,6 +110,9 @@ import numpy as np
 from keyedstate.testing.latency import LatencyModel, read_request_log
 
 from .common import Location, behind, latency_model, machine, save_figure, workdir
+from .growth_checkpointing import MODES, Checkpointing, compare, modes
+from .growth_checkpointing import compute_goals as checkpointing_goals
+from .growth_checkpointing import plot as plot_checkpointing
 from .growth_requests import (
     LOGGED_PHASES,
     check_protocol_installed,
@@ -117,6 +132,8 @@ SMALL_KEYS = 100_000
 GOAL_MEDIAN_RATIO = 1.3
 #: ... and its p90 and max at most this times its own median
 GOAL_TAIL_RATIO = 2.0
+#: --compare-checkpointing's latency model when none is given
+COMPARE_MODEL = "s3-standard-same-region"
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,11 +150,12 @@ def _median_or_none(values: Sequence[float]) -> float | None:
 
 
 def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
-            workload: Sequence[Batch], root: str, parallelism: int, name: str
-            ) -> tuple[list[dict[str, Any]], float]:
+            workload: Sequence[Batch], root: str, parallelism: int, name: str,
+            async_upload: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
-    of the store: ``store(root, name)`` gives it) and verify every batch's output; returns each
-    batch's figures (module docstring) and the query's wall seconds."""
+    of the store: ``store(root, name)`` gives it; with ``async_upload``, in the asynchronous
+    mode, one checkpoint in flight) and verify every batch's output; returns each batch's
+    figures (module docstring) and the query's wall seconds."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
@@ -149,7 +167,8 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
     started = time.perf_counter()
     query = job.start(JobConfig(checkpoint_dir=location.url("ckpt"), parallelism=parallelism,
                                 backend=backend, storage_options=location.options,
-                                local_dir=os.path.join(root, "local")),
+                                local_dir=os.path.join(root, "local"),
+                                async_upload=async_upload, max_concurrent_checkpoints=1),
                       spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})
     try:
@@ -186,6 +205,8 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
             "keys": int(len(batch.keys)),
             "trigger_s": p.durationMs["triggerExecution"] / 1000, "driver_s": s.duration_s,
             "sink_s": sink.seconds[batch_id], "checkpoint_id": s.checkpoint_id,
+            # from the trigger that reads the batch's file to its sink commit's end
+            "output_latency_s": sink.committed_at[batch_id] - starts[batch_id],
             "uploaded_bytes": s.uploaded_bytes, "incremental_bytes": s.incremental_bytes,
             "full_bytes": s.full_bytes, "objects_written": s.objects_written,
             "restored_subtasks": s.restored_subtasks, "reused_subtasks": s.reused_subtasks,
@@ -208,24 +229,31 @@ def _epoch(timestamp: str) -> float:
 
 
 def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
-            workload: Sequence[Batch], root: str, parallelism: int) -> dict[str, Any]:
-    """:func:`run_job` for ``backend`` at ``keys`` keys, and the summary of its measured
-    batches: median, p90 and max seconds (also the median of the batches where every subtask
-    reused its live copy and of those where one restored: placement), uploads, state size."""
+            workload: Sequence[Batch], root: str, parallelism: int,
+            mode: Checkpointing | None = None) -> dict[str, Any]:
+    """:func:`run_job` for ``backend`` at ``keys`` keys (checkpointing as ``mode`` says, if
+    given), and the summary of its measured batches: median, p90 and max seconds (also the
+    median of the batches where every subtask reused its live copy and of those where one
+    restored: placement), output latency, uploads, state size."""
     load_before = os.getloadavg()[0]
-    per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism,
-                                f"{backend}-{keys}")
+    name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "")
+    per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism, name,
+                                async_upload=mode is not None and mode.async_upload)
     measured = [b for b in per_batch if b["phase"] == MEASURED]
     seconds = [b["trigger_s"] for b in measured]
     largest = max(measured, key=lambda b: b["uploaded_bytes"])
+    latency = [b["output_latency_s"] for b in measured]
     return {
         "backend": backend, "keys": keys,
+        **({"checkpointing": mode.name} if mode is not None else {}),
         "load_batches": sum(b["phase"] == LOAD for b in per_batch),
         "load_s": sum(b["trigger_s"] for b in per_batch if b["phase"] == LOAD),
         "batches": len(measured),
         "median_s": statistics.median(seconds), "p90_s": _percentile(seconds, 90),
         "max_s": max(seconds), "mean_s": statistics.fmean(seconds),
         "seconds_per_batch": seconds,
+        "output_latency_median_s": statistics.median(latency),
+        "output_latency_p90_s": _percentile(latency, 90),
         "median_all_reused_s": _median_or_none([b["trigger_s"] for b in measured
                                                 if not b["restored_subtasks"]]),
         "median_any_restored_s": _median_or_none([b["trigger_s"] for b in measured
@@ -265,7 +293,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         load_batch_keys: int = 1_000_000, backends: Sequence[str] = BACKENDS,
         session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
         progress: Callable[[str], None] | None = None, spark: Any = None, store: str = "s3",
-        latency: str | LatencyModel | None = None) -> dict[str, Any]:
+        latency: str | LatencyModel | None = None, checkpointing: Sequence[str] = ()
+        ) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
     (module docstring); fails if any batch's output differs from the generated data's. First,
     a throw-away run of the small state's loading batches and ``session_warm_up_batches``
@@ -273,10 +302,19 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     ``master`` is started and stopped here). ``store``: checkpoints on the local S3 server
     (``"s3"``) or a local directory (``"local"``); ``latency``: a latency model they are
     behind (``--latency``: ``none``, a model's name or figures such as ``ms=30,mb_per_s=90``;
-    docs/object-storage.md, "A latency model for benchmarks")."""
+    docs/object-storage.md, "A latency model for benchmarks").
+
+    ``checkpointing``: modes of :mod:`.growth_checkpointing` (``local-disk``,
+    ``latency-sync``, ``latency-async``; ``--compare-checkpointing`` runs all three): the job
+    runs at ``keys`` only (``small_keys`` <= ``keys`` is the session warm-up's state), once
+    per mode on each backend, behind ``latency`` (default :data:`COMPARE_MODEL`), and the
+    goals are those of :func:`.growth_checkpointing.compute_goals`."""
     from keyedstate.spark.session import local_session
 
     model = latency_model(latency)
+    if checkpointing and model is None:
+        model = latency_model(COMPARE_MODEL)
+    chosen: list[Checkpointing | None] = list(modes(checkpointing, store)) or [None]
     if model is not None:
         check_protocol_installed()
     if store not in STORES:
@@ -284,7 +322,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown or not backends:
         raise ValueError(f"unknown backends {unknown or backends}; known: {list(BACKENDS)}")
-    if not 0 < small_keys < keys:
+    if not (0 < small_keys <= keys if checkpointing else 0 < small_keys < keys):
         raise ValueError(f"keys ({keys:,}) must be more than the small state's {small_keys:,}")
     if not 0 < distinct_keys <= min(small_keys, events_per_batch):
         raise ValueError(f"distinct_keys ({distinct_keys:,}) must be at most the small state's "
@@ -294,22 +332,28 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                          "negative number of warm-up batches")
     say = progress or (lambda msg: None)
     own_session = spark is None
-    sizes = (small_keys, keys)
+    sizes = (keys,) if checkpointing else (small_keys, keys)
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
     with ExitStack() as stack:
         root = stack.enter_context(workdir("growth"))
-        s3 = stack.enter_context(LocalS3()) if store == "s3" else None
+        uses_s3 = any((m.store if m is not None else store) == "s3" for m in chosen)
+        s3 = stack.enter_context(LocalS3()) if uses_s3 else None
 
-        def location(run_root: str, name: str) -> Location:
-            """A run's checkpoints: a folder of the bucket or of the run's directory, behind
-            the model, whose requests the run's directory logs."""
-            base, options = (s3.url(name), s3.options) if s3 is not None else \
-                (os.path.join(run_root, "store"), {})
-            return behind(base, options, model, os.path.join(run_root, "requests"))
+        def location_of(mode: Checkpointing | None) -> Callable[[str, str], Location]:
+            def location(run_root: str, name: str) -> Location:
+                """A run's checkpoints: a folder of the bucket or of the run's directory,
+                behind the model (unless ``mode`` says not), whose requests the run's
+                directory logs."""
+                on_s3 = (mode.store if mode is not None else store) == "s3"
+                base, options = (s3.url(name), s3.options) if on_s3 and s3 is not None else \
+                    (os.path.join(run_root, "store"), {})
+                shaped = model if mode is None or mode.behind_model else None
+                return behind(base, options, shaped, os.path.join(run_root, "requests"))
+            return location
 
         workloads: dict[int, list[Batch]] = {}
-        for size in sizes:
+        for size in dict.fromkeys((small_keys, *sizes)):
             say(f"generating {size:,} keys' batches")
             workloads[size] = write_workload(os.path.join(root, f"data-{size}"), size,
                                              load_batch_keys, warm_up_batches, batches,
@@ -331,7 +375,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                 first = workloads[small_keys]
                 first = first[:sum(b.phase == LOAD for b in first) + session_warm_up_batches]
                 say(f"warming up the session: {len(first)} throw-away batches")
-                per_batch, wall_s = run_job(spark, location, backends[0], first,
+                per_batch, wall_s = run_job(spark, location_of(chosen[0]), backends[0], first,
                                             os.path.join(root, "session-warm-up"), parallelism,
                                             "session-warm-up")
                 warm_up.update(batches=len(per_batch), wall_s=wall_s,
@@ -340,16 +384,20 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
             # backend's are millions of Python objects, so heap runs last (default order).
             for backend in backends:
                 for size in sizes:
-                    workload = workloads[size]
-                    say(f"{backend}, {size:,} keys: {sum(b.phase == LOAD for b in workload)} "
-                        f"loading + {warm_up_batches} warm-up + {batches} measured batches")
-                    results.append(run_one(spark, location, backend, size, workload,
-                                           os.path.join(root, f"{backend}-{size}"), parallelism))
+                    for mode in chosen:
+                        workload = workloads[size]
+                        named = f"{backend}-{size}" + (f"-{mode.name}" if mode else "")
+                        say(f"{named}: {sum(b.phase == LOAD for b in workload)} loading + "
+                            f"{warm_up_batches} warm-up + {batches} measured batches")
+                        results.append(run_one(spark, location_of(mode), backend, size,
+                                               workload, os.path.join(root, named),
+                                               parallelism, mode))
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:
                 spark.stop()
-    goals = compute_goals(results, small_keys, keys)
+    goals = (checkpointing_goals(results, model.name) if checkpointing and model is not None
+             else compute_goals(results, small_keys, keys))
     return {
         "benchmark": "growth",
         "machine": {**machine(), "master": master, "spark": spark_version(),
@@ -363,11 +411,13 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                      "storage": describe_store(store, model),
                      "store": store,
                      "latency": model.parameters() if model is not None else None,
+                     "checkpointing": [m.describe() for m in chosen if m is not None] or None,
                      "timing": "trigger_s: Spark's triggerExecution of each micro-batch; "
                                "median, p90, max of the measured batches"},
         "total_s": time.perf_counter() - started,
         "session_warm_up": warm_up,
         "results": results,
+        **({"comparison": compare(results)} if checkpointing else {}),
         "goals": goals,
         "goals_met": bool(goals) and all(g["met"] for g in goals.values()),
     }
@@ -465,9 +515,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", choices=STORES, default="s3",
                         help="checkpoints on the local S3 server or a local directory "
                              "(default: %(default)s)")
-    parser.add_argument("--latency", default="none",
+    parser.add_argument("--latency", default=None,
                         help="the checkpoints' latency model: none, s3-standard-same-region or "
-                             "figures such as ms=30,mb_per_s=90 (default: %(default)s)")
+                             "figures such as ms=30,mb_per_s=90 (default: none; "
+                             f"{COMPARE_MODEL} with --compare-checkpointing)")
+    parser.add_argument("--compare-checkpointing", action="store_true",
+                        help="at --keys only, per backend: checkpoints on local disk, behind "
+                             "the latency model, and behind it in the asynchronous mode, "
+                             "judged by the asynchronous phase's goals")
     parser.add_argument("--small-keys", type=int, default=SMALL_KEYS,
                         help="the small state's keys (default: %(default)s)")
     parser.add_argument("--events-per-batch", type=int, default=200_000)
@@ -478,14 +533,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-warm-up-batches", type=int, default=10)
     parser.add_argument("--out", default=None, help="write the JSON result here (and the "
                                                     "figure to --plot)")
-    parser.add_argument("--plot", default=os.path.join("docs", "img", "growth.png"),
-                        help="the figure's path, written with --out (default: %(default)s)")
+    parser.add_argument("--plot", default=None,
+                        help="the figure's path, written with --out (default: "
+                             "docs/img/growth.png, with --compare-checkpointing "
+                             "docs/img/growth-checkpointing.png)")
     parser.add_argument("--from-json", default=None,
                         help="draw the figure of a saved result to --plot, run nothing")
     args = parser.parse_args(argv)
+    figure = args.plot or os.path.join("docs", "img", "growth-checkpointing.png"
+                                       if args.compare_checkpointing else "growth.png")
     if args.from_json:
         with open(args.from_json) as f:
-            plot(json.load(f), args.plot)
+            draw(json.load(f), figure)
         return
     result = run(keys=args.keys, batches=args.batches, master=args.master,
                  backends=[b.strip() for b in args.backends.split(",") if b.strip()],
@@ -493,13 +552,22 @@ def main(argv: list[str] | None = None) -> None:
                  events_per_batch=args.events_per_batch, distinct_keys=args.distinct_keys,
                  load_batch_keys=args.load_batch_keys,
                  session_warm_up_batches=args.session_warm_up_batches,
+                 checkpointing=MODES if args.compare_checkpointing else (),
                  progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-        plot(result, args.plot)
+        draw(result, figure)
     print(text)
+
+
+def draw(result: dict[str, Any], path: str) -> None:
+    """The figure of a result: :func:`plot`, or that of the checkpointing comparison."""
+    if result.get("comparison") is not None:
+        plot_checkpointing(result, path)
+    else:
+        plot(result, path)
 
 
 if __name__ == "__main__":

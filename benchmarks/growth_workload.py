@@ -104,13 +104,16 @@ class VerifiedCounts(Sink):
     ``CallbackSink`` does, without a Spark job) against the generated data's, key by key
     (:func:`check_output`). The verdicts are kept (:attr:`verified`, :attr:`errors`) and
     judged after the run (:meth:`check`), so that the run ends with every wrong batch named.
-    A replayed commit checks again; a batch that was ever wrong stays wrong."""
+    A replayed commit checks again; a batch that was ever wrong stays wrong. Each commit's
+    seconds (:attr:`seconds`) and the wall-clock time it finished (:attr:`committed_at`,
+    seconds since the epoch: when the batch's output reached the sink) are kept too."""
 
     def __init__(self, expected: Sequence[Batch]) -> None:
         self.expected = expected
         self.verified: dict[int, bool] = {}
         self.errors: dict[int, str] = {}
         self.seconds: dict[int, float] = {}
+        self.committed_at: dict[int, float] = {}
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         started = time.perf_counter()
@@ -121,6 +124,7 @@ class VerifiedCounts(Sink):
         if error is not None:
             self.errors[batch_id] = error
         self.seconds[batch_id] = time.perf_counter() - started
+        self.committed_at[batch_id] = time.time()
 
     def check(self, run: str) -> None:
         """Raise ``AssertionError`` unless every generated batch was committed and right."""
