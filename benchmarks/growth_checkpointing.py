@@ -214,8 +214,8 @@ def plot(result: dict[str, Any], path: str) -> str:
     w, m = result["workload"], result["machine"]
     model = w.get("latency") or {}
     fig.suptitle(f"Checkpoints on local disk, behind {model.get('name', 'a latency model')} "
-                 f"(sync), and asynchronous: {w['keys']:,} keys, {w['events_per_batch']:,} "
-                 f"events over {w['distinct_keys_per_batch']:,} keys per batch, {m['master']}; "
-                 f"commit {m['commit']}, {m['date']}, load average {m['load_average']}",
-                 fontsize=9)
+                 f"(sync), and behind it asynchronous: {w['keys']:,} keys, "
+                 f"{w['events_per_batch']:,} events over {w['distinct_keys_per_batch']:,} keys "
+                 f"per batch, {m['master']}\ncommit {m['commit']}, {m['date']}, load average "
+                 f"{m['load_average']} (at the end)", fontsize=9)
     return save_figure(fig, path)
