@@ -540,6 +540,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--from-json", default=None,
                         help="draw the figure of a saved result to --plot, run nothing")
     args = parser.parse_args(argv)
+    if args.compare_checkpointing and args.latency is not None \
+            and latency_model(args.latency) is None:
+        parser.error("--compare-checkpointing compares checkpoints behind a latency model "
+                     f"with local disk: give one (--latency {COMPARE_MODEL}, the default) "
+                     "instead of none")
     figure = args.plot or os.path.join("docs", "img", "growth-checkpointing.png"
                                        if args.compare_checkpointing else "growth.png")
     if args.from_json:
