@@ -63,6 +63,18 @@ The local directory without a model is the baseline "checkpoints on local disk";
 the same directory behaves as an object store (inlining, merging, the file cache: checkpoint
 storage sees a remote filesystem) and pays its round trips.
 
+**Output latency** (every batch's ``output_latency_s``): from the start of the trigger that
+reads the batch's file (the file taken as published then) to the end of its sink commit
+(:mod:`.growth_checkpointing` says why).
+
+**Comparing checkpointing** (``--compare-checkpointing``, ``checkpointing=`` of :func:`run`;
+:mod:`.growth_checkpointing`): at ``keys`` only, per backend, the job once with checkpoints on
+local disk (no latency), once behind the latency model (synchronous) and once behind it in the
+asynchronous mode (``async-upload``, one checkpoint in flight), judged by that module's goals.
+In the asynchronous mode a batch's statistics come when its checkpoint completes, during the
+next batch: its ``driver_s`` runs to its sink commit there, and a batch's window of requests
+holds the previous batch's ``_metadata`` and commit.
+
 **Verification.** The job's only sink reads each batch's output (the staged files, in the
 driver) and compares it key by key with the generated data's counts: the keys of the batch,
 each with its count so far. A batch missing, differing or run with another number of input rows
@@ -77,7 +89,8 @@ the median at ``keys``.
 Run ``keyedstate bench growth [--keys N] [--latency MODEL]`` or, with the master, backends,
 batches, store and sizes, ``python -m keyedstate_benchmarks.growth --master
 local-cluster[2,1,1024] --out docs/bench-results/growth.json`` (the figure goes to
-``docs/img/growth.png``, ``--plot``).
+``docs/img/growth.png``, ``--plot``). The generated batches and the verifying sink are in
+:mod:`.growth_workload`, what a batch's requests tell in :mod:`.growth_requests`.
 """
 
 from __future__ import annotations
@@ -87,32 +100,28 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from keyedstate.runtime.batch import StagedOutput, read_staged
-from keyedstate.spark.sinks import Sink
-from keyedstate.testing.latency import LatencyModel, RequestRecord, counts_of, read_request_log
+from keyedstate.testing.latency import LatencyModel, read_request_log
 
 from .common import Location, behind, latency_model, machine, save_figure, workdir
-from .remote import LocalS3
-from .throughput import (
-    INPUT_SCHEMA,
-    OUTPUT_DDL,
-    ROW_GROUP_SIZE,
-    KeyedCount,
-    _input,
-    spark_version,
+from .growth_checkpointing import MODES, Checkpointing, compare, modes
+from .growth_checkpointing import compute_goals as checkpointing_goals
+from .growth_checkpointing import plot as plot_checkpointing
+from .growth_requests import (
+    LOGGED_PHASES,
+    check_protocol_installed,
+    describe_store,
+    request_phases,
 )
+from .growth_workload import LOAD, MEASURED, Batch, VerifiedCounts, write_workload
+from .remote import LocalS3
+from .throughput import OUTPUT_DDL, KeyedCount, _input, spark_version
 
 BACKENDS = ("rocksdb", "heap")
 #: where checkpoints go: the local S3 server (moto on loopback) or a local directory
@@ -123,120 +132,8 @@ SMALL_KEYS = 100_000
 GOAL_MEDIAN_RATIO = 1.3
 #: ... and its p90 and max at most this times its own median
 GOAL_TAIL_RATIO = 2.0
-LOAD, WARM_UP, MEASURED = "load", "warm-up", "measured"
-KEY_PREFIX = "user-"
-
-
-# --------------------------------------------------------------------------------------------
-# the generated batches and their expected output
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Batch:
-    """One generated micro-batch (one Parquet file) and the job's expected output for it."""
-
-    phase: str
-    path: str
-    events: int
-    #: the key indices in the batch, ascending (key ``i`` is ``user-{i:08d}``)
-    keys: np.ndarray
-    #: each of those keys' count after the batch: the output the job must emit
-    counts: np.ndarray
-
-
-def key_names(n: int) -> pa.Array:
-    """``user-00000000`` ... for key indices ``0 .. n-1`` (the names of ``bench throughput``)."""
-    digits = pc.utf8_lpad(pc.cast(pa.array(np.arange(n, dtype=np.int64)), pa.string()), 8, "0")
-    return pc.binary_join_element_wise(KEY_PREFIX, digits, "")
-
-
-def write_workload(directory: str, keys: int, load_batch_keys: int, warm_up_batches: int,
-                   batches: int, events_per_batch: int, distinct_keys: int, seed: int = 14
-                   ) -> list[Batch]:
-    """The Parquet files of one run, with increasing modification times (the file source takes
-    them in that order): loading batches that hold each of ``keys`` keys exactly once, then
-    ``warm_up_batches + batches`` batches of ``events_per_batch`` events over exactly
-    ``distinct_keys`` keys each (every drawn key at least once, the rest of the events drawn
-    uniformly among them)."""
-    os.makedirs(directory, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    names = key_names(keys)
-    counts = np.zeros(keys, dtype=np.int64)
-    out: list[Batch] = []
-
-    def write(idx: np.ndarray, phase: str) -> None:
-        n = len(out)
-        table = pa.table({
-            "user_id": names.take(pa.array(idx)),
-            "ts": pa.array(1_800_000_000_000_000 + n * 10**9 + np.arange(len(idx)),
-                           pa.timestamp("us", tz="UTC")),
-            "amount": rng.uniform(0, 100, len(idx)).round(2),
-        }, schema=INPUT_SCHEMA)
-        path = os.path.join(directory, f"events-{n:05d}.parquet")
-        pq.write_table(table, path, row_group_size=ROW_GROUP_SIZE)
-        os.utime(path, (1_800_000_000 + n, 1_800_000_000 + n))
-        touched, in_batch = np.unique(idx, return_counts=True)
-        counts[touched] += in_batch
-        out.append(Batch(phase, path, len(idx), touched, counts[touched].copy()))
-
-    for start in range(0, keys, load_batch_keys):
-        write(rng.permutation(np.arange(start, min(keys, start + load_batch_keys))), LOAD)
-    for n in range(warm_up_batches + batches):
-        drawn = rng.choice(keys, distinct_keys, replace=False)
-        idx = np.concatenate([drawn, rng.choice(drawn, events_per_batch - distinct_keys)])
-        write(rng.permutation(idx), WARM_UP if n < warm_up_batches else MEASURED)
-    return out
-
-
-def check_output(batch_id: int, table: pa.Table, want: Batch) -> str | None:
-    """None if ``table`` (``user_id``, ``count``) holds exactly one row per key of ``want``
-    with the key's expected count, else what differs."""
-    idx = pc.cast(pc.utf8_slice_codeunits(table.column("user_id"), len(KEY_PREFIX)),
-                  pa.int64()).to_numpy()
-    got = table.column("count").to_numpy()
-    order = np.argsort(idx, kind="stable")
-    idx, got = idx[order], got[order]
-    if not np.array_equal(idx, want.keys):
-        return (f"batch {batch_id}: {len(idx)} output rows for {len(np.unique(idx))} keys, "
-                f"expected one row for each of its {len(want.keys)} keys")
-    wrong = np.flatnonzero(got != want.counts)
-    if wrong.size:
-        i = wrong[0]
-        return (f"batch {batch_id}: {wrong.size} keys with wrong counts, e.g. "
-                f"{KEY_PREFIX}{idx[i]:08d}: {got[i]}, expected {want.counts[i]}")
-    return None
-
-
-class VerifiedCounts(Sink):
-    """The job's only sink: each batch's output (read from its staged files in the driver, as a
-    ``CallbackSink`` does, without a Spark job) against the generated data's, key by key
-    (:func:`check_output`). The verdicts are kept (:attr:`verified`, :attr:`errors`) and
-    judged after the run (:meth:`check`), so that the run ends with every wrong batch named.
-    A replayed commit checks again; a batch that was ever wrong stays wrong."""
-
-    def __init__(self, expected: Sequence[Batch]) -> None:
-        self.expected = expected
-        self.verified: dict[int, bool] = {}
-        self.errors: dict[int, str] = {}
-        self.seconds: dict[int, float] = {}
-
-    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
-        started = time.perf_counter()
-        error = (check_output(batch_id, read_staged(staged), self.expected[batch_id])
-                 if 0 <= batch_id < len(self.expected) else
-                 f"batch {batch_id} was not generated (only {len(self.expected)} were)")
-        self.verified[batch_id] = self.verified.get(batch_id, True) and error is None
-        if error is not None:
-            self.errors[batch_id] = error
-        self.seconds[batch_id] = time.perf_counter() - started
-
-    def check(self, run: str) -> None:
-        """Raise ``AssertionError`` unless every generated batch was committed and right."""
-        missing = [b for b in range(len(self.expected)) if b not in self.verified]
-        if missing or self.errors:
-            raise AssertionError(f"{run}: batches never committed: {missing}; wrong output: "
-                                 f"{list(self.errors.values())[:5]}")
+#: --compare-checkpointing's latency model when none is given
+COMPARE_MODEL = "s3-standard-same-region"
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,11 +150,12 @@ def _median_or_none(values: Sequence[float]) -> float | None:
 
 
 def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
-            workload: Sequence[Batch], root: str, parallelism: int, name: str
-            ) -> tuple[list[dict[str, Any]], float]:
+            workload: Sequence[Batch], root: str, parallelism: int, name: str,
+            async_upload: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
-    of the store: ``store(root, name)`` gives it) and verify every batch's output; returns each
-    batch's figures (module docstring) and the query's wall seconds."""
+    of the store: ``store(root, name)`` gives it; with ``async_upload``, in the asynchronous
+    mode, one checkpoint in flight) and verify every batch's output; returns each batch's
+    figures (module docstring) and the query's wall seconds."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
@@ -269,7 +167,8 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
     started = time.perf_counter()
     query = job.start(JobConfig(checkpoint_dir=location.url("ckpt"), parallelism=parallelism,
                                 backend=backend, storage_options=location.options,
-                                local_dir=os.path.join(root, "local")),
+                                local_dir=os.path.join(root, "local"),
+                                async_upload=async_upload, max_concurrent_checkpoints=1),
                       spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})
     try:
@@ -306,6 +205,8 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
             "keys": int(len(batch.keys)),
             "trigger_s": p.durationMs["triggerExecution"] / 1000, "driver_s": s.duration_s,
             "sink_s": sink.seconds[batch_id], "checkpoint_id": s.checkpoint_id,
+            # from the trigger that reads the batch's file to its sink commit's end
+            "output_latency_s": sink.committed_at[batch_id] - starts[batch_id],
             "uploaded_bytes": s.uploaded_bytes, "incremental_bytes": s.incremental_bytes,
             "full_bytes": s.full_bytes, "objects_written": s.objects_written,
             "restored_subtasks": s.restored_subtasks, "reused_subtasks": s.reused_subtasks,
@@ -326,59 +227,33 @@ def _epoch(timestamp: str) -> float:
     return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
-#: The phases of a batch that only a latency model's request log times (module docstring).
-LOGGED_PHASES = ("staging_s", "metadata_commit_s", "commit_requests_s", "output_commit_s")
-
-
-def request_phases(records: Sequence[RequestRecord], start: float, end: float,
-                   driver_pid: int, sink_s: float) -> dict[str, Any]:
-    """What the requests logged from ``start`` to ``end`` tell of one batch: ``staging_s``
-    (the slowest worker process's wall seconds writing staged output), ``metadata_commit_s``
-    (the driver's ``_metadata`` PUTs), ``commit_requests_s`` (the driver's requests after
-    the sink: the commit marker, deleting the staged files, listing old markers),
-    ``output_commit_s`` (those plus ``sink_s``, the sink's own commit: the sink-commit step
-    but for its Python between requests), the requests of the driver and of the workers
-    with their modeled seconds, ``requests`` (every process's, by kind and area) and
-    ``driver_requests_detail`` (the driver's, by kind and area: it makes them one after
-    another, on the batch's path)."""
-    inside = [r for r in records if start <= r.t < end]
-    driver = counts_of([r for r in inside if r.pid == driver_pid])
-    workers = {pid: counts_of([r for r in inside if r.pid == pid])
-               for pid in {r.pid for r in inside if r.pid != driver_pid}}
-    commit_requests_s = (driver.wall_s(area="commits") + driver.wall_s("delete", "staging")
-                         + driver.wall_s("list", "staging"))
-    return {
-        "staging_s": max((w.wall_s("write", "staging") for w in workers.values()), default=0.0),
-        "metadata_commit_s": driver.wall_s("write", "metadata"),
-        "commit_requests_s": commit_requests_s,
-        "output_commit_s": sink_s + commit_requests_s,
-        "driver_requests": driver.requests(), "driver_modeled_s": driver.modeled_s(),
-        "worker_requests": sum(w.requests() for w in workers.values()),
-        "worker_modeled_s": sum(w.modeled_s() for w in workers.values()),
-        "requests": counts_of(inside).as_dict(),
-        "driver_requests_detail": driver.as_dict(),
-    }
-
 
 def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
-            workload: Sequence[Batch], root: str, parallelism: int) -> dict[str, Any]:
-    """:func:`run_job` for ``backend`` at ``keys`` keys, and the summary of its measured
-    batches: median, p90 and max seconds (also the median of the batches where every subtask
-    reused its live copy and of those where one restored: placement), uploads, state size."""
+            workload: Sequence[Batch], root: str, parallelism: int,
+            mode: Checkpointing | None = None) -> dict[str, Any]:
+    """:func:`run_job` for ``backend`` at ``keys`` keys (checkpointing as ``mode`` says, if
+    given), and the summary of its measured batches: median, p90 and max seconds (also the
+    median of the batches where every subtask reused its live copy and of those where one
+    restored: placement), output latency, uploads, state size."""
     load_before = os.getloadavg()[0]
-    per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism,
-                                f"{backend}-{keys}")
+    name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "")
+    per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism, name,
+                                async_upload=mode is not None and mode.async_upload)
     measured = [b for b in per_batch if b["phase"] == MEASURED]
     seconds = [b["trigger_s"] for b in measured]
     largest = max(measured, key=lambda b: b["uploaded_bytes"])
+    latency = [b["output_latency_s"] for b in measured]
     return {
         "backend": backend, "keys": keys,
+        **({"checkpointing": mode.name} if mode is not None else {}),
         "load_batches": sum(b["phase"] == LOAD for b in per_batch),
         "load_s": sum(b["trigger_s"] for b in per_batch if b["phase"] == LOAD),
         "batches": len(measured),
         "median_s": statistics.median(seconds), "p90_s": _percentile(seconds, 90),
         "max_s": max(seconds), "mean_s": statistics.fmean(seconds),
         "seconds_per_batch": seconds,
+        "output_latency_median_s": statistics.median(latency),
+        "output_latency_p90_s": _percentile(latency, 90),
         "median_all_reused_s": _median_or_none([b["trigger_s"] for b in measured
                                                 if not b["restored_subtasks"]]),
         "median_any_restored_s": _median_or_none([b["trigger_s"] for b in measured
@@ -418,7 +293,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         load_batch_keys: int = 1_000_000, backends: Sequence[str] = BACKENDS,
         session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
         progress: Callable[[str], None] | None = None, spark: Any = None, store: str = "s3",
-        latency: str | LatencyModel | None = None) -> dict[str, Any]:
+        latency: str | LatencyModel | None = None, checkpointing: Sequence[str] = ()
+        ) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
     (module docstring); fails if any batch's output differs from the generated data's. First,
     a throw-away run of the small state's loading batches and ``session_warm_up_batches``
@@ -426,10 +302,19 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     ``master`` is started and stopped here). ``store``: checkpoints on the local S3 server
     (``"s3"``) or a local directory (``"local"``); ``latency``: a latency model they are
     behind (``--latency``: ``none``, a model's name or figures such as ``ms=30,mb_per_s=90``;
-    docs/object-storage.md, "A latency model for benchmarks")."""
+    docs/object-storage.md, "A latency model for benchmarks").
+
+    ``checkpointing``: modes of :mod:`.growth_checkpointing` (``local-disk``,
+    ``latency-sync``, ``latency-async``; ``--compare-checkpointing`` runs all three): the job
+    runs at ``keys`` only (``small_keys`` <= ``keys`` is the session warm-up's state), once
+    per mode on each backend, behind ``latency`` (default :data:`COMPARE_MODEL`), and the
+    goals are those of :func:`.growth_checkpointing.compute_goals`."""
     from keyedstate.spark.session import local_session
 
     model = latency_model(latency)
+    if checkpointing and model is None:
+        model = latency_model(COMPARE_MODEL)
+    chosen: list[Checkpointing | None] = list(modes(checkpointing, store)) or [None]
     if model is not None:
         check_protocol_installed()
     if store not in STORES:
@@ -437,7 +322,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown or not backends:
         raise ValueError(f"unknown backends {unknown or backends}; known: {list(BACKENDS)}")
-    if not 0 < small_keys < keys:
+    if not (0 < small_keys <= keys if checkpointing else 0 < small_keys < keys):
         raise ValueError(f"keys ({keys:,}) must be more than the small state's {small_keys:,}")
     if not 0 < distinct_keys <= min(small_keys, events_per_batch):
         raise ValueError(f"distinct_keys ({distinct_keys:,}) must be at most the small state's "
@@ -447,22 +332,28 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                          "negative number of warm-up batches")
     say = progress or (lambda msg: None)
     own_session = spark is None
-    sizes = (small_keys, keys)
+    sizes = (keys,) if checkpointing else (small_keys, keys)
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
     with ExitStack() as stack:
         root = stack.enter_context(workdir("growth"))
-        s3 = stack.enter_context(LocalS3()) if store == "s3" else None
+        uses_s3 = any((m.store if m is not None else store) == "s3" for m in chosen)
+        s3 = stack.enter_context(LocalS3()) if uses_s3 else None
 
-        def location(run_root: str, name: str) -> Location:
-            """A run's checkpoints: a folder of the bucket or of the run's directory, behind
-            the model, whose requests the run's directory logs."""
-            base, options = (s3.url(name), s3.options) if s3 is not None else \
-                (os.path.join(run_root, "store"), {})
-            return behind(base, options, model, os.path.join(run_root, "requests"))
+        def location_of(mode: Checkpointing | None) -> Callable[[str, str], Location]:
+            def location(run_root: str, name: str) -> Location:
+                """A run's checkpoints: a folder of the bucket or of the run's directory,
+                behind the model (unless ``mode`` says not), whose requests the run's
+                directory logs."""
+                on_s3 = (mode.store if mode is not None else store) == "s3"
+                base, options = (s3.url(name), s3.options) if on_s3 and s3 is not None else \
+                    (os.path.join(run_root, "store"), {})
+                shaped = model if mode is None or mode.behind_model else None
+                return behind(base, options, shaped, os.path.join(run_root, "requests"))
+            return location
 
         workloads: dict[int, list[Batch]] = {}
-        for size in sizes:
+        for size in dict.fromkeys((small_keys, *sizes)):
             say(f"generating {size:,} keys' batches")
             workloads[size] = write_workload(os.path.join(root, f"data-{size}"), size,
                                              load_batch_keys, warm_up_batches, batches,
@@ -484,7 +375,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                 first = workloads[small_keys]
                 first = first[:sum(b.phase == LOAD for b in first) + session_warm_up_batches]
                 say(f"warming up the session: {len(first)} throw-away batches")
-                per_batch, wall_s = run_job(spark, location, backends[0], first,
+                per_batch, wall_s = run_job(spark, location_of(chosen[0]), backends[0], first,
                                             os.path.join(root, "session-warm-up"), parallelism,
                                             "session-warm-up")
                 warm_up.update(batches=len(per_batch), wall_s=wall_s,
@@ -493,16 +384,20 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
             # backend's are millions of Python objects, so heap runs last (default order).
             for backend in backends:
                 for size in sizes:
-                    workload = workloads[size]
-                    say(f"{backend}, {size:,} keys: {sum(b.phase == LOAD for b in workload)} "
-                        f"loading + {warm_up_batches} warm-up + {batches} measured batches")
-                    results.append(run_one(spark, location, backend, size, workload,
-                                           os.path.join(root, f"{backend}-{size}"), parallelism))
+                    for mode in chosen:
+                        workload = workloads[size]
+                        named = f"{backend}-{size}" + (f"-{mode.name}" if mode else "")
+                        say(f"{named}: {sum(b.phase == LOAD for b in workload)} loading + "
+                            f"{warm_up_batches} warm-up + {batches} measured batches")
+                        results.append(run_one(spark, location_of(mode), backend, size,
+                                               workload, os.path.join(root, named),
+                                               parallelism, mode))
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:
                 spark.stop()
-    goals = compute_goals(results, small_keys, keys)
+    goals = (checkpointing_goals(results, model.name) if checkpointing and model is not None
+             else compute_goals(results, small_keys, keys))
     return {
         "benchmark": "growth",
         "machine": {**machine(), "master": master, "spark": spark_version(),
@@ -516,40 +411,16 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                      "storage": describe_store(store, model),
                      "store": store,
                      "latency": model.parameters() if model is not None else None,
+                     "checkpointing": [m.describe() for m in chosen if m is not None] or None,
                      "timing": "trigger_s: Spark's triggerExecution of each micro-batch; "
                                "median, p90, max of the measured batches"},
         "total_s": time.perf_counter() - started,
         "session_warm_up": warm_up,
         "results": results,
+        **({"comparison": compare(results)} if checkpointing else {}),
         "goals": goals,
         "goals_met": bool(goals) and all(g["met"] for g in goals.values()),
     }
-
-
-def check_protocol_installed() -> None:
-    """Spark's Python workers open ``kslatency://`` through fsspec's entry points, without
-    importing the wrapper first: refuse to start (``MissingDependencyError``) where a fresh
-    Python does not find the protocol (an editable install made before its entry point)."""
-    from keyedstate.errors import MissingDependencyError
-
-    probe = subprocess.run([sys.executable, "-c", "import fsspec; "
-                            "fsspec.get_filesystem_class('kslatency')"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise MissingDependencyError(
-            "kslatency:// is not registered in this Python's installed metadata, so Spark's "
-            "Python workers can't open the checkpoints; reinstall keyedstate (pip install -e "
-            f"'.[bench]', or make install) to register its fsspec entry point. "
-            f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'no error'})")
-
-
-def describe_store(store: str, model: LatencyModel | None) -> str:
-    """Where a run's checkpoints went, in words (the JSON's and the figure's)."""
-    where = "moto S3 server on loopback, via s3fs" if store == "s3" else "a local directory"
-    if model is None:
-        return where
-    bandwidth = f", {model.mb_per_s:g} MB/s per stream" if model.mb_per_s else ""
-    return f"{where}, behind {model.name} ({model.first_byte_ms:g} ms per request{bandwidth})"
 
 
 def compute_goals(results: Sequence[dict[str, Any]], small_keys: int, keys: int
@@ -644,9 +515,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", choices=STORES, default="s3",
                         help="checkpoints on the local S3 server or a local directory "
                              "(default: %(default)s)")
-    parser.add_argument("--latency", default="none",
+    parser.add_argument("--latency", default=None,
                         help="the checkpoints' latency model: none, s3-standard-same-region or "
-                             "figures such as ms=30,mb_per_s=90 (default: %(default)s)")
+                             "figures such as ms=30,mb_per_s=90 (default: none; "
+                             f"{COMPARE_MODEL} with --compare-checkpointing)")
+    parser.add_argument("--compare-checkpointing", action="store_true",
+                        help="at --keys only, per backend: checkpoints on local disk, behind "
+                             "the latency model, and behind it in the asynchronous mode, "
+                             "judged by the asynchronous phase's goals")
     parser.add_argument("--small-keys", type=int, default=SMALL_KEYS,
                         help="the small state's keys (default: %(default)s)")
     parser.add_argument("--events-per-batch", type=int, default=200_000)
@@ -657,14 +533,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-warm-up-batches", type=int, default=10)
     parser.add_argument("--out", default=None, help="write the JSON result here (and the "
                                                     "figure to --plot)")
-    parser.add_argument("--plot", default=os.path.join("docs", "img", "growth.png"),
-                        help="the figure's path, written with --out (default: %(default)s)")
+    parser.add_argument("--plot", default=None,
+                        help="the figure's path, written with --out (default: "
+                             "docs/img/growth.png, with --compare-checkpointing "
+                             "docs/img/growth-checkpointing.png)")
     parser.add_argument("--from-json", default=None,
                         help="draw the figure of a saved result to --plot, run nothing")
     args = parser.parse_args(argv)
+    if args.compare_checkpointing and args.latency is not None \
+            and latency_model(args.latency) is None:
+        parser.error("--compare-checkpointing compares checkpoints behind a latency model "
+                     f"with local disk: give one (--latency {COMPARE_MODEL}, the default) "
+                     "instead of none")
+    figure = args.plot or os.path.join("docs", "img", "growth-checkpointing.png"
+                                       if args.compare_checkpointing else "growth.png")
     if args.from_json:
         with open(args.from_json) as f:
-            plot(json.load(f), args.plot)
+            draw(json.load(f), figure)
         return
     result = run(keys=args.keys, batches=args.batches, master=args.master,
                  backends=[b.strip() for b in args.backends.split(",") if b.strip()],
@@ -672,13 +557,22 @@ def main(argv: list[str] | None = None) -> None:
                  events_per_batch=args.events_per_batch, distinct_keys=args.distinct_keys,
                  load_batch_keys=args.load_batch_keys,
                  session_warm_up_batches=args.session_warm_up_batches,
+                 checkpointing=MODES if args.compare_checkpointing else (),
                  progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-        plot(result, args.plot)
+        draw(result, figure)
     print(text)
+
+
+def draw(result: dict[str, Any], path: str) -> None:
+    """The figure of a result: :func:`plot`, or that of the checkpointing comparison."""
+    if result.get("comparison") is not None:
+        plot_checkpointing(result, path)
+    else:
+        plot(result, path)
 
 
 if __name__ == "__main__":

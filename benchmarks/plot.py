@@ -2,8 +2,8 @@
 
     .venv/bin/python -m keyedstate_benchmarks.plot [--results docs/bench-results] [--out docs/img]
 
-Reads ``checkpoint.json``, ``backend-rescale.json`` and ``access.json`` (whichever exist) and
-writes one PNG per benchmark.
+Reads ``checkpoint.json``, ``checkpoint-long.json``, ``backend-rescale.json``, ``access.json``
+and ``growth-checkpointing.json`` (whichever exist) and writes one PNG per benchmark.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .common import save_figure  # noqa: E402
+from .growth_checkpointing import plot as plot_growth_checkpointing  # noqa: E402
 
 MiB = 2**20
 INCREMENTAL, FULL, GOAL = "#1f77b4", "#b0b0b0", "#d62728"
@@ -176,8 +177,14 @@ def plot_checkpoint_long(data: dict[str, Any], out: str) -> str:
     return save_figure(fig, os.path.join(out, "checkpoint-long.png"), dpi=110)
 
 
+def plot_checkpointing(data: dict[str, Any], out: str) -> str:
+    """``growth-checkpointing.json``: ``bench growth --compare-checkpointing``'s figure."""
+    return plot_growth_checkpointing(data, os.path.join(out, "growth-checkpointing.png"))
+
+
 PLOTS = {"checkpoint": plot_checkpoint, "checkpoint-long": plot_checkpoint_long,
-         "backend-rescale": plot_rescale, "access": plot_access}
+         "backend-rescale": plot_rescale, "access": plot_access,
+         "growth-checkpointing": plot_checkpointing}
 
 
 def main(argv: list[str] | None = None) -> None:

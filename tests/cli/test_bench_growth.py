@@ -9,18 +9,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks import growth
+from benchmarks import growth_workload
 
 
-def _output(batch: growth.Batch) -> pa.Table:
+def _output(batch: growth_workload.Batch) -> pa.Table:
     """The output a right job emits for ``batch``: one row per key with its count so far."""
-    names = growth.key_names(int(batch.keys.max()) + 1)
+    names = growth_workload.key_names(int(batch.keys.max()) + 1)
     return pa.table({"user_id": names.take(pa.array(batch.keys)),
                      "count": pa.array(batch.counts, pa.int64())})
 
 
 def test_workload_loads_every_key_once_then_draws_distinct_keys(tmp_path):
-    batches = growth.write_workload(str(tmp_path), keys=1000, load_batch_keys=400,
+    batches = growth_workload.write_workload(str(tmp_path), keys=1000, load_batch_keys=400,
                                     warm_up_batches=1, batches=3, events_per_batch=300,
                                     distinct_keys=100)
     assert [b.phase for b in batches] == ["load"] * 3 + ["warm-up"] + ["measured"] * 3
@@ -32,30 +32,30 @@ def test_workload_loads_every_key_once_then_draws_distinct_keys(tmp_path):
         assert b.events == 300 and len(b.keys) == 100
         table = pq.read_table(b.path)
         assert table.num_rows == 300
-        idx = np.array([int(u[len(growth.KEY_PREFIX):]) for u in table["user_id"].to_pylist()])
+        idx = np.array([int(u[len(growth_workload.KEY_PREFIX):]) for u in table["user_id"].to_pylist()])
         assert np.array_equal(np.unique(idx), b.keys)
         counts += np.bincount(idx, minlength=1000)
         assert np.array_equal(b.counts, counts[b.keys])
 
 
 def test_check_output_refuses_missing_doubled_and_wrong_counts(tmp_path):
-    batch = growth.write_workload(str(tmp_path), keys=50, load_batch_keys=50,
+    batch = growth_workload.write_workload(str(tmp_path), keys=50, load_batch_keys=50,
                                   warm_up_batches=0, batches=2, events_per_batch=40,
                                   distinct_keys=10)[-1]
     right = _output(batch)
-    assert growth.check_output(2, right, batch) is None
-    assert growth.check_output(2, right.slice(0, 9), batch) is not None
-    assert growth.check_output(2, pa.concat_tables([right, right.slice(0, 1)]), batch) \
+    assert growth_workload.check_output(2, right, batch) is None
+    assert growth_workload.check_output(2, right.slice(0, 9), batch) is not None
+    assert growth_workload.check_output(2, pa.concat_tables([right, right.slice(0, 1)]), batch) \
         is not None
     wrong = right.set_column(1, "count", pa.array(batch.counts + np.eye(10, dtype=np.int64)[3]))
-    assert "1 keys with wrong counts" in (growth.check_output(2, wrong, batch) or "")
+    assert "1 keys with wrong counts" in (growth_workload.check_output(2, wrong, batch) or "")
 
 
 def test_the_sink_fails_the_run_for_a_batch_never_committed_or_not_generated(tmp_path):
-    batches = growth.write_workload(str(tmp_path), keys=20, load_batch_keys=20,
+    batches = growth_workload.write_workload(str(tmp_path), keys=20, load_batch_keys=20,
                                     warm_up_batches=0, batches=2, events_per_batch=10,
                                     distinct_keys=5)
-    sink = growth.VerifiedCounts(batches)
+    sink = growth_workload.VerifiedCounts(batches)
     with pytest.raises(AssertionError, match=r"never committed: \[0, 1, 2\]"):
         sink.check("rocksdb-20")
     sink.commit(None, 3, None)  # a batch id the workload does not have: nothing read

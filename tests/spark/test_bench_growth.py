@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import growth
+from benchmarks import growth, growth_checkpointing
 from keyedstate.cli.bench import BENCHMARKS
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
@@ -49,8 +49,46 @@ def test_bench_growth_runs_small_on_both_backends(spark: Any, tmp_path: Any) -> 
     assert (tmp_path / "growth.png").stat().st_size > 0
 
 
+def test_bench_growth_compares_checkpointing_modes_in_one_run(spark: Any, tmp_path: Any
+                                                               ) -> None:
+    """``--compare-checkpointing``, tiny: per backend the three modes at ``keys`` only, each
+    batch with its output latency, the comparison table and the asynchronous phase's goals."""
+    figures = growth.run(keys=1000, small_keys=500, batches=3, warm_up_batches=0,
+                         events_per_batch=400, distinct_keys=100, load_batch_keys=1000,
+                         session_warm_up_batches=0, spark=spark, latency="ms=1",
+                         checkpointing=growth_checkpointing.MODES)
+    w = figures["workload"]
+    assert w["latency"]["first_byte_ms"] == 1
+    assert [m["name"] for m in w["checkpointing"]] == list(growth_checkpointing.MODES)
+    assert [m["async_upload"] for m in w["checkpointing"]] == [False, False, True]
+    assert [(r["backend"], r["keys"], r["checkpointing"]) for r in figures["results"]] == [
+        (backend, 1000, mode) for backend in ("rocksdb", "heap")
+        for mode in growth_checkpointing.MODES]
+    for result in figures["results"]:
+        assert result["verified"] is True and result["batches"] == 3
+        assert [b["phase"] for b in result["per_batch"]] == ["load"] + ["measured"] * 3
+        for batch in result["per_batch"]:
+            assert batch["verified"] is True and batch["output_latency_s"] > 0, batch
+        behind = result["checkpointing"] != growth_checkpointing.LOCAL_DISK
+        # behind the model every batch's window logged requests; on local disk none
+        assert all(("driver_requests" in b) == behind for b in result["per_batch"])
+        assert result["output_latency_median_s"] <= result["output_latency_p90_s"]
+    rows = figures["comparison"]
+    assert len(rows) == 6 and all(r["median_over_local_disk"] > 0 for r in rows)
+    assert {r["median_over_local_disk"] for r in rows
+            if r["checkpointing"] == growth_checkpointing.LOCAL_DISK} == {1.0}
+    assert len(figures["goals"]) == 8  # four per backend
+    for goal in figures["goals"].values():
+        assert set(goal) == {"ratio", "target", "met"}
+    assert figures["goals_met"] == all(g["met"] for g in figures["goals"].values())
+    path = growth_checkpointing.plot(figures, str(tmp_path / "growth-checkpointing.png"))
+    assert (tmp_path / "growth-checkpointing.png").stat().st_size > 0 and path
+
+
 def test_bench_growth_refuses_a_large_state_not_larger_than_the_small(spark: Any) -> None:
     with pytest.raises(ValueError, match="must be more than"):
         growth.run(keys=100_000, spark=spark)
+    with pytest.raises(ValueError, match="checkpointing modes"):
+        growth.run(keys=2000, small_keys=500, checkpointing=["s3-async"], spark=spark)
     with pytest.raises(ValueError, match="unknown backends"):
         growth.run(keys=2000, small_keys=500, backends=["hashmap"], spark=spark)

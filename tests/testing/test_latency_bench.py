@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import growth
+from benchmarks import growth, growth_requests
 from benchmarks.common import behind, latency_model
 from keyedstate.errors import LatencyModelError
 from keyedstate.testing.latency import RequestRecord
@@ -33,7 +33,7 @@ def test_a_batch_gets_the_requests_of_its_window_and_the_phases_they_time():
         record(100.9, driver, "delete", "staging", 0.13),
         record(101.0, driver, "write", "metadata", 9.0),       # the next batch
     ]
-    phases = growth.request_phases(records, 100.0, 101.0, driver, sink_s=0.25)
+    phases = growth_requests.request_phases(records, 100.0, 101.0, driver, sink_s=0.25)
     assert phases["staging_s"] == pytest.approx(0.5)          # the slowest worker: a
     assert phases["metadata_commit_s"] == pytest.approx(0.15)
     assert phases["commit_requests_s"] == pytest.approx(0.12 + 0.11 + 0.13)
@@ -55,5 +55,5 @@ def test_latency_is_read_before_anything_runs(tmp_path):
     shaped = behind(str(tmp_path), {}, latency_model("ms=30,mb_per_s=90"), str(tmp_path / "log"))
     assert shaped.url("ckpt") == f"kslatency://{tmp_path}/ckpt"
     assert shaped.options["log_dir"] == str(tmp_path / "log")
-    assert growth.describe_store("local", shaped.model).endswith(
+    assert growth_requests.describe_store("local", shaped.model).endswith(
         "behind custom (30 ms per request, 90 MB/s per stream)")
