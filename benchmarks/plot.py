@@ -2,8 +2,9 @@
 
     .venv/bin/python -m keyedstate_benchmarks.plot [--results docs/bench-results] [--out docs/img]
 
-Reads ``checkpoint.json``, ``backend-rescale.json`` and ``access.json`` (whichever exist) and
-writes one PNG per benchmark.
+Reads ``checkpoint.json``, ``checkpoint-long.json``, ``backend-rescale.json``, ``access.json``,
+``throughput-sweep.json`` and ``scale-model.json`` (whichever exist) and writes one PNG per
+benchmark.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from typing import Any
 
 import matplotlib
@@ -176,8 +178,50 @@ def plot_checkpoint_long(data: dict[str, Any], out: str) -> str:
     return save_figure(fig, os.path.join(out, "checkpoint-long.png"), dpi=110)
 
 
+SWEEP_STYLES = {"spark-builtin-agg": ("#7f7f7f", "-", "o"),
+                "spark-arrow-handoff": ("#bcbd22", "--", "v"),
+                "spark-two-phase-handoff": ("#8c6d31", "--", "^"),
+                "keyedstate-rocksdb-two-phase": (BACKEND_COLORS["rocksdb"], "-", "s"),
+                "keyedstate-heap-two-phase": (BACKEND_COLORS["heap"], "-", "D")}
+
+
+def plot_throughput_sweep(data: dict[str, Any], out: str) -> str:
+    """``keyedstate bench throughput --sweep``: events/s (median batch after the first)
+    against events per batch at a fixed key count, and against distinct keys at a fixed
+    event count; floors dashed."""
+    from .throughput_sweep import series
+
+    systems = data["workload"]["systems"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for ax, by, label in ((axes[0], "events", "events per batch"),
+                          (axes[1], "keys", "distinct keys (state size)")):
+        for system in systems:
+            line = series(data, system, by=by)
+            if not line:
+                continue
+            color, style, marker = SWEEP_STYLES.get(system, ("#d62728", "-", "x"))
+            ax.plot([x for x, _ in line], [y for _, y in line], style, color=color,
+                    marker=marker, label=system)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{label} (log)")
+        ax.grid(True, which="both", alpha=0.3)
+    points = data["points"]
+    keys = statistics.mode(p["keys"] for p in points)
+    events = statistics.mode(p["events_per_batch"] for p in points)
+    axes[0].set_title(f"more rows: {keys:,} keys", fontsize=10)
+    axes[1].set_title(f"more keys: {events:,} events per batch", fontsize=10)
+    axes[0].set_ylabel("events per second, median batch after the first (log)")
+    axes[0].legend(fontsize=8)
+    m = data["machine"]
+    fig.suptitle(f"Keyed count as the batch grows, {m['master']}, commit {m['commit']} "
+                 f"({_subtitle(data)}, load {m['load_average'][0]})", fontsize=10)
+    return save_figure(fig, os.path.join(out, "throughput-sweep.png"), dpi=110)
+
+
 PLOTS = {"checkpoint": plot_checkpoint, "checkpoint-long": plot_checkpoint_long,
-         "backend-rescale": plot_rescale, "access": plot_access}
+         "backend-rescale": plot_rescale, "access": plot_access,
+         "throughput-sweep": plot_throughput_sweep}
 
 
 def main(argv: list[str] | None = None) -> None:

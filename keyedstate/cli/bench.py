@@ -27,11 +27,13 @@ BENCHMARKS = {
     "sinks": "keyedstate_benchmarks.sinks",
     "growth": "keyedstate_benchmarks.growth",
 }
+#: the benchmarks ``--sweep`` runs over a grid of sizes instead of one, and the module of each
+SWEEPS = {"throughput": "keyedstate_benchmarks.throughput_sweep"}
 
 
-def _load_benchmark(name: str) -> Any:
+def _load_benchmark(name: str, sweep: bool = False) -> Any:
     try:
-        return importlib.import_module(BENCHMARKS[name])
+        return importlib.import_module(SWEEPS[name] if sweep else BENCHMARKS[name])
     except ModuleNotFoundError as exc:
         # Either the benchmarks are not installed (a wheel built without them, or an editable
         # install older than their package-dir entry) or one of them needs a missing extra.
@@ -51,10 +53,17 @@ def _load_benchmark(name: str) -> Any:
               help="Put the checkpoints and savepoints behind a latency model (growth, "
                    "remote): none, s3-standard-same-region, or figures such as "
                    "ms=30,mb_per_s=90 (docs/object-storage.md).")
+@click.option("--sweep", is_flag=True,
+              help="Run over a grid of batch sizes instead of one (throughput: events per "
+                   "batch 100 K to 5 M, distinct keys 10 K to 1 M; --keys sets the key count "
+                   "of the events sweep; docs/benchmarks-spark.md).")
 def bench(name: str, keys: int | None, as_json: bool, out: str | None,
-          latency: str | None) -> None:
+          latency: str | None, sweep: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
-    module = _load_benchmark(name)
+    if sweep and name not in SWEEPS:
+        raise click.BadParameter(f"benchmark {name!r} has no sweep; only "
+                                 f"{', '.join(sorted(SWEEPS))} has one", param_hint="--sweep")
+    module = _load_benchmark(name, sweep)
     kwargs: dict[str, Any] = {}
     if keys is not None:
         kwargs["keys"] = keys
