@@ -25,11 +25,12 @@ vectorized ones' there (704,722 against 644,745 for RocksDB, 878,735 against 753
 Every point runs every system over the same generated files, ``batches`` batches each, in one
 SparkSession warmed up once; the systems' order is reversed at every other point, so a load
 that drifts during the run does not always fall on the same system. Each point's data is
-removed when the point is done. The result records the commit and load average
-(``machine``), per point and system every batch's seconds (and for keyedstate each batch's
-driver, sink, slowest subtask and per-subtask phases, as :mod:`.throughput` records them), the
-floors, and per keyedstate system and point its ratio to the built-in aggregation and to its
-floor, and the median of each phase (``phases_median_s``) that says where a curve bends.
+removed when the point is done. The result records the commit at the start and the load
+average at the start and the end (``machine``), per point and system every batch's seconds
+(and for keyedstate each batch's driver, sink, slowest subtask and per-subtask phases, as
+:mod:`.throughput` records them), the floors, and per keyedstate system and point its ratio
+to the built-in aggregation and to its floor and the median of each phase
+(``phases_median_s``): what says where a curve bends.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ def run(points: Sequence[tuple[int, int]] | None = None, systems: Sequence[str] 
     say = progress or (lambda msg: None)
     own_session = spark is None
     started = time.perf_counter()
+    # The code that runs is the code at the start: a long run may outlive a commit.
+    commit, load_at_start = machine()["commit"], [round(x, 2) for x in os.getloadavg()]
     out_points: list[dict[str, Any]] = []
     with workdir("throughput-sweep") as root:
         if own_session:
@@ -165,7 +168,8 @@ def run(points: Sequence[tuple[int, int]] | None = None, systems: Sequence[str] 
                 spark.stop()
     return {
         "benchmark": "throughput-sweep",
-        "machine": {**machine(), "master": master, "spark": t.spark_version(),
+        "machine": {**machine(), "commit": commit, "load_average_at_start": load_at_start,
+                    "master": master, "spark": t.spark_version(),
                     "shuffle_partitions": parallelism},
         "workload": {"points": [list(p) for p in points], "systems": list(systems),
                      "batches": batches, "parallelism": parallelism,
