@@ -130,8 +130,10 @@ def _error(predicted: float, measured: float) -> float | None:
 #: the job of seed 001 (/work/shared/seeds/001_*.txt): a Flink 1.14 job with close to a billion
 #: keys in RocksDB, rescaled from 240 to 480 subtasks, "20+ minutes" to restore with ample
 #: TaskManagers and HDFS bandwidth
-SEED_JOB = {"keys": 1_000_000_000, "from_parallelism": 240, "to_parallelism": 480,
-            "flink_restore_minutes": 20, "source": "seed 001 (RocksDB DeleteRange article)"}
+SEED_KEYS, SEED_FROM, SEED_TO = 1_000_000_000, 240, 480
+SEED_JOB: dict[str, Any] = {"keys": SEED_KEYS, "from_parallelism": SEED_FROM,
+                            "to_parallelism": SEED_TO, "flink_restore_minutes": 20,
+                            "source": "seed 001 (RocksDB DeleteRange article)"}
 #: Flink's default max parallelism of an operator first run at 240 subtasks:
 #: min(max(roundUpToPowerOfTwo(240 + 240 / 2), 128), 32768) = 512, fixed for the state's life
 SEED_MAX_PARALLELISM = 512
@@ -148,7 +150,7 @@ def largest_subtask_key_groups(max_parallelism: int, parallelism: int) -> int:
 
 
 def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *,
-            keys: int = SEED_JOB["keys"], parallelism: int = SEED_JOB["to_parallelism"],
+            keys: int = SEED_KEYS, parallelism: int = SEED_TO,
             max_parallelism: int = SEED_MAX_PARALLELISM,
             clusters: Sequence[tuple[int, int]] = CLUSTERS) -> list[dict[str, Any]]:
     """The rescale of a ``keys``-key job to ``parallelism`` subtasks projected with ``model``:
