@@ -177,7 +177,14 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *,
         time_s = max(compute_s, network_s)
         terms = {p: waves * phases[p] for p in PHASES}
         terms["executor_network_s"] = network_s
+        # The largest value that still meets the goal on this cluster: the bytes per key at
+        # which waves x the subtask's phases reach GOAL_S (the network is checked apart).
+        fixed = sum(model[p].fixed + model[p].per_key * sub_keys for p in PHASES)
+        per_key_byte = sum(model[p].per_byte for p in PHASES) * sub_keys
+        room = GOAL_S / waves - fixed
         rows.append({
+            "max_bytes_per_key_under_goal": (None if per_key_byte <= 0 or room <= 0
+                                             else room / per_key_byte),
             "executors": executors, "cores_per_executor": cores, "slots": slots,
             "subtasks_per_slot": waves, "subtasks_per_executor": per_executor,
             "largest_subtask_key_groups": key_groups, "largest_subtask_keys": sub_keys,

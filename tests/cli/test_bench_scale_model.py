@@ -44,6 +44,9 @@ def test_projection_of_the_seed_job() -> None:
     assert rows[0]["subtasks_per_slot"] == 1 and rows[1]["subtasks_per_slot"] == 4
     assert rows[1]["time_s"] == pytest.approx(4 * (1 + keys * 10 * 1e-8))
     assert rows[0]["dominant_term"] == "download_s" and rows[0]["meets_goal"]
+    # the largest value that still meets the goal: 1 s fixed + bytes at 1e-8 s each, in 120 s
+    assert rows[0]["max_bytes_per_key_under_goal"] == pytest.approx(119 / (1e-8 * keys))
+    assert rows[1]["max_bytes_per_key_under_goal"] == pytest.approx(29 / (1e-8 * keys))
 
 
 def test_phase_clock_puts_the_backends_functions_back() -> None:
