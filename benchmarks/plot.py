@@ -2,8 +2,9 @@
 
     .venv/bin/python -m keyedstate_benchmarks.plot [--results docs/bench-results] [--out docs/img]
 
-Reads ``checkpoint.json``, ``checkpoint-long.json``, ``backend-rescale.json``, ``access.json``
-and ``growth-checkpointing.json`` (whichever exist) and writes one PNG per benchmark.
+Reads ``checkpoint.json``, ``checkpoint-long.json``, ``backend-rescale.json``, ``access.json``,
+``growth-checkpointing.json``, ``throughput-sweep.json`` and ``scale-model.json`` (whichever
+exist) and writes one PNG per benchmark.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from typing import Any
 
 import matplotlib
@@ -182,9 +184,106 @@ def plot_checkpointing(data: dict[str, Any], out: str) -> str:
     return plot_growth_checkpointing(data, os.path.join(out, "growth-checkpointing.png"))
 
 
+SWEEP_STYLES = {"spark-builtin-agg": ("#7f7f7f", "-", "o"),
+                "spark-arrow-handoff": ("#bcbd22", "--", "v"),
+                "spark-two-phase-handoff": ("#8c6d31", "--", "^"),
+                "keyedstate-rocksdb-two-phase": (BACKEND_COLORS["rocksdb"], "-", "s"),
+                "keyedstate-heap-two-phase": (BACKEND_COLORS["heap"], "-", "D")}
+
+
+def plot_throughput_sweep(data: dict[str, Any], out: str) -> str:
+    """``keyedstate bench throughput --sweep``: events/s (median batch after the first)
+    against events per batch at a fixed key count, and against distinct keys at a fixed
+    event count; floors dashed."""
+    from .throughput_sweep import series
+
+    systems = data["workload"]["systems"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for ax, by, label in ((axes[0], "events", "events per batch"),
+                          (axes[1], "keys", "distinct keys (state size)")):
+        for system in systems:
+            line = series(data, system, by=by)
+            if not line:
+                continue
+            color, style, marker = SWEEP_STYLES.get(system, ("#d62728", "-", "x"))
+            ax.plot([x for x, _ in line], [y for _, y in line], style, color=color,
+                    marker=marker, label=system)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{label} (log)")
+        ax.grid(True, which="both", alpha=0.3)
+    points = data["points"]
+    keys = statistics.mode(p["keys"] for p in points)
+    events = statistics.mode(p["events_per_batch"] for p in points)
+    axes[0].set_title(f"more rows: {keys:,} keys", fontsize=10)
+    axes[1].set_title(f"more keys: {events:,} events per batch", fontsize=10)
+    axes[0].set_ylabel("events per second, median batch after the first (log)")
+    axes[0].legend(fontsize=8)
+    m = data["machine"]
+    fig.suptitle(f"Keyed count as the batch grows, {m['master']}, commit {m['commit']} "
+                 f"({_subtitle(data)}, load {m['load_average'][0]})", fontsize=10)
+    return save_figure(fig, os.path.join(out, "throughput-sweep.png"), dpi=110)
+
+
+PHASE_COLORS = {"download_s": "#1f77b4", "open_s": "#ff7f0e", "clip_s": "#d62728",
+                "restore_other_s": "#b0b0b0", "checkpoint_s": "#2ca02c", "upload_s": "#9467bd"}
+
+
+def plot_scale_model(data: dict[str, Any], out: str) -> str:
+    """``keyedstate bench scale-model``: per backend, the rescale's seconds summed over the
+    target subtasks against the state's keys, measured (markers; the held-out size hollow) and
+    the fitted model's (lines), and the phases of each measured size (stacked bars)."""
+    from .scale_fit import PHASES, PhaseFit, predict
+
+    backends = list(data["results"])
+    fig, axes = plt.subplots(2, len(backends), figsize=(6.2 * len(backends), 8.4),
+                             squeeze=False)
+    held_out = data["workload"]["held_out_keys"]
+    for col, backend in enumerate(backends):
+        result = data["results"][backend]
+        model = {p: PhaseFit(f["fixed_s"], f["per_key_s"], f["per_byte_s"], f["rms_s"])
+                 for p, f in result["fit"].items()}
+        top, bottom = axes[0][col], axes[1][col]
+        values = list(dict.fromkeys(s["value"] for s in result["sizes"]))
+        for value, marker in zip(values, "os^"):
+            sizes = [s for s in result["sizes"] if s["value"] == value]
+            keys = [s["keys"] for s in sizes]
+            measured = [sum(s["sum_s"].values()) for s in sizes]
+            fitted = [sum(predict(model, t["keys"], t["downloaded_bytes"])["total_s"]
+                          for t in s["subtasks"]) for s in sizes]
+            line = top.plot(keys, fitted, "-", label=f"{value}: model")[0]
+            for k, m in zip(keys, measured):
+                top.plot([k], [m], marker, color=line.get_color(),
+                         markerfacecolor="none" if k == held_out else line.get_color())
+            top.plot([], [], marker, color=line.get_color(), label=f"{value}: measured "
+                     f"(hollow: held out, {result['held_out'][value]['total_s']['error']:+.0%})")
+        top.set_xscale("log")
+        top.set_xlabel("keys in the state")
+        top.set_ylabel("seconds, summed over the target subtasks")
+        top.set_title(f"{backend}: rescale {data['workload']['rescale']}", fontsize=10)
+        top.legend(fontsize=7)
+        labels = [f"{size['keys'] / 1000:,.4g}K\n{size['value']}" for size in result["sizes"]]
+        xs = list(range(len(labels)))
+        bottoms = [0.0] * len(labels)
+        for phase in PHASES:
+            heights = [size["sum_s"][phase] for size in result["sizes"]]
+            bottom.bar(xs, heights, bottom=bottoms, color=PHASE_COLORS[phase],
+                       label=phase.removesuffix("_s"))
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        bottom.set_xticks(xs, labels, fontsize=7)
+        bottom.set_ylabel("seconds, summed over the target subtasks")
+        bottom.legend(fontsize=7)
+    lat = data.get("latency") or {}
+    fig.suptitle(f"Scale model of a rescale, {lat.get('name', 'no latency model')} "
+                 f"(commit {data['machine']['commit']}, {_subtitle(data)}, load "
+                 f"{data['machine']['load_average'][0]})", fontsize=10)
+    return save_figure(fig, os.path.join(out, "scale-model.png"), dpi=110)
+
+
 PLOTS = {"checkpoint": plot_checkpoint, "checkpoint-long": plot_checkpoint_long,
          "backend-rescale": plot_rescale, "access": plot_access,
-         "growth-checkpointing": plot_checkpointing}
+         "growth-checkpointing": plot_checkpointing,
+         "throughput-sweep": plot_throughput_sweep, "scale-model": plot_scale_model}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,12 +26,15 @@ BENCHMARKS = {
     "evolution": "keyedstate_benchmarks.evolution",
     "sinks": "keyedstate_benchmarks.sinks",
     "growth": "keyedstate_benchmarks.growth",
+    "scale-model": "keyedstate_benchmarks.scale_model",
 }
+#: the benchmarks ``--sweep`` runs over a grid of sizes instead of one, and the module of each
+SWEEPS = {"throughput": "keyedstate_benchmarks.throughput_sweep"}
 
 
-def _load_benchmark(name: str) -> Any:
+def _load_benchmark(name: str, sweep: bool = False) -> Any:
     try:
-        return importlib.import_module(BENCHMARKS[name])
+        return importlib.import_module(SWEEPS[name] if sweep else BENCHMARKS[name])
     except ModuleNotFoundError as exc:
         # Either the benchmarks are not installed (a wheel built without them, or an editable
         # install older than their package-dir entry) or one of them needs a missing extra.
@@ -49,12 +52,19 @@ def _load_benchmark(name: str) -> Any:
               help="Also write the JSON result to this file.")
 @click.option("--latency", metavar="MODEL", default=None,
               help="Put the checkpoints and savepoints behind a latency model (growth, "
-                   "remote): none, s3-standard-same-region, or figures such as "
+                   "remote, scale-model): none, s3-standard-same-region, or figures such as "
                    "ms=30,mb_per_s=90 (docs/object-storage.md).")
+@click.option("--sweep", is_flag=True,
+              help="Run over a grid of batch sizes instead of one (throughput: events per "
+                   "batch 100 K to 5 M, distinct keys 10 K to 1 M; --keys sets the key count "
+                   "of the events sweep; docs/benchmarks-spark.md).")
 def bench(name: str, keys: int | None, as_json: bool, out: str | None,
-          latency: str | None) -> None:
+          latency: str | None, sweep: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
-    module = _load_benchmark(name)
+    if sweep and name not in SWEEPS:
+        raise click.BadParameter(f"benchmark {name!r} has no sweep; only "
+                                 f"{', '.join(sorted(SWEEPS))} has one", param_hint="--sweep")
+    module = _load_benchmark(name, sweep)
     kwargs: dict[str, Any] = {}
     if keys is not None:
         kwargs["keys"] = keys
@@ -67,7 +77,8 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None,
             raise click.BadParameter(str(exc), param_hint="--latency") from exc
         if "latency" not in inspect.signature(module.run).parameters:
             raise click.BadParameter(f"benchmark {name!r} has no latency model; only those "
-                                     f"with checkpoints on a store take one (growth, remote)",
+                                     f"with checkpoints on a store take one (growth, remote, "
+                                     f"scale-model)",
                                      param_hint="--latency")
     with stderr.status(f"bench {name}") as status:
         progress: Callable[[str], None] = lambda msg: status.update(f"bench {name}: {msg}")

@@ -7,6 +7,8 @@ import the function's module from their working directory, this checkout)."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import pytest
@@ -83,3 +85,33 @@ def test_every_floor_runs_small(spark: Any) -> None:
     assert [r["system"] for r in figures["results"]] == list(throughput.HANDOFFS)
     assert all(r["verified"] and r["batches"] == 2 for r in figures["results"])
     assert f"{throughput.TWO_PHASE_HANDOFF} >= 1x {throughput.ARROW_HANDOFF}" in figures["goals"]
+
+
+def test_sweep_runs_a_tiny_grid_and_draws_its_figure(spark: Any, tmp_path: Any) -> None:
+    from benchmarks import plot, throughput_sweep
+
+    points = throughput_sweep.grid(events=(200, 400), keys=(20, 60), base_keys=40,
+                                   base_events=400)
+    assert points == [(40, 200), (40, 400), (20, 400), (60, 400)]
+    systems = [throughput.BUILTIN_AGG, throughput.ARROW_HANDOFF, throughput.TWO_PHASE_HANDOFF,
+               throughput.KEYEDSTATE_ROCKSDB_TWO_PHASE]
+    figures = throughput_sweep.run(points=points, systems=systems, batches=2, spark=spark)
+    json.dumps(figures)  # all of it is JSON
+    assert figures["benchmark"] == "throughput-sweep"
+    assert {"commit", "load_average"} <= set(figures["machine"])
+    assert [(p["keys"], p["events_per_batch"]) for p in figures["points"]] == points
+    for point in figures["points"]:
+        assert [r["system"] for r in point["results"]] == systems
+        assert all(r["verified"] and len(r["seconds_per_batch"]) == 2 for r in point["results"])
+        ours = point["results"][-1]
+        assert ours["floor"] == throughput.TWO_PHASE_HANDOFF
+        assert ours["over_floor"] > 0 and ours["over_builtin"] > 0
+        assert ours["phases_median_s"]["function_rows"] <= point["keys"]
+    # systems run in reversed order at every other point
+    assert figures["points"][1]["order"] == systems[::-1]
+    assert [x for x, _ in throughput_sweep.series(figures, throughput.BUILTIN_AGG,
+                                                  by="events")] == [200, 400]
+    assert [x for x, _ in throughput_sweep.series(figures, throughput.BUILTIN_AGG,
+                                                  by="keys")] == [20, 40, 60]
+    png = plot.plot_throughput_sweep(figures, str(tmp_path))
+    assert os.path.getsize(png) > 0
