@@ -314,17 +314,24 @@ class BatchLoop(ABC):
             if failure is not None:
                 raise failure from exc
             raise
-        self._in_flight.add(InFlight(pending, batch_id, reports, drain, self.watermark,
-                                     context, started, tasks))
         # Step 5. Advance, on the checkpoint in flight.
-        self.watermark = next_watermark(reports, self.watermark, self.config.watermark_delay_ms)
-        self.last_batch_id = batch_id
-        self.drained = drain
-        self.base = RestoreSource.in_flight(self.storage, pending.checkpoint_id,
-                                            self.config.parallelism, [r.token for r in reports])
-        self.share_restored_files = True
+        self._advance_in_flight(InFlight(pending, batch_id, reports, drain, self.watermark,
+                                         context, started, tasks))
         # Steps 4, 6, 7 of the oldest, within the bound.
         return self._complete_in_flight(0 if drain else self.config.max_concurrent_checkpoints)
+
+    def _advance_in_flight(self, flight: InFlight) -> None:
+        """Step 5 on a checkpoint in flight: add it to those in flight, and move the
+        watermark, the last batch id, the drain flag and the restore source on to it."""
+        self._in_flight.add(flight)
+        self.watermark = next_watermark(flight.reports, self.watermark,
+                                        self.config.watermark_delay_ms)
+        self.last_batch_id = flight.batch_id
+        self.drained = flight.drain
+        self.base = RestoreSource.in_flight(self.storage, flight.checkpoint_id,
+                                            self.config.parallelism,
+                                            [r.token for r in flight.reports])
+        self.share_restored_files = True
 
     def _complete_in_flight(self, leave: int) -> list[BatchStats]:
         """Complete checkpoints in flight, oldest first, and commit their output, until at
