@@ -291,7 +291,8 @@ def test_the_servers_driver_killed_mid_flight_restarts_exactly_once(remote, tmp_
     0's completes during batch 2, and its sink kills the process as it commits it. The client
     gets the query's failure; the restart commits batch 0's output (in the client), rewinds
     Spark's log to batch 0, and batches 1-3 run again from their logged offsets, one input
-    file each: every row equals pandas, none twice."""
+    file each: every row equals pandas, none twice. Its stop completes the last two
+    checkpoints in the client, and the next restart goes on after them."""
     from pyspark.errors import StreamingQueryException
 
     root = str(tmp_path)
@@ -311,6 +312,13 @@ def test_the_servers_driver_killed_mid_flight_restarts_exactly_once(remote, tmp_
     check_against_pandas(root)
     assert [(s.batch_id, s.rows_in) for s in query.stats] == [(1, 1500), (2, 1500), (3, 1500)]
     assert log.batches("commits") == [0, 1, 2, 3]
+    # The stop completed batches 2 and 3 in the client: a restart goes on from batch 3.
+    write_files(os.path.join(root, "input"), 1, first=4)
+    again = start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")),
+                  **config)
+    again.stop()
+    check_against_pandas(root)
+    assert [s.batch_id for s in again.stats] == [4]
 
 
 def test_a_failed_upload_reaches_the_client_typed_and_the_restart_is_exactly_once(remote,
