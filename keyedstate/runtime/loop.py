@@ -320,6 +320,8 @@ class BatchLoop(ABC):
             flight = InFlight(pending, batch_id, reports, drain, self.watermark, context,
                               started, tasks)
             if self._records_in_flight():
+                # Before the batch returns: once it has, nothing may be lost of it, and this
+                # process may end (Spark Connect's server ends it with the query).
                 record_flight(self.storage, flight, self.start_id)
         except BaseException as exc:
             # Its subtasks that succeeded upload in the background: abort once they are done.
