@@ -7,6 +7,8 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
     <root>/chk-<N>/_aborted       alone: checkpoint N was aborted, its id is used
     <root>/chk-<N>/_acks/subtask-<i>  while N is in flight (asynchronous phase): subtask i's
                                   files are durable (its handle), or its upload failed
+    <root>/chk-<N>/_acks/flight   while N is in flight, over Spark Connect: the driver's record
+                                  of it, for the client to complete it once the query stopped
     <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
                                   named after the checkpoint that wrote them
     <root>/taskowned/...          files owned by tasks (working directories)
@@ -54,6 +56,17 @@ def acks_dir(checkpoint_id: int) -> str:
 def ack_file(checkpoint_id: int, subtask_index: int) -> str:
     """Subtask ``subtask_index``'s acknowledgement of checkpoint ``checkpoint_id``."""
     return f"{acks_dir(checkpoint_id)}/subtask-{subtask_index}"
+
+
+#: In ``chk-<N>/_acks/`` while checkpoint N is in flight, written by a driver whose loop may
+#: end without completing it (the copy in a Spark Connect server): what another process needs
+#: to complete it (a :class:`~keyedstate.runtime.wire.FlightRecord`); deleted with the acks.
+FLIGHT_RECORD_FILE = "flight"
+
+
+def flight_record_file(checkpoint_id: int) -> str:
+    """The driver's record of checkpoint ``checkpoint_id`` in flight."""
+    return f"{acks_dir(checkpoint_id)}/{FLIGHT_RECORD_FILE}"
 
 
 def staging_dir(batch_id: int) -> str:

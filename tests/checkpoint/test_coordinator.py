@@ -16,6 +16,7 @@ from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCh
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointError,
+    CheckpointProtocolError,
     ConfigurationError,
     CorruptCheckpointError,
     KeyGroupRangeError,
@@ -359,6 +360,42 @@ def test_recover_without_orphan_cleanup(storage: CheckpointStorage) -> None:
     cleaned = CheckpointCoordinator.recover(storage, **config())
     assert not storage.exists(orphan.path)
     assert_restorable(cleaned)
+
+
+def test_checkpoints_in_flight_are_adopted_and_completed_by_another_coordinator(
+        storage: CheckpointStorage) -> None:
+    """The asynchronous mode's take-over (a Spark Connect client completing what the server's
+    copy of the driver left in flight): a coordinator recovered with their ids ``in_flight``
+    keeps their directories and files, adopts them as pending and completes them in order,
+    the second built on the first's files; ids it can't adopt are refused."""
+    first = CheckpointCoordinator(storage, **config())
+    reuse = shared_of(checkpoint(first))
+    flights = []
+    for _ in range(2):  # checkpoints 2 and 3 in flight, 3 built on 2's files
+        pending = first.trigger({"batch_id": str(len(flights) + 1)})
+        handles = [snapshot(first, pending, i, reuse=reuse if i == 0 else ())
+                   for i in range(2)]
+        flights.append((pending, handles))
+        reuse = list(handles[0].shared.values())
+    taken = CheckpointCoordinator.recover(storage, cleanup_orphans=False, in_flight={2, 3},
+                                          **config())
+    latest = taken.latest_completed
+    assert latest is not None and latest.checkpoint_id == 1
+    for refused in (1, 4):  # completed; never used
+        with pytest.raises(CheckpointProtocolError, match=f"checkpoint {refused} can't be "
+                                                          f"adopted"):
+            taken.adopt(refused, 0, {})
+    for pending, handles in flights:
+        adopted = taken.adopt(pending.checkpoint_id, pending.timestamp_ms, pending.properties)
+        with pytest.raises(CheckpointProtocolError, match="can't be adopted"):
+            taken.adopt(pending.checkpoint_id, pending.timestamp_ms, pending.properties)
+        for handle in handles:
+            taken.acknowledge(adopted, handle)
+        completed = taken.complete(adopted)
+        assert completed.metadata.properties["batch_id"] == pending.properties["batch_id"]
+    assert storage.checkpoint_ids() == [3]
+    assert_restorable(taken)
+    assert taken.trigger().checkpoint_id == 4
 
 
 def test_recover_an_empty_root_starts_a_new_job(storage: CheckpointStorage) -> None:

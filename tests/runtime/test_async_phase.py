@@ -7,6 +7,7 @@ No timed assertions: the order of events (which batch a call completes) and the 
 
 from __future__ import annotations
 
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.uploads import wait_for_job
 from keyedstate.storage.layout import ACKS_DIR
 from keyedstate.testing.faults import FaultPlan
-from tests.runtime.test_local_job import batches, config, new_job, rows
-from tests.spark.jobs import IdleCounts
+from tests.runtime.test_local_job import INPUT, batches, config, new_job, rows
+from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts
 
 pytestmark = pytest.mark.integration
 
@@ -278,3 +279,43 @@ def test_a_failed_batch_completes_the_checkpoint_in_flight(tmp_path, backend):
         outputs += [job.process_batch(t) for t in data[3:]]
         outputs.append(job.drain())
     assert rows(outputs) == expected_rows
+
+
+class RecordingJob(LocalJob):
+    """A local job whose loop records its checkpoints in flight in storage, as the driver's
+    copy in a Spark Connect server does (it may end without completing them)."""
+
+    def _records_in_flight(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoints_left_in_flight_are_completed_by_the_jobs_other_copy(tmp_path, backend):
+    """Spark Connect's take-over, on the local runtime: a copy of the started job (pickled,
+    as ``start()`` ships the driver to the Connect server) runs the batches and ends with two
+    checkpoints in flight; the original, whose coordinator is as the start left it, completes
+    them from their records and commits their output, once. Output and state equal the
+    synchronous mode's."""
+    data = batches(6)
+    with new_job(config(tmp_path / "sync", backend=backend)) as job:
+        expected = rows([job.process_batch(t) for t in data])
+        expected_state = latest_state(job)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
+                 max_concurrent_checkpoints=2)
+    with RecordingJob(IdleCounts(), key_columns=["user_id"], input_schema=INPUT,
+                      output_schema=COUNT_SCHEMA, side_outputs={"idle": IDLE_SCHEMA},
+                      config=cfg) as client:
+        server = pickle.loads(pickle.dumps(client))
+        outputs = [server.process_batch(t) for t in data]
+        assert completed_batch(server) == 3  # batches 4 and 5 in flight
+        records = [p for p in client.storage.list_files() if p.endswith(f"/{ACKS_DIR}/flight")]
+        assert len(records) == 2
+        assert client.latest_checkpoint is None
+        done = client._take_over_in_flight(None)
+        outputs.append(client._deliver())
+        assert [s.batch_id for s in done] == [4, 5]
+        assert rows(outputs) == expected
+        assert latest_state(client) == expected_state
+        assert (completed_batch(client), client.last_batch_id) == (5, 5)
+        assert not [p for p in client.storage.list_files() if f"/{ACKS_DIR}/" in p]
+        assert client._take_over_in_flight(None) == []  # nothing is left in flight
