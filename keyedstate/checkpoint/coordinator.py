@@ -274,7 +274,13 @@ class CheckpointCoordinator:
         yield 3
         # Step 4. Register only now: an unconfirmed checkpoint must never keep a file alive,
         # and a crash before this point loses nothing (recover registers from _metadata).
-        self.registry.register_all(metadata)
+        # If registering raises, the caller sees the checkpoint fail, so storage must not
+        # hold it complete: it is taken back (aborted as in Step 3, _metadata and all).
+        try:
+            self.registry.register_all(metadata)
+        except BaseException:
+            self._take_back(pending)
+            raise
         yield 4
         # Step 5. Subsume. _metadata goes first, so a crash half-way leaves an incomplete
         # chk-<M>/ (deleted by recover), never a complete-looking checkpoint missing files.
@@ -331,6 +337,25 @@ class CheckpointCoordinator:
         self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
         # Step 4. Its tombstone: a restarted job's next id is still above this one.
         self._leave_tombstone(checkpoint_id)
+
+    def _take_back(self, pending: PendingCheckpoint) -> None:
+        """Step 4 of :meth:`complete` failed after the commit point: abort the checkpoint after
+        all (its files, ``chk-<N>/`` with its ``_metadata``, a tombstone), and, when no other
+        checkpoint of this job completed, the root's
+        :data:`~keyedstate.storage.layout.COMPLETED_MARKER_FILE` its commit wrote (left, it
+        would make the next start take the job for one that lost its checkpoints). A file it
+        registered before the failure stays until unused, as any registered file."""
+        pending.completed = None
+        self._abort(pending, "registering its shared files failed after its _metadata was "
+                             "written")
+        if self.store.latest is None and self._completed_marker:
+            try:
+                self.storage.delete([COMPLETED_MARKER_FILE])
+                self._completed_marker = False
+            except OSError as exc:
+                logger.warning("could not delete %s: %s; the job's next start takes it for "
+                               "a job that lost its checkpoints",
+                               self.storage.url_of(COMPLETED_MARKER_FILE), exc)
 
     def _leave_tombstone(self, checkpoint_id: int) -> None:
         """Write ``chk-<N>/_aborted`` so that no later start of the job uses id N again (see

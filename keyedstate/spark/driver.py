@@ -78,7 +78,7 @@ from keyedstate.spark.offsets import (
     Branch,
 )
 from keyedstate.spark.query import StopGate
-from keyedstate.spark.query_log import QueryLog
+from keyedstate.spark.query_log import QueryLog, async_bound, mark_async_start
 from keyedstate.spark.routing import route
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
@@ -207,6 +207,8 @@ class KeyedJobDriver(BatchLoop):
             (:meth:`_check_continuity`); a Spark checkpoint location that no longer holds the
             query whose batches the checkpoints cover is refused
             (:meth:`~keyedstate.spark.query_log.QueryLog.check_query`).
+        Step 3b. Spark's log ahead of the job's state after a crash in the asynchronous mode:
+            rewound (:meth:`_rewind_source`).
         Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
@@ -224,6 +226,7 @@ class KeyedJobDriver(BatchLoop):
         #: the job's Spark query, as its offset log records it
         self.query_log = QueryLog(self.spark_checkpoint_location, cfg.storage_options)
         self._resumed_batch = -1
+        self._marked: int | None = None
         # Steps 1-3 (runtime/startup.py, through the loop), with this driver's own steps on
         # the snapshot (_on_restore) before it is claimed; then step 3 (the recovered
         # checkpoint's lineage and drain checked) or step 4 (NO_CLAIM / LEGACY: the first
@@ -234,9 +237,31 @@ class KeyedJobDriver(BatchLoop):
             latest = self.coordinator.latest_completed
             assert latest is not None
             self.query_log.check_query(latest.metadata.properties, cfg.checkpoint_dir)
-            if self.spark_checkpoint_location:
-                # Step 3b: a crash in the asynchronous mode may have left Spark's log ahead.
-                self.query_log.rewind(latest, self._commit_if_pending)
+        self._rewind_source(start)
+
+    def _rewind_source(self, start: JobStart) -> None:
+        """Step 3b: a crash in the asynchronous mode may have left Spark's log ahead of the
+        job's state (the recovered checkpoint, or the snapshot it was restored from, or
+        none): :meth:`~keyedstate.spark.query_log.QueryLog.rewind`, when the job's marker or
+        that checkpoint says it ran asynchronously (whatever this start's mode). Then, if
+        this start is asynchronous, its own marker, before any batch of it runs
+        (:func:`~keyedstate.spark.query_log.mark_async_start`)."""
+        if not self.spark_checkpoint_location:
+            return
+        latest = self.coordinator.latest_completed if start.recovered else None
+        covered = int(latest.metadata.properties.get(BATCH_ID, -1)) if latest is not None \
+            else self._resumed_batch
+        bound = max(self._marked_bound(), async_bound(None, latest))
+        self.query_log.rewind(covered, bound, latest, self._commit_if_pending)
+        if self.config.async_upload \
+                and self._marked_bound() < self.config.max_concurrent_checkpoints:
+            mark_async_start(self.storage, self.config.max_concurrent_checkpoints)
+
+    def _marked_bound(self) -> int:
+        """:func:`~keyedstate.spark.query_log.async_bound` of the job's marker, read once."""
+        if self._marked is None:
+            self._marked = async_bound(self.storage, None)
+        return self._marked
 
     def _commit_if_pending(self, completed: CompletedCheckpoint) -> None:
         """Commit a completed checkpoint's output unless its marker says that happened."""
@@ -256,7 +281,8 @@ class KeyedJobDriver(BatchLoop):
         (:meth:`_commit_carried_output`); returns the properties of the checkpoint it becomes
         if claimed (:meth:`_claim_properties`)."""
         self._resumed_batch = self.query_log.resume(
-            snap, self.config, [sink for sinks in self.job.sinks.values() for sink in sinks])
+            snap, self.config, [sink for sinks in self.job.sinks.values() for sink in sinks],
+            ahead=self._marked_bound())
         self._commit_carried_output(snap)
         return self._claim_properties(snap, self._resumed_batch)
 

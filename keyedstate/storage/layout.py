@@ -36,6 +36,12 @@ ABORTED_MARKER_FILE = "_aborted"
 #: root without a readable ``chk-<N>/_metadata`` has lost its checkpoints (recovery refuses to
 #: start it from empty state) instead of looking like a job that never completed one.
 COMPLETED_MARKER_FILE = "_completed"
+#: At a Spark job's root: written before the first batch of a start with
+#: ``keyedstate.checkpointing.async-upload``, and never removed. Spark may then have logged
+#: batches as done whose checkpoints never completed, which a later start (in either mode)
+#: makes it run again; holds, as JSON, the largest ``max-concurrent-checkpoints`` a start
+#: ran with (how many such batches there can be).
+ASYNC_MARKER_FILE = "_async-upload"
 #: Directories of a Spark job's checkpoint root besides the snapshot layout: staged outputs,
 #: sink-commit markers and (by default) Spark's own offset checkpoint.
 STAGING_DIR = "staging"
@@ -139,15 +145,17 @@ def checkpoint_id_of_shared_file(path: str) -> int | None:
 #: The areas :func:`area_of` tells apart, in the order it tries them.
 AREAS = ("metadata", "shared", "staging", "commits", "markers", "checkpoint", "taskowned",
          "spark", "other")
-_MARKER_FILES = frozenset({COMPLETED_MARKER_FILE, CLAIM_MARKER_FILE, ABORTED_MARKER_FILE})
+_MARKER_FILES = frozenset({COMPLETED_MARKER_FILE, ASYNC_MARKER_FILE, CLAIM_MARKER_FILE,
+                           ABORTED_MARKER_FILE})
 
 
 def area_of(path: str) -> str:
     """Which part of a snapshot root ``path`` (absolute, a URL or relative: read from its
     components, the root unknown) belongs to, one of :data:`AREAS`: ``metadata`` (a
     ``_metadata``: a checkpoint's or a savepoint's, or a temporary name of one), ``shared``, ``staging``, ``commits``,
-    ``markers`` (``_completed``, ``_claimed``, ``_aborted``), ``checkpoint`` (other files of a
-    ``chk-<N>/``), ``taskowned``, ``spark`` (the offset log) or ``other``. The last matching
+    ``markers`` (``_completed``, ``_async-upload``, ``_claimed``, ``_aborted``),
+    ``checkpoint`` (other files of a ``chk-<N>/``), ``taskowned``, ``spark`` (the offset log)
+    or ``other``. The last matching
     component decides, so a root that itself lies below a folder named like one still reads
     right for the files below it; a folder's own path (a listing) is in its area."""
     parts = str(path).rstrip("/").split("/")

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointError,
@@ -305,6 +306,40 @@ def test_crash_after_each_step_of_complete(storage: CheckpointStorage, steps_don
     assert storage.checkpoint_ids() == [latest.checkpoint_id]
     # The recovered coordinator goes on, with a fresh id.
     assert checkpoint(recovered, reuse=shared_of(latest)).checkpoint_id == 3
+    assert_restorable(recovered)
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_registry_failing_after_the_commit_point_takes_the_checkpoint_back(
+        storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch, first: bool) -> None:
+    """Step 4 (register) raises after Step 3 wrote ``_metadata``: the caller sees the
+    checkpoint fail, and storage agrees: it is aborted after all (its ``_metadata`` and files
+    gone, a tombstone), recovery finds the checkpoint before it, or, when it was the job's
+    first, a new job (the root's completed marker its commit wrote is gone too)."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    before = None if first else checkpoint(coordinator, new=("a",))
+    pending = coordinator.trigger({"batch_id": "7"})
+    acknowledge_all(coordinator, pending, new=("b",))
+
+    def failing(self: SharedStateRegistry, metadata: CheckpointMetadata, *,
+                owned: bool = True) -> None:
+        raise OSError("the registry failed")
+
+    monkeypatch.setattr(SharedStateRegistry, "register_all", failing)
+    with pytest.raises(OSError, match="the registry failed"):
+        coordinator.complete(pending)
+    monkeypatch.undo()
+    n = pending.checkpoint_id
+    assert pending.is_aborted and not pending.is_completed
+    assert storage.list_files(f"chk-{n}") == [f"chk-{n}/_aborted"]
+    assert not [p for p in shared_files(coordinator) if p.startswith(f"shared/chk-{n}-")]
+    assert storage.exists("_completed") is not first
+    assert coordinator.latest_completed is before
+    coordinator.abort(pending, "the caller aborts it again")  # a no-op, as for any abort
+    recovered = CheckpointCoordinator.recover(storage, **config())
+    latest = recovered.latest_completed
+    assert (latest and latest.checkpoint_id) == (before and before.checkpoint_id)
+    assert checkpoint(recovered).checkpoint_id == n + 1
     assert_restorable(recovered)
 
 
