@@ -36,8 +36,8 @@ MARKER = "keyedstate-task-failure: "
 #: Where the runtime's own frames come from: a traceback shown to users starts below them.
 RUNTIME_FILES = frozenset(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
-    for name in ("spark/api.py", "spark/driver.py", "spark/query.py", "spark/tasks.py",
-                 "runtime/subtask.py", "runtime/function.py"))
+    for name in ("spark/api.py", "spark/driver.py", "spark/driver_start.py", "spark/query.py",
+                 "spark/tasks.py", "runtime/subtask.py", "runtime/function.py"))
 #: Starts the data line of a discarded checkpoint's error sent to a Spark Connect client (the
 #: rest of the line: its message and fields as JSON).
 DISCARD_MARKER = "keyedstate-discarded: "

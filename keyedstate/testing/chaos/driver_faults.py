@@ -184,7 +184,7 @@ def install_driver_hooks(faults: DriverFaults) -> None:
         finally:
             faults.starting = None
 
-    KeyedJobDriver._commit_if_pending = starting_commit  # type: ignore[method-assign]
+    KeyedJobDriver._commit_if_pending = starting_commit  # type: ignore[method-assign, assignment]
     register_all = SharedStateRegistry.register_all
 
     def failing_register_all(self: SharedStateRegistry, metadata: CheckpointMetadata, *,
