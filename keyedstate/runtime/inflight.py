@@ -22,7 +22,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import msgspec
 
@@ -55,6 +55,10 @@ from keyedstate.storage.layout import (
 
 log = logging.getLogger("keyedstate")
 
+#: what an engine's sink commit gets along with a checkpoint's output
+#: (``BatchLoop._commit_output``): the Spark session on Spark, None on the local runtime
+ContextT = TypeVar("ContextT")
+
 
 @dataclass(frozen=True)
 class Committed:
@@ -77,7 +81,7 @@ class Committed:
 
 
 @dataclass
-class InFlight:
+class InFlight(Generic[ContextT]):
     """One batch whose tasks ended and whose checkpoint is not complete yet."""
 
     pending: PendingCheckpoint
@@ -88,7 +92,7 @@ class InFlight:
     #: the watermark the batch started with (its checkpoint records the one after it)
     watermark: int
     #: what the engine's sink commit needs (``BatchLoop._commit_output``)
-    context: Any
+    context: ContextT
     #: ``perf_counter`` at the batch's start; the Spark tasks used
     started: float
     tasks: int | None
@@ -110,7 +114,7 @@ class InFlight:
 
     @classmethod
     def of_record(cls, record: FlightRecord, pending: PendingCheckpoint,
-                  context: Any) -> InFlight:
+                  context: ContextT) -> InFlight[ContextT]:
         """The checkpoint ``record`` describes, adopted as ``pending``, its sinks committing
         with ``context``."""
         started = time.perf_counter() - max(0.0, time.time() - record.started_s)
@@ -184,28 +188,29 @@ def acknowledged_reports(storage: CheckpointStorage, flight: InFlight
     return reports
 
 
-class InFlightCheckpoints:
+class InFlightCheckpoints(Generic[ContextT]):
     """The loop's checkpoints in flight, oldest first (at most
     ``keyedstate.checkpointing.max-concurrent-checkpoints`` between batches)."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
-        self._flights: deque[InFlight] = deque()
+        self._flights: deque[InFlight[ContextT]] = deque()
 
     def __len__(self) -> int:
         return len(self._flights)
 
-    def __iter__(self) -> Iterator[InFlight]:
+    def __iter__(self) -> Iterator[InFlight[ContextT]]:
         return iter(self._flights)
 
-    def add(self, flight: InFlight) -> None:
+    def add(self, flight: InFlight[ContextT]) -> None:
         self._flights.append(flight)
 
     def complete_oldest(self, coordinator: CheckpointCoordinator, *,
-                        wait: Callable[[InFlight], None], config: JobConfig,
+                        wait: Callable[[InFlight[ContextT]], None], config: JobConfig,
                         key_columns: Sequence[str], lineage: Mapping[str, str], function: str,
-                        extra: Mapping[str, str]) -> tuple[InFlight, CompletedCheckpoint,
-                                                           list[SubtaskReport]]:
+                        extra: Mapping[str, str]
+                        ) -> tuple[InFlight[ContextT], CompletedCheckpoint,
+                                   list[SubtaskReport]]:
         """Complete the oldest checkpoint in flight: ``wait`` for its uploads (the engine's
         way), read its acknowledgements, complete it (``_metadata``, registry, subsumption)
         and drop the acknowledgements. Returns it, the completed checkpoint and its reports
@@ -248,10 +253,10 @@ class InFlightCheckpoints:
         return discarded
 
 
-def adopt_recorded(storage: CheckpointStorage, start_id: str, context: Any, *, backend: str,
-                   parallelism: int, max_parallelism: int, key_types: Sequence[str],
+def adopt_recorded(storage: CheckpointStorage, start_id: str, context: ContextT, *,
+                   backend: str, parallelism: int, max_parallelism: int, key_types: Sequence[str],
                    num_retained: int
-                   ) -> tuple[CheckpointCoordinator, list[InFlight]] | None:
+                   ) -> tuple[CheckpointCoordinator, list[InFlight[ContextT]]] | None:
     """The checkpoints in flight that the job's start ``start_id`` recorded in ``storage``
     (:func:`recorded_flights`, above the latest completed one), adopted by a coordinator
     recovered from storage (the loop that recorded them completed and subsumed checkpoints

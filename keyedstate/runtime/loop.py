@@ -45,7 +45,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, Callable, Generic, Mapping, NoReturn, TypeVar
 
 import pyarrow as pa
 
@@ -72,6 +72,7 @@ from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.inflight import (
     Committed,
+    ContextT,
     InFlight,
     InFlightCheckpoints,
     adopt_recorded,
@@ -88,8 +89,11 @@ from keyedstate.storage.handles import SnapshotFormat
 
 log = logging.getLogger("keyedstate")
 
+#: what an engine's batch is: a pyarrow Table on the local runtime, a DataFrame on Spark
+BatchT = TypeVar("BatchT")
 
-class BatchLoop(ABC):
+
+class BatchLoop(ABC, Generic[BatchT, ContextT]):
     """The protocol of a keyed job's batches (module docstring); an engine subclasses it.
 
     Before :meth:`_start`, the engine sets :attr:`config`, :attr:`storage`, :attr:`backend`,
@@ -122,11 +126,11 @@ class BatchLoop(ABC):
     #: the checkpoint whose output is being committed (step 6), None otherwise
     _committing: int | None = None
     #: the asynchronous mode's checkpoints in flight, oldest first
-    _in_flight: InFlightCheckpoints
+    _in_flight: InFlightCheckpoints[ContextT]
     #: where the job stands at its last completed checkpoint (or its start)
     _committed: Committed
     #: completed checkpoints (asynchronous mode) whose sink commit failed, to retry first
-    _to_commit: deque[tuple[InFlight, CompletedCheckpoint, list[SubtaskReport]]]
+    _to_commit: deque[tuple[InFlight[ContextT], CompletedCheckpoint, list[SubtaskReport]]]
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -166,12 +170,12 @@ class BatchLoop(ABC):
     # -- what an engine supplies ---------------------------------------------------------------
 
     @abstractmethod
-    def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+    def _execute(self, plan: BatchPlan, batch: BatchT) -> list[Any]:
         """Run every subtask of ``plan`` over the engine's ``batch``; one result row each
         (:data:`~keyedstate.runtime.wire.REPORT_SCHEMA`)."""
 
     @abstractmethod
-    def _commit_output(self, context: Any, storage: CheckpointStorage,
+    def _commit_output(self, context: ContextT, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
         """Hand the output a checkpoint (its ``props``) staged in ``storage`` to its
         consumers; idempotent by batch id. ``context``: what the engine passed along."""
@@ -180,7 +184,7 @@ class BatchLoop(ABC):
     def _late_schema(self) -> pa.Schema:
         """The schema of late rows (the input's)."""
 
-    def _tasks(self, batch: Any) -> int | None:
+    def _tasks(self, batch: BatchT) -> int | None:
         """The Spark tasks that run the batch's subtasks (None: one per subtask)."""
         return None
 
@@ -208,7 +212,7 @@ class BatchLoop(ABC):
         without completing them (the driver's copy in a Spark Connect server)."""
         return False
 
-    def _wait_for_uploads(self, flight: InFlight) -> None:
+    def _wait_for_uploads(self, flight: InFlight[ContextT]) -> None:
         """Wait until ``flight``'s acknowledgements are written (or will never be): the
         local runtime's subtasks upload in this process."""
         wait_for_checkpoint(self.storage.url, flight.checkpoint_id)
@@ -235,8 +239,8 @@ class BatchLoop(ABC):
             background_restore=cfg.background_restore, async_upload=cfg.async_upload,
             ack_timeout_s=cfg.checkpoint_timeout.total_seconds())
 
-    def _run_batch(self, batch: Any, batch_id: int, *, started: float, drain: bool = False,
-                   context: Any = None) -> BatchStats:
+    def _run_batch(self, batch: BatchT, batch_id: int, *, started: float, drain: bool = False,
+                   context: ContextT) -> BatchStats:
         """Steps 1-7 of batch ``batch_id`` over the engine's ``batch`` (``started``: its
         ``perf_counter`` start); returns its statistics. ``context`` goes to
         :meth:`_commit_output`."""
@@ -263,7 +267,7 @@ class BatchLoop(ABC):
         stats.spark_tasks = tasks or 0
         return stats
 
-    def _checkpoint(self, batch: Any, batch_id: int, *, drain: bool = False
+    def _checkpoint(self, batch: BatchT, batch_id: int, *, drain: bool = False
                     ) -> tuple[CompletedCheckpoint, list[SubtaskReport], int | None]:
         """Steps 1-5: returns the completed checkpoint, the subtasks' reports in subtask
         order and the Spark tasks used. A failure aborts the checkpoint (the loop's state is
@@ -300,8 +304,8 @@ class BatchLoop(ABC):
 
     # -- the asynchronous mode ------------------------------------------------------------------
 
-    def _run_batch_async(self, batch: Any, batch_id: int, *, started: float,
-                         drain: bool = False, context: Any = None) -> list[BatchStats]:
+    def _run_batch_async(self, batch: BatchT, batch_id: int, *, started: float,
+                         drain: bool = False, context: ContextT) -> list[BatchStats]:
         """Batch ``batch_id`` in the asynchronous mode: steps 1-3, its checkpoint in flight,
         step 5 on it; then steps 4, 6 and 7 of the oldest checkpoints in flight until at most
         ``max-concurrent-checkpoints`` are left (none after a drain). Returns the statistics
@@ -337,7 +341,7 @@ class BatchLoop(ABC):
         # Steps 4, 6, 7 of the oldest, within the bound.
         return self._complete_in_flight(0 if drain else self.config.max_concurrent_checkpoints)
 
-    def _advance_in_flight(self, flight: InFlight) -> None:
+    def _advance_in_flight(self, flight: InFlight[ContextT]) -> None:
         """Step 5 on a checkpoint in flight: add it to those in flight, and move the
         watermark, the last batch id, the drain flag and the restore source on to it."""
         self._in_flight.add(flight)
@@ -376,7 +380,7 @@ class BatchLoop(ABC):
             done += self._commit_completed()
         return done
 
-    def _take_over_in_flight(self, context: Any) -> list[BatchStats]:
+    def _take_over_in_flight(self, context: ContextT) -> list[BatchStats]:
         """Complete the checkpoints in flight that this job's loop in another process
         recorded (:meth:`_records_in_flight`) and left when it ended (the driver's copy in a
         Spark Connect server: its process ends with the query), and commit their output with
@@ -453,7 +457,7 @@ class BatchLoop(ABC):
         self.drained = back.drained
         return back
 
-    def _commit_with_retries(self, context: Any, completed: CompletedCheckpoint) -> None:
+    def _commit_with_retries(self, context: ContextT, completed: CompletedCheckpoint) -> None:
         """Step 6, retrying transient storage errors (the commit is idempotent by batch id)
         as often as a failed checkpoint would be."""
         tolerable = self._tolerable_failures()
@@ -471,7 +475,7 @@ class BatchLoop(ABC):
                             attempt + 1, tolerable + 1)
                 time.sleep(delay)
 
-    def _commit_sinks(self, context: Any, completed: CompletedCheckpoint) -> None:
+    def _commit_sinks(self, context: ContextT, completed: CompletedCheckpoint) -> None:
         """Step 6: commit a completed checkpoint's output (skipped when its marker says that
         happened), then write the marker and drop the staged files."""
         # A claimed snapshot staged nothing: its output is not this job's to commit. Its own

@@ -277,7 +277,7 @@ class KeyedJobDriver(SparkJobStart):
         # it), so the client completes what it left in flight (flush).
         return self.shipped
 
-    def _wait_for_uploads(self, flight: InFlight) -> None:
+    def _wait_for_uploads(self, flight: InFlight[Session]) -> None:
         """The subtasks' Python workers upload in their own processes: poll for their
         acknowledgements (``execution.checkpointing.timeout``)."""
         await_acks(self.storage, flight.checkpoint_id, range(self.config.parallelism),

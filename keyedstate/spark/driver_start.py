@@ -21,10 +21,14 @@ from keyedstate.spark.offsets import PROP_QUERY_ID, PROP_SPARK_CHECKPOINT_LOCATI
 from keyedstate.spark.query_log import QueryLog, async_bound, mark_async_start
 
 if TYPE_CHECKING:  # the job (api) builds its driver
+    # Used in the base class's quoted arguments, which ruff does not read.
+    from pyspark.sql import DataFrame  # noqa: F401
+
     from keyedstate.spark.api import KeyedProcessJob
+    from keyedstate.spark.pyspark_types import Session  # noqa: F401
 
 
-class SparkJobStart(BatchLoop):
+class SparkJobStart(BatchLoop["DataFrame", "Session"]):
     """The start-up of the Spark engine of the batch loop (module docstring); its subclass
     :class:`~keyedstate.spark.driver.KeyedJobDriver` sets :attr:`job` and
     :attr:`spark_checkpoint_location` (besides what :class:`~keyedstate.runtime.loop.
