@@ -226,7 +226,7 @@ class LocalKeyedOperator:
         self.close()
 
 
-class LocalJob(BatchLoop):
+class LocalJob(BatchLoop[pa.Table, None]):
     """A keyed job run in this process: the same :class:`KeyedProcessFunction` and
     :class:`~keyedstate.config.JobConfig` as on Spark, without Java (a user tests the job they
     run on Spark, a demo runs anywhere).
@@ -374,10 +374,12 @@ class LocalJob(BatchLoop):
         failing call may have committed earlier batches' output first."""
         self._delivered = {}
         if not self.config.async_upload:
-            self._run_batch(table, batch_id, started=time.perf_counter(), drain=drain)
+            self._run_batch(table, batch_id, started=time.perf_counter(), drain=drain,
+                            context=None)
             return self._deliver()
         try:
-            self._run_batch_async(table, batch_id, started=time.perf_counter(), drain=drain)
+            self._run_batch_async(table, batch_id, started=time.perf_counter(), drain=drain,
+                                  context=None)
         finally:
             self._deliver()
         return self.last_outputs
@@ -408,7 +410,7 @@ class LocalJob(BatchLoop):
             self._deliver()
         return self.last_outputs
 
-    def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+    def _execute(self, plan: BatchPlan, batch: pa.Table) -> list[Any]:
         """Steps 1-2 of the class docstring: every subtask, one after another in this
         process, as one Spark task running them all would; with a local aggregation, over
         the rows aggregated per key first (as Spark's JVM does)."""
@@ -422,7 +424,7 @@ class LocalJob(BatchLoop):
                                                 iter(routed.to_batches()))
                 for row in result.to_pylist()]
 
-    def _commit_output(self, context: Any, storage: CheckpointStorage,
+    def _commit_output(self, context: None, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
         """Step 4: read the staged output, one table per tag (the caller gets it; several
         batches' in one call in the asynchronous mode, in batch order)."""

@@ -33,7 +33,10 @@ the next batch's subtasks reuse their copies at it, or restore from its acknowle
 then it runs steps 4, 6 and 7 for the oldest checkpoints in flight, in order, until at most
 ``max-concurrent-checkpoints`` are left. A failure there discards every checkpoint in flight
 and sets the loop back to the last completed one (:class:`~keyedstate.errors.
-CheckpointDiscardedError`).
+CheckpointDiscardedError`). An engine whose loop runs in a process that may end with
+checkpoints in flight (Spark Connect: the driver's copy in the server) records each in storage
+(:meth:`BatchLoop._records_in_flight`); its loop in another process completes them once that
+one ended (:meth:`BatchLoop._take_over_in_flight`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, Callable, Generic, Mapping, NoReturn, TypeVar
 
 import pyarrow as pa
 
@@ -69,9 +72,12 @@ from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.inflight import (
     Committed,
+    ContextT,
     InFlight,
     InFlightCheckpoints,
+    adopt_recorded,
     ordered_reports,
+    record_flight,
 )
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.startup import JobStart, start_configured_job
@@ -83,8 +89,11 @@ from keyedstate.storage.handles import SnapshotFormat
 
 log = logging.getLogger("keyedstate")
 
+#: what an engine's batch is: a pyarrow Table on the local runtime, a DataFrame on Spark
+BatchT = TypeVar("BatchT")
 
-class BatchLoop(ABC):
+
+class BatchLoop(ABC, Generic[BatchT, ContextT]):
     """The protocol of a keyed job's batches (module docstring); an engine subclasses it.
 
     Before :meth:`_start`, the engine sets :attr:`config`, :attr:`storage`, :attr:`backend`,
@@ -117,11 +126,11 @@ class BatchLoop(ABC):
     #: the checkpoint whose output is being committed (step 6), None otherwise
     _committing: int | None = None
     #: the asynchronous mode's checkpoints in flight, oldest first
-    _in_flight: InFlightCheckpoints
+    _in_flight: InFlightCheckpoints[ContextT]
     #: where the job stands at its last completed checkpoint (or its start)
     _committed: Committed
     #: completed checkpoints (asynchronous mode) whose sink commit failed, to retry first
-    _to_commit: deque[tuple[InFlight, CompletedCheckpoint, list[SubtaskReport]]]
+    _to_commit: deque[tuple[InFlight[ContextT], CompletedCheckpoint, list[SubtaskReport]]]
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -161,12 +170,12 @@ class BatchLoop(ABC):
     # -- what an engine supplies ---------------------------------------------------------------
 
     @abstractmethod
-    def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+    def _execute(self, plan: BatchPlan, batch: BatchT) -> list[Any]:
         """Run every subtask of ``plan`` over the engine's ``batch``; one result row each
         (:data:`~keyedstate.runtime.wire.REPORT_SCHEMA`)."""
 
     @abstractmethod
-    def _commit_output(self, context: Any, storage: CheckpointStorage,
+    def _commit_output(self, context: ContextT, storage: CheckpointStorage,
                        props: Mapping[str, str]) -> None:
         """Hand the output a checkpoint (its ``props``) staged in ``storage`` to its
         consumers; idempotent by batch id. ``context``: what the engine passed along."""
@@ -175,7 +184,7 @@ class BatchLoop(ABC):
     def _late_schema(self) -> pa.Schema:
         """The schema of late rows (the input's)."""
 
-    def _tasks(self, batch: Any) -> int | None:
+    def _tasks(self, batch: BatchT) -> int | None:
         """The Spark tasks that run the batch's subtasks (None: one per subtask)."""
         return None
 
@@ -196,7 +205,14 @@ class BatchLoop(ABC):
         can."""
         return type(self).__name__
 
-    def _wait_for_uploads(self, flight: InFlight) -> None:
+    def _records_in_flight(self) -> bool:
+        """Whether each checkpoint in flight is recorded in storage
+        (:func:`~keyedstate.runtime.inflight.record_flight`) for another process of the job to
+        complete (:meth:`_take_over_in_flight`): the loop runs in a process that may end
+        without completing them (the driver's copy in a Spark Connect server)."""
+        return False
+
+    def _wait_for_uploads(self, flight: InFlight[ContextT]) -> None:
         """Wait until ``flight``'s acknowledgements are written (or will never be): the
         local runtime's subtasks upload in this process."""
         wait_for_checkpoint(self.storage.url, flight.checkpoint_id)
@@ -223,8 +239,8 @@ class BatchLoop(ABC):
             background_restore=cfg.background_restore, async_upload=cfg.async_upload,
             ack_timeout_s=cfg.checkpoint_timeout.total_seconds())
 
-    def _run_batch(self, batch: Any, batch_id: int, *, started: float, drain: bool = False,
-                   context: Any = None) -> BatchStats:
+    def _run_batch(self, batch: BatchT, batch_id: int, *, started: float, drain: bool = False,
+                   context: ContextT) -> BatchStats:
         """Steps 1-7 of batch ``batch_id`` over the engine's ``batch`` (``started``: its
         ``perf_counter`` start); returns its statistics. ``context`` goes to
         :meth:`_commit_output`."""
@@ -251,7 +267,7 @@ class BatchLoop(ABC):
         stats.spark_tasks = tasks or 0
         return stats
 
-    def _checkpoint(self, batch: Any, batch_id: int, *, drain: bool = False
+    def _checkpoint(self, batch: BatchT, batch_id: int, *, drain: bool = False
                     ) -> tuple[CompletedCheckpoint, list[SubtaskReport], int | None]:
         """Steps 1-5: returns the completed checkpoint, the subtasks' reports in subtask
         order and the Spark tasks used. A failure aborts the checkpoint (the loop's state is
@@ -288,8 +304,8 @@ class BatchLoop(ABC):
 
     # -- the asynchronous mode ------------------------------------------------------------------
 
-    def _run_batch_async(self, batch: Any, batch_id: int, *, started: float,
-                         drain: bool = False, context: Any = None) -> list[BatchStats]:
+    def _run_batch_async(self, batch: BatchT, batch_id: int, *, started: float,
+                         drain: bool = False, context: ContextT) -> list[BatchStats]:
         """Batch ``batch_id`` in the asynchronous mode: steps 1-3, its checkpoint in flight,
         step 5 on it; then steps 4, 6 and 7 of the oldest checkpoints in flight until at most
         ``max-concurrent-checkpoints`` are left (none after a drain). Returns the statistics
@@ -305,6 +321,12 @@ class BatchLoop(ABC):
             # Step 3. Execute: the subtasks end after the synchronous phase.
             reports = ordered_reports(decode_reports(self._execute(plan, batch)),
                                       self.config.parallelism, batch_id)
+            flight = InFlight(pending, batch_id, reports, drain, self.watermark, context,
+                              started, tasks)
+            if self._records_in_flight():
+                # Before the batch returns: once it has, nothing may be lost of it, and this
+                # process may end (Spark Connect's server ends it with the query).
+                record_flight(self.storage, flight, self.start_id)
         except BaseException as exc:
             # Its subtasks that succeeded upload in the background: abort once they are done.
             wait_for_checkpoint(self.storage.url, pending.checkpoint_id)
@@ -314,17 +336,23 @@ class BatchLoop(ABC):
             if failure is not None:
                 raise failure from exc
             raise
-        self._in_flight.add(InFlight(pending, batch_id, reports, drain, self.watermark,
-                                     context, started, tasks))
         # Step 5. Advance, on the checkpoint in flight.
-        self.watermark = next_watermark(reports, self.watermark, self.config.watermark_delay_ms)
-        self.last_batch_id = batch_id
-        self.drained = drain
-        self.base = RestoreSource.in_flight(self.storage, pending.checkpoint_id,
-                                            self.config.parallelism, [r.token for r in reports])
-        self.share_restored_files = True
+        self._advance_in_flight(flight)
         # Steps 4, 6, 7 of the oldest, within the bound.
         return self._complete_in_flight(0 if drain else self.config.max_concurrent_checkpoints)
+
+    def _advance_in_flight(self, flight: InFlight[ContextT]) -> None:
+        """Step 5 on a checkpoint in flight: add it to those in flight, and move the
+        watermark, the last batch id, the drain flag and the restore source on to it."""
+        self._in_flight.add(flight)
+        self.watermark = next_watermark(flight.reports, self.watermark,
+                                        self.config.watermark_delay_ms)
+        self.last_batch_id = flight.batch_id
+        self.drained = flight.drain
+        self.base = RestoreSource.in_flight(self.storage, flight.checkpoint_id,
+                                            self.config.parallelism,
+                                            [r.token for r in flight.reports])
+        self.share_restored_files = True
 
     def _complete_in_flight(self, leave: int) -> list[BatchStats]:
         """Complete checkpoints in flight, oldest first, and commit their output, until at
@@ -352,6 +380,43 @@ class BatchLoop(ABC):
             done += self._commit_completed()
         return done
 
+    def _take_over_in_flight(self, context: ContextT) -> list[BatchStats]:
+        """Complete the checkpoints in flight that this job's loop in another process
+        recorded (:meth:`_records_in_flight`) and left when it ended (the driver's copy in a
+        Spark Connect server: its process ends with the query), and commit their output with
+        ``context``, in order; their statistics. That loop must run nothing any more (its
+        query stopped). Nothing is done when it left none.
+
+        Step 1. Adopt them (:func:`~keyedstate.runtime.inflight.adopt_recorded`: a
+            coordinator recovered from storage, which the other loop changed since this one's
+            start, keeping them).
+        Step 2. Set the loop where the other one stood: at the latest completed checkpoint
+            (its output committed first if its marker is missing: sinks commit in batch
+            order), then advanced on each checkpoint in flight (step 5).
+        Step 3. Complete them and commit their output (:meth:`_complete_in_flight`); a failure
+            discards them and raises :class:`CheckpointDiscardedError`, as in the loop.
+        """
+        # Step 1.
+        before = self.coordinator.latest_completed
+        adopted = adopt_recorded(self.storage, self.start_id, context, backend=self.backend.name,
+                                 parallelism=self.config.parallelism,
+                                 max_parallelism=self.max_parallelism, key_types=self.key_types,
+                                 num_retained=self.config.num_retained)
+        if adopted is None:
+            return []
+        self.coordinator, flights = adopted
+        # Step 2.
+        latest = self.coordinator.latest_completed
+        if latest is not None and (before is None
+                                   or latest.checkpoint_id != before.checkpoint_id):
+            self._committed = Committed.at(self.storage, latest)
+            self._back_to_committed()
+            self._commit_with_retries(context, latest)
+        for flight in flights:
+            self._advance_in_flight(flight)
+        # Step 3.
+        return self._complete_in_flight(0)
+
     def _commit_completed(self) -> list[BatchStats]:
         """Step 6 and 7 of the completed checkpoints whose output is not committed yet, in
         order; one whose commit fails stays first (the error is raised)."""
@@ -375,10 +440,7 @@ class BatchLoop(ABC):
         discarded = self._in_flight.discard(
             self.coordinator, f"checkpoint {oldest} failed in flight: {exc}")
         release_live(self.storage.url, self.start_id)
-        back = self._committed
-        self.base, self.share_restored_files = back.base, back.share_restored_files
-        self.watermark, self.last_batch_id = back.watermark, back.last_batch_id
-        self.drained = back.drained
+        back = self._back_to_committed()
         raise CheckpointDiscardedError(
             f"checkpoint {oldest} failed in its asynchronous phase ({exc}); batches "
             f"{discarded} were discarded (their state and output are gone) and the job is "
@@ -386,7 +448,16 @@ class BatchLoop(ABC):
             f"later again", discarded_batches=discarded,
             last_batch_id=back.last_batch_id) from exc
 
-    def _commit_with_retries(self, context: Any, completed: CompletedCheckpoint) -> None:
+    def _back_to_committed(self) -> Committed:
+        """Set the loop to :attr:`_committed` (restore source, watermark, batch id, drain
+        flag); returns it."""
+        back = self._committed
+        self.base, self.share_restored_files = back.base, back.share_restored_files
+        self.watermark, self.last_batch_id = back.watermark, back.last_batch_id
+        self.drained = back.drained
+        return back
+
+    def _commit_with_retries(self, context: ContextT, completed: CompletedCheckpoint) -> None:
         """Step 6, retrying transient storage errors (the commit is idempotent by batch id)
         as often as a failed checkpoint would be."""
         tolerable = self._tolerable_failures()
@@ -404,7 +475,7 @@ class BatchLoop(ABC):
                             attempt + 1, tolerable + 1)
                 time.sleep(delay)
 
-    def _commit_sinks(self, context: Any, completed: CompletedCheckpoint) -> None:
+    def _commit_sinks(self, context: ContextT, completed: CompletedCheckpoint) -> None:
         """Step 6: commit a completed checkpoint's output (skipped when its marker says that
         happened), then write the marker and drop the staged files."""
         # A claimed snapshot staged nothing: its output is not this job's to commit. Its own

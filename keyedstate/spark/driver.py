@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from keyedstate.backends import load_backend
-from keyedstate.checkpoint.coordinator import CompletedCheckpoint
-from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM, STAGED
+from keyedstate.checkpoint.properties import BATCH_ID, STAGED
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.checkpoint.savepoint import check_savepoint_target
 from keyedstate.checkpoint.stats import BatchStats, history_of
@@ -45,34 +44,37 @@ from keyedstate.config import (
 )
 from keyedstate.errors import (
     BatchFailedError,
+    CheckpointDiscardedError,
     CheckpointProtocolError,
     ConfigurationError,
     JobDrainedError,
     KeyedStateError,
     NoCheckpointError,
 )
-from keyedstate.runtime.batch import MAIN_OUTPUT, ResumePoint, output_pending, staged_outputs
-from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.batch import MAIN_OUTPUT, staged_outputs
+from keyedstate.runtime.failures import (
+    batch_failure,
+    discard_for_client,
+    find_task_failure,
+    for_spark,
+)
 from keyedstate.runtime.inflight import InFlight
 from keyedstate.runtime.local_aggregation import check_local_aggregation
-from keyedstate.runtime.loop import BatchLoop, write_savepoint
-from keyedstate.runtime.startup import JobStart
-from keyedstate.runtime.subtask import BatchPlan, RestoreSource
+from keyedstate.runtime.loop import write_savepoint
+from keyedstate.runtime.subtask import BatchPlan
 from keyedstate.runtime.uploads import await_acks
 from keyedstate.runtime.wire import REPORT_DDL
-from keyedstate.spark.carry import carry, output_committed
-from keyedstate.spark.connect import is_connect, task_slots
+from keyedstate.spark.carry import carry
+from keyedstate.spark.connect import is_connect, task_slots, unsupported
+from keyedstate.spark.driver_start import SparkJobStart
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
     OFFSETS,
     PROP_FORK_BATCH_ID,
     PROP_PARENT_QUERY_ID,
     PROP_QUERY_ID,
-    PROP_SPARK_CHECKPOINT_LOCATION,
-    Branch,
 )
 from keyedstate.spark.query import StopGate
-from keyedstate.spark.query_log import QueryLog
 from keyedstate.spark.routing import route
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
@@ -91,10 +93,11 @@ if TYPE_CHECKING:  # the job (api) builds its driver
 log = logging.getLogger("keyedstate")
 
 
-class KeyedJobDriver(BatchLoop):
+class KeyedJobDriver(SparkJobStart):
     """The per-batch driver logic (the ``foreachBatch`` function) and the coordinator: the
     Spark engine of the batch loop (:class:`~keyedstate.runtime.loop.BatchLoop`), which
-    executes a plan with ``mapInArrow`` and commits output to the job's sinks."""
+    executes a plan with ``mapInArrow`` and commits output to the job's sinks; its start-up
+    (:meth:`_open`) is :class:`~keyedstate.spark.driver_start.SparkJobStart`'s."""
 
     def __init__(self, job: KeyedProcessJob, config: JobConfig,
                  spark_checkpoint_location: str | None = None) -> None:
@@ -111,6 +114,9 @@ class KeyedJobDriver(BatchLoop):
         self.backend = load_backend(config.backend, **config.backend_options)
         self.max_parallelism = config.effective_max_parallelism
         df = job.stream.dataframe()
+        #: the job runs over Spark Connect: its batches run in the server's copy of this
+        #: driver (:attr:`shipped` there), this one is the client's
+        self.connect = is_connect(df.sparkSession)
         #: the input's Spark schema (late rows have it): kept, so that the driver needs no
         #: DataFrame once shipped to a Spark Connect server (:meth:`__getstate__`)
         self.input_schema = df.schema
@@ -171,115 +177,6 @@ class KeyedJobDriver(BatchLoop):
         self.failure = None
         self.stats = []
         self.shipped = True
-
-    # -- start-up ------------------------------------------------------------------------------
-
-    def _open(self) -> None:
-        """Recover from the job's own checkpoints, else start from the configured snapshot in
-        its restore mode (:mod:`keyedstate.checkpoint.restore_modes`), else from empty state.
-
-        Step 0b. A directory holding checkpoints: the job must be the one that wrote them
-            (key types, key columns, states; :class:`~keyedstate.errors.JobMismatchError`
-            unless ``keyedstate.state-recovery.allow-job-change``); its own checkpoints then
-            win over any restore path.
-        Step 1. A new job with ``execution.state-recovery.path``: check the snapshot, reading
-            only (max parallelism, not claimed by another job, every file's size and
-            checksum); restore its source positions
-            (:meth:`~keyedstate.spark.query_log.QueryLog.resume`: Spark resumes
-            exactly after the snapshot's batch, or the start is refused); commit the output
-            it carries (a savepoint of a batch whose sinks had not committed); CLAIM then
-            imports it as this job's first checkpoint.
-        Step 2. Max parallelism: configured, else the state's (as Flink), else the default.
-        Step 3. The job's own checkpoints: recover from the latest complete one (drain
-            checked, its lineage kept; a fall-back past a lost or corrupt ``_metadata`` is in the coordinator's
-            ``recovery_notes``). A job that completed checkpoints but has none left raises
-            :class:`~keyedstate.errors.MissingCheckpointFileError` here, as the core runtime
-            does; a gap in batch ids after a fall-back is refused per batch
-            (:meth:`_check_continuity`); a Spark checkpoint location that no longer holds the
-            query whose batches the checkpoints cover is refused
-            (:meth:`~keyedstate.spark.query_log.QueryLog.check_query`).
-        Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
-            checkpoint references none of the snapshot's files: the executors have the store
-            duplicate them into this job's root (no upload), then build on the copies.
-
-        Steps 0-3 are :func:`keyedstate.runtime.startup.start_job`, as in the local runtime.
-        Before all (its step 0): the checkpoint storage must accept the job's credentials and exist
-        (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.check_access`), so a wrong key
-        or a missing bucket fails the start, not the first batch.
-        """
-        cfg = self.config
-        self.base: RestoreSource | None = None
-        self.share_restored_files = True
-        self.lineage = {RESTORED_FROM: cfg.restore_path or "",
-                        PROP_SPARK_CHECKPOINT_LOCATION: self.spark_checkpoint_location}
-        #: the job's Spark query, as its offset log records it
-        self.query_log = QueryLog(self.spark_checkpoint_location, cfg.storage_options)
-        self._resumed_batch = -1
-        # Steps 1-3 (runtime/startup.py, through the loop), with this driver's own steps on
-        # the snapshot (_on_restore) before it is claimed; then step 3 (the recovered
-        # checkpoint's lineage and drain checked) or step 4 (NO_CLAIM / LEGACY: the first
-        # checkpoint references none of the snapshot's files, the backends duplicate them
-        # into this job's root instead).
-        start = self._start(self._on_restore)
-        if start.recovered:
-            latest = self.coordinator.latest_completed
-            assert latest is not None
-            self.query_log.check_query(latest.metadata.properties, cfg.checkpoint_dir)
-            if self.spark_checkpoint_location:
-                # Step 3b: a crash in the asynchronous mode may have left Spark's log ahead.
-                self.query_log.rewind(latest, self._commit_if_pending)
-
-    def _commit_if_pending(self, completed: CompletedCheckpoint) -> None:
-        """Commit a completed checkpoint's output unless its marker says that happened."""
-        if output_pending(self.storage, completed):
-            self._commit_with_retries(self.job.stream.dataframe().sparkSession, completed)
-
-    def _resumed_batch_id(self, start: JobStart, point: ResumePoint) -> int:
-        """Batch ids: the recovered checkpoint's; a restored snapshot's only as far as its
-        source positions were restored in this job's offset log
-        (:meth:`~keyedstate.spark.query_log.QueryLog.resume`)."""
-        return point.batch_id if start.recovered else self._resumed_batch
-
-    def _on_restore(self, snap: ResolvedSnapshot) -> dict[str, str]:
-        """Step 1, the driver's part, on the checked snapshot a new job starts from: restore
-        its source positions (:meth:`~keyedstate.spark.query_log.QueryLog.resume`), commit
-        the output it carries
-        (:meth:`_commit_carried_output`); returns the properties of the checkpoint it becomes
-        if claimed (:meth:`_claim_properties`)."""
-        self._resumed_batch = self.query_log.resume(
-            snap, self.config, [sink for sinks in self.job.sinks.values() for sink in sinks])
-        self._commit_carried_output(snap)
-        return self._claim_properties(snap, self._resumed_batch)
-
-    def _claim_properties(self, snap: ResolvedSnapshot, batch_id: int) -> dict[str, str]:
-        """Properties of the checkpoint a claimed snapshot becomes: this job's lineage, not
-        drained (a drained job's savepoint starts a new job), the batch id it covers in this
-        job's offset log (:meth:`~keyedstate.spark.query_log.QueryLog.resume`) and that log's
-        query (the snapshot's, or
-        a new branch's with its parent)."""
-        if batch_id < 0:
-            return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
-                    PROP_QUERY_ID: ""}
-        return {**self.lineage, DRAINED: "false", BATCH_ID: str(batch_id),
-                **self.query_log.properties()}
-
-    def _commit_carried_output(self, snap: ResolvedSnapshot) -> None:
-        """Commit the output a snapshot carries: staged output of its batch whose sinks were
-        not known to have committed it when the savepoint was taken (idempotent, as every
-        sink commit)."""
-        if not output_committed(snap):
-            self._commit_output(self.job.stream.dataframe().sparkSession, snap.storage,
-                                snap.metadata.properties)
-
-    def query_id(self) -> str:
-        """The id of the Spark query whose batch ids this job's batches carry
-        (:meth:`~keyedstate.spark.query_log.QueryLog.query_id`)."""
-        return self.query_log.query_id()
-
-    def branch(self) -> Branch | None:
-        """The lineage branch this job's query is, None for a query Spark started itself
-        (:meth:`~keyedstate.spark.query_log.QueryLog.branch`)."""
-        return self.query_log.branch()
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -373,13 +270,14 @@ class KeyedJobDriver(BatchLoop):
         return self.config.tolerable_failed_checkpoints
 
     def _no_async_upload(self) -> str | None:
-        # Over Spark Connect the batches run in the server's copy of the driver, which the
-        # client's stop can't ask to complete its checkpoints in flight: not built there.
-        if is_connect(self.job.stream.dataframe().sparkSession):
-            return "Spark Connect (the driver's checkpoints in flight live in the server)"
         return None
 
-    def _wait_for_uploads(self, flight: InFlight) -> None:
+    def _records_in_flight(self) -> bool:
+        # The copy in a Spark Connect server: its process ends with the query (Spark ends
+        # it), so the client completes what it left in flight (flush).
+        return self.shipped
+
+    def _wait_for_uploads(self, flight: InFlight[Session]) -> None:
         """The subtasks' Python workers upload in their own processes: poll for their
         acknowledgements (``execution.checkpointing.timeout``)."""
         await_acks(self.storage, flight.checkpoint_id, range(self.config.parallelism),
@@ -390,10 +288,49 @@ class KeyedJobDriver(BatchLoop):
         output, recording their statistics; the query has stopped, or a batch holds the lock.
         Raises :class:`~keyedstate.errors.CheckpointDiscardedError` if one fails (the
         batches after the last completed checkpoint are then to be run again: a restart
-        rewinds Spark's log to it, :meth:`~keyedstate.spark.query_log.QueryLog.rewind`)."""
+        rewinds Spark's log to it, :meth:`~keyedstate.spark.query_log.QueryLog.rewind`).
+
+        The client's driver of a Spark Connect job completes those the server's copy recorded
+        and left when the query stopped
+        (:meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`), its sinks
+        committing here, with this client's session; refused
+        (:class:`~keyedstate.errors.SparkConnectUnsupportedError`) while the query runs. Not
+        when Spark's log shows a batch planned and not done (:meth:`_unfinished_batch`: the
+        stop cut a batch off, and the server's copy may still be at work on it for a moment):
+        the checkpoints in flight are then left to the restart, which rewinds Spark's log and
+        runs their batches again (logged)."""
         with self._lock:
-            for stats in self._complete_in_flight(0):
+            if self.connect and not self.shipped:
+                if not self.config.async_upload:
+                    return
+                query = self.gate.query
+                if query is not None and query.isActive:
+                    raise unsupported("flush() of a running job",
+                                      "Stop the job: stop() completes the checkpoints in "
+                                      "flight once the query stopped.")
+                unfinished = self._unfinished_batch()
+                if unfinished is not None:
+                    log.warning(
+                        "batch %d was cut off by the stop (it began after the stop gate "
+                        "looked; the Spark Connect server's copy of the driver can't be held "
+                        "at the client's gate), so the checkpoints that copy left in flight "
+                        "are not completed here: the restart rewinds Spark's log to the last "
+                        "completed checkpoint and runs their batches again", unfinished)
+                    return
+                done = self._take_over_in_flight(self.job.stream.dataframe().sparkSession)
+            else:
+                done = self._complete_in_flight(0)
+            for stats in done:
                 self._record(stats)
+
+    def _unfinished_batch(self) -> int | None:
+        """The last batch Spark's log says was planned and not done, None if there is none
+        (or no log)."""
+        if not self.spark_checkpoint_location:
+            return None
+        offsets = self.query_log.offset_log()
+        planned = offsets.batches(OFFSETS)
+        return planned[-1] if planned and planned[-1] > offsets.last_committed() else None
 
     def _tasks(self, batch: DataFrame) -> int:
         return self.spark_tasks(batch.sparkSession)
@@ -571,8 +508,12 @@ def _for_connect_client(failure: KeyedStateError, exc: BaseException) -> KeyedSt
     """What the shipped driver raises for ``failure`` in a Spark Connect server: Spark hands
     the client the error's text only, from which
     :func:`keyedstate.spark.connect.remote_failure` rebuilds it. A subtask's failure carries
-    its data line (so the client gets the key and the user's traceback); a keyedstate error
-    of the driver goes as itself (its type and first line are rebuilt)."""
+    its data line (so the client gets the key and the user's traceback), and so do
+    checkpoints in flight discarded (the discarded batches, even when a subtask's failure
+    revealed it); a keyedstate error of the driver goes as itself (its type and first line
+    are rebuilt)."""
+    if isinstance(failure, CheckpointDiscardedError):
+        return discard_for_client(failure)
     task = find_task_failure(exc)
     if task is not None:
         return BatchFailedError(f"{failure}\n{task.encode()}", batch_id=task.batch_id,
