@@ -51,13 +51,21 @@ def _load_benchmark(name: str) -> Any:
               help="Put the checkpoints and savepoints behind a latency model (growth, "
                    "remote): none, s3-standard-same-region, or figures such as "
                    "ms=30,mb_per_s=90 (docs/object-storage.md).")
+@click.option("--cold-restore", is_flag=True,
+              help="remote only: measure just a restore on a worker without a copy (both "
+                   "backends; docs/object-storage.md).")
 def bench(name: str, keys: int | None, as_json: bool, out: str | None,
-          latency: str | None) -> None:
+          latency: str | None, cold_restore: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
     module = _load_benchmark(name)
     kwargs: dict[str, Any] = {}
     if keys is not None:
         kwargs["keys"] = keys
+    if cold_restore:
+        if "cold_restore" not in inspect.signature(module.run).parameters:
+            raise click.BadParameter(f"benchmark {name!r} has no cold-restore measurement; "
+                                     f"only remote has", param_hint="--cold-restore")
+        kwargs["cold_restore"] = True
     if latency is not None:
         from keyedstate.testing.latency import parse_latency
 
