@@ -442,7 +442,7 @@ def _restore_subtask(store: Location, url: str, transfer: TransferOptions, backe
     handles = [h for h in metadata.handles
                if h.key_group_range.intersection(KeyGroupRange.of_operator(max_parallelism, 2,
                                                                            0))]
-    files = [f for h in handles for f in h.files()]
+    files = [f for h in handles for f in h.streams()]
     out: dict[str, Any] = {
         "restore_s": t_meta.seconds + t_restore.seconds,
         "listing_metadata_s": t_meta.seconds,
@@ -452,8 +452,10 @@ def _restore_subtask(store: Location, url: str, transfer: TransferOptions, backe
         "other_s": t_restore.seconds - (phases.download_s + phases.open_s if phases else 0.0),
         "checkpoint_id": metadata.checkpoint_id,
         "files": len(files),
+        # the stored objects those files are (merged small files share one)
         "objects": len({f.path for f in files if f.data is None}),
         "inline_files": sum(f.data is not None for f in files),
+        # the files' own bytes (as a handle's full size counts them)
         "state_bytes": sum(f.length for f in files),
         "downloaded_bytes": stats.downloaded_bytes,
         "cache_hit_bytes": stats.cache_hit_bytes,
