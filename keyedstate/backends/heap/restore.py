@@ -222,12 +222,13 @@ class HeapRestoreOperation:
         # owns, each key group from its newest image on.
         started = time.perf_counter()
         parts = [handle.key_group_range.intersection(mine) for handle in self.handles]
-        files = [self._files_to_read(handle, part) for handle, part in zip(self.handles, parts)]
-        flat = self.storage.read_all([file for chain in files for _, file in chain],
+        chains = [self._files_to_read(handle, part)
+                  for handle, part in zip(self.handles, parts)]
+        flat = self.storage.read_all([file for chain in chains for _, file in chain],
                                      stats=self.stats)
         self.phases.download_s = time.perf_counter() - started
         restored = []
-        for handle, part, chain in zip(self.handles, parts, files):
+        for handle, part, chain in zip(self.handles, parts, chains):
             contents, flat = flat[:len(chain)], flat[len(chain):]
             restored.append(self._replay(handle, part, chain, contents))
         for queue in self.backend.timer_queues.values():
