@@ -109,7 +109,8 @@ def test_a_cold_restore_fetches_every_file_through_one_pool_at_once(tmp_path: Pa
     if backend == "rocksdb":  # every shard of every handle, opened or ingested
         assert restored.ingested_on_restore == 6
         assert files + stats.cache_hit_files == len(stored)
-        assert files >= 8 * 3  # SSTs, MANIFEST, CURRENT, OPTIONS of 8 shards; meta files
+        assert files >= 8 * 2  # an SST and a MANIFEST per shard at least (CURRENT and
+        # OPTIONS are often equal from shard to shard), the meta files
     else:  # every chain from the oldest of its key groups' images
         assert OLD_PARALLELISM <= files + stats.cache_hit_files <= len(stored)
     # Every GET issued as early as the pool allows: about files / threads on the critical
