@@ -36,24 +36,63 @@ the model's per-stream bandwidth. Everything runs in this process, so each check
 the large state's savepoint, restores and first checkpoints) also records its ``requests``:
 by kind and by area of the root, with the seconds the model charged and the wall seconds. The
 JSON records the model's parameters.
+
+**A restore on a worker without a copy** (``run(cold_restore=True)``, ``--cold-restore``:
+this part only, on both backends): what a batch costs when Spark runs a subtask's task in a
+worker that holds no live copy of its state and has never read its files (an empty file
+cache). For each backend, an in-process job of 2 subtasks
+(:class:`~keyedstate.runtime.local.LocalKeyedOperator`, one ValueState per key as above) loads ``keys`` keys in batches of at most
+``load_batch_keys``, each checkpointed (a long-running job's chain: RocksDB's shared SSTs, the
+heap backend's base and diffs), then runs ``batches`` batches of ``distinct_keys`` random keys
+each, every one checkpointed with its copies live (``batch_median_s``: the median of those
+batches, update and checkpoint of both subtasks). Then, with every file cache emptied, subtask
+0 is restored from the latest checkpoint as a fresh worker would, in three phases:
+``listing_metadata_s`` (finding the latest checkpoint and reading its ``_metadata``: what a
+restarted job pays once; a worker of a running job gets the handles with its task and pays
+none of it), ``download_s`` (every file of every key-group shard, through one pool of
+``threads``), ``open_s`` (RocksDB's opens; the heap backend's decoding into Python objects);
+with the restore's requests, its round trips (requests on the critical path) and the most in
+flight at once, read from the latency model's request log. The same restore with a warm file
+cache follows (``warm_cache``: the local part alone). ``restore_over_batch_median`` is the
+cold restore's seconds over the batch median: what landing on a worker without a copy adds to
+a batch.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import statistics
 import sys
 import tempfile
+import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from keyedstate.backends import load_backend
+from keyedstate.backends.base.parameters import KeyedStateBackendParameters
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.keygroups import KeyGroupRange
+from keyedstate.keys import KeySerializer
 from keyedstate.runtime.local import LocalKeyedOperator
 from keyedstate.state.descriptors import ValueStateDescriptor
 from keyedstate.storage.cache import all_process_caches, process_file_cache
-from keyedstate.storage.transfer import RESTORE_PREFIX, GiB, TransferOptions, TransferStats
-from keyedstate.testing.latency import LatencyModel, RequestCounts, process_counts
+from keyedstate.storage.transfer import (
+    RESTORE_PREFIX,
+    GiB,
+    RestorePhases,
+    TransferOptions,
+    TransferStats,
+)
+from keyedstate.testing.latency import (
+    LatencyModel,
+    RequestCounts,
+    peak_in_flight,
+    process_counts,
+    read_request_log,
+    round_trips,
+)
 from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 
 from .common import Location, behind, latency_model, machine, save_figure, timed
@@ -316,16 +355,169 @@ def large(s3: LocalS3 | Location, work: str, keys: int, value_bytes: int,
     return out
 
 
+# -- a restore on a worker without a copy ------------------------------------------------------
+
+COLD_RESTORE_BACKENDS = ("rocksdb", "heap")
+
+
+def measure_cold_restore(store: Location, work: str, backend: str, keys: int, batches: int,
+                 distinct_keys: int, load_batch_keys: int, threads: int,
+                 progress: Callable[[str], None], seed: int = 11) -> dict[str, Any]:
+    """The cold-restore part for one backend (module docstring): load, measured batches, then
+    subtask 0 restored with an empty file cache and again with a warm one."""
+    name = f"cold-restore-{backend}"
+    url = store.url(name)
+    transfer = TransferOptions(threads=threads, cache_bytes=64 * GiB,
+                               cache_dir=os.path.join(work, f"{name}-cache"))
+    op = LocalKeyedOperator(url, key_types=["string"], backend=backend, parallelism=2,
+                            local_dir=os.path.join(work, name), storage_options=store.options,
+                            transfer=transfer)
+    all_keys = [f"user-{i:08d}" for i in range(keys)]
+
+    def put(sub: Any, key: str, round_: int) -> None:
+        sub.get_state(PROFILE).update({"count": round_, "note": key[-4:] * 4})
+
+    out: dict[str, Any] = {"backend": backend, "keys": keys, "threads": threads}
+    try:
+        # Step 1. Load the state as a job's first batches do, a checkpoint after each.
+        with timed() as t:
+            for start in range(0, keys, load_batch_keys):
+                progress(f"cold restore, {backend}: loading keys {start:,} to "
+                         f"{min(keys, start + load_batch_keys):,}")
+                op.process(((k, 0) for k in all_keys[start:start + load_batch_keys]), put)
+                op.checkpoint()
+        out["load_s"] = t.seconds
+        # Step 2. Measured batches, the copies live.
+        progress(f"cold restore, {backend}: {batches} batches of {distinct_keys:,} keys")
+        rng = random.Random(seed)
+        seconds = []
+        for round_ in range(1, batches + 1):
+            picked = rng.sample(all_keys, distinct_keys)
+            with timed() as t:
+                op.process(((k, round_) for k in picked), put)
+                checkpoint = op.checkpoint()
+            seconds.append(t.seconds)
+        out["batch_seconds"] = seconds
+        out["batch_median_s"] = statistics.median(seconds)
+        out["full_bytes"] = checkpoint.metadata.full_size
+        max_parallelism = op.max_parallelism
+    finally:
+        op.close()
+    # Step 3. Subtask 0 on a worker that never saw the state, then on one that did.
+    for case, clear in (("cold", True), ("warm_cache", False)):
+        progress(f"cold restore, {backend}: subtask 0 restored, {case.replace('_', ' ')}")
+        if clear:
+            _clear_caches()
+        out[case] = _restore_subtask(store, url, transfer, backend, max_parallelism,
+                                     os.path.join(work, f"{name}-{case}"))
+    cold = out["cold"]
+    out["restore_over_batch_median"] = cold["restore_s"] / out["batch_median_s"]
+    return out
+
+
+def _restore_subtask(store: Location, url: str, transfer: TransferOptions, backend: str,
+                     max_parallelism: int, local_dir: str) -> dict[str, Any]:
+    """Subtask 0 of 2 restored from the latest checkpoint at ``url``: its phases, bytes and
+    requests (round trips and the most in flight from the request log, with a model)."""
+    started, requests_before = time.time(), process_counts()
+    with timed() as t_meta:
+        resolved = resolve_snapshot(url, store.options, transfer)
+    metadata = resolved.metadata
+    with timed() as t_restore:
+        restored = load_backend(backend).create_keyed_backend(KeyedStateBackendParameters(
+            subtask_index=0,
+            key_group_range=KeyGroupRange.of_operator(max_parallelism, 2, 0),
+            max_parallelism=max_parallelism,
+            key_serializer=KeySerializer(["string"]),
+            restore_handles=metadata.handles,
+            storage=resolved.storage,
+            local_dir=local_dir,
+        ))
+    try:
+        # Both backends keep these (not part of the backend contract).
+        phases: RestorePhases | None = getattr(restored, "restore_phases", None)
+        stats: TransferStats = getattr(restored, "restore_stats", None) or TransferStats()
+    finally:
+        restored.close()
+    handles = [h for h in metadata.handles
+               if h.key_group_range.intersection(KeyGroupRange.of_operator(max_parallelism, 2,
+                                                                           0))]
+    files = [f for h in handles for f in h.streams()]
+    out: dict[str, Any] = {
+        "restore_s": t_meta.seconds + t_restore.seconds,
+        "listing_metadata_s": t_meta.seconds,
+        "download_s": phases.download_s if phases else 0.0,
+        "open_s": phases.open_s if phases else 0.0,
+        # the restore's own seconds not in either phase (checks, the backend's start)
+        "other_s": t_restore.seconds - (phases.download_s + phases.open_s if phases else 0.0),
+        "checkpoint_id": metadata.checkpoint_id,
+        "files": len(files),
+        # the stored objects those files are (merged small files share one)
+        "objects": len({f.path for f in files if f.data is None}),
+        "inline_files": sum(f.data is not None for f in files),
+        # the files' own bytes (as a handle's full size counts them)
+        "state_bytes": sum(f.length for f in files),
+        "downloaded_bytes": stats.downloaded_bytes,
+        "cache_hit_bytes": stats.cache_hit_bytes,
+        "requests": requests_since(requests_before),
+    }
+    if store.log_dir is not None:
+        records = [r for r in read_request_log(store.log_dir) if r.t >= started
+                   and r.kind == "read" and r.area not in ("metadata",)]
+        out["data_round_trips"] = round_trips(records)
+        out["data_peak_in_flight"] = peak_in_flight(records)
+    return out
+
+
+def run_cold_restore(store: Location, work: str, keys: int, batches: int,
+                     distinct_keys: int | None, load_batch_keys: int, threads: int,
+                     backends: Sequence[str], progress: Callable[[str], None]
+                     ) -> list[dict[str, Any]]:
+    """:func:`measure_cold_restore` for each of ``backends``."""
+    distinct = distinct_keys if distinct_keys is not None else min(50_000, max(1, keys // 2))
+    return [measure_cold_restore(store, work, backend, keys, batches, distinct, load_batch_keys,
+                         threads, progress) for backend in backends]
+
+
 def run(keys: int = 1_000_000, batches: int = 50, fraction: float = 0.01,
         big_keys: int | None = None, value_bytes: int = 1100,
         progress: Callable[[str], None] | None = None,
-        latency: str | LatencyModel | None = None) -> dict[str, Any]:
+        latency: str | LatencyModel | None = None, cold_restore: bool = False,
+        cold_restore_batches: int = 10, distinct_keys: int | None = None,
+        load_batch_keys: int = 1_000_000, threads: int = 4,
+        backends: Sequence[str] = COLD_RESTORE_BACKENDS) -> dict[str, Any]:
     """Both parts (module docstring); ``keys`` sizes the incremental part and, unless
     ``big_keys`` is given, the large one (``keys`` values of ``value_bytes``: 1 M x 1100 bytes
     is 1.13 GB, over 1 GiB); ``latency``: the model the server is behind (None or ``"none"``:
-    none). Returns the figures as JSON-ready dicts."""
+    none). ``cold_restore``: the cold-restore part only, at ``keys`` keys on ``backends``
+    (``cold_restore_batches`` measured batches of ``distinct_keys``, default 50 K or half the
+    keys; loading batches of ``load_batch_keys``; ``threads`` transfer threads). Returns the
+    figures as JSON-ready dicts."""
     say = progress or (lambda message: None)
     model = latency_model(latency)
+    if cold_restore:
+        unknown = sorted(set(backends) - set(COLD_RESTORE_BACKENDS))
+        if unknown or not backends:
+            raise ValueError(f"unknown backends {unknown or list(backends)}; known: "
+                             f"{list(COLD_RESTORE_BACKENDS)}")
+        if keys < 2 or cold_restore_batches < 1 or load_batch_keys < 1 or threads < 1:
+            raise ValueError("the cold restore needs at least 2 keys, 1 batch, loading batches "
+                             "of at least 1 key and at least 1 transfer thread")
+        load = os.getloadavg()[0]
+        with LocalS3() as server, \
+                tempfile.TemporaryDirectory(prefix="keyedstate-bench-remote-") as work:
+            store = behind(f"s3://{server.bucket}", server.options, model,
+                           os.path.join(work, "requests"))
+            results = run_cold_restore(store, work, keys, cold_restore_batches, distinct_keys,
+                                       load_batch_keys, threads, backends, say)
+        return {
+            "benchmark": "remote --cold-restore",
+            "machine": machine(),
+            "load_average_1m_before": round(load, 2),
+            "store": _describe(model),
+            "latency": model.parameters() if model is not None else None,
+            "cold_restore": results,
+        }
     big_keys = keys if big_keys is None else big_keys
     with LocalS3() as server, \
             tempfile.TemporaryDirectory(prefix="keyedstate-bench-remote-") as work:
@@ -339,10 +531,7 @@ def run(keys: int = 1_000_000, batches: int = 50, fraction: float = 0.01,
     return {
         "benchmark": "remote",
         "machine": machine(),
-        "store": "moto server on loopback, via s3fs" + (
-            f", behind {model.name} ({model.first_byte_ms:g} ms per request"
-            + (f", {model.mb_per_s:g} MB/s per stream)" if model.mb_per_s else ")")
-            if model is not None else ""),
+        "store": _describe(model),
         "latency": model.parameters() if model is not None else None,
         "goal": (f"uploaded <= {GOAL_UPLOAD_RATIO:g}x changed data over {batches} batches of "
                  f"{fraction:.0%} changed keys; savepoint and NO_CLAIM duplication of a >= 1 GiB "
@@ -351,6 +540,13 @@ def run(keys: int = 1_000_000, batches: int = 50, fraction: float = 0.01,
         "large": big,
         "goal_met": bool(universal["goal_met"] and big["goal_met"]),
     }
+
+
+def _describe(model: LatencyModel | None) -> str:
+    return "moto server on loopback, via s3fs" + (
+        f", behind {model.name} ({model.first_byte_ms:g} ms per request"
+        + (f", {model.mb_per_s:g} MB/s per stream)" if model.mb_per_s else ")")
+        if model is not None else "")
 
 
 def plot(result: dict[str, Any], path: str) -> None:
@@ -421,15 +617,32 @@ if __name__ == "__main__":
     parser.add_argument("--latency", default="none",
                         help="the server's latency model: none, s3-standard-same-region or "
                              "figures such as ms=30,mb_per_s=90 (default: %(default)s)")
+    parser.add_argument("--cold-restore", action="store_true",
+                        help="measure only a restore on a worker without a copy (both "
+                             "backends, --keys keys)")
+    parser.add_argument("--cold-restore-batches", type=int, default=10,
+                        help="measured batches before the cold restore (default: %(default)s)")
+    parser.add_argument("--distinct-keys", type=int, default=None,
+                        help="keys per measured batch (default: 50,000 or half the keys)")
+    parser.add_argument("--load-batch-keys", type=int, default=1_000_000)
+    parser.add_argument("--threads", type=int, default=4,
+                        help="transfer threads (default: %(default)s, as "
+                             "state.backend.rocksdb.checkpoint.transfer.thread.num)")
+    parser.add_argument("--backends", default=",".join(COLD_RESTORE_BACKENDS))
     parser.add_argument("--out", default=None, help="write the JSON result here")
     parser.add_argument("--plot", default=None, help="write the PNG here")
     args = parser.parse_args()
     figures = run(keys=args.keys, batches=args.batches, latency=args.latency,
+                  cold_restore=args.cold_restore,
+                  cold_restore_batches=args.cold_restore_batches,
+                  distinct_keys=args.distinct_keys, load_batch_keys=args.load_batch_keys,
+                  threads=args.threads,
+                  backends=[b.strip() for b in args.backends.split(",") if b.strip()],
                   progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(figures, indent=2)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    if args.plot:
+    if args.plot and not args.cold_restore:
         plot(figures, args.plot)
     print(text)

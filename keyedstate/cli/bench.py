@@ -58,8 +58,11 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
               help="Run over a grid of batch sizes instead of one (throughput: events per "
                    "batch 100 K to 5 M, distinct keys 10 K to 1 M; --keys sets the key count "
                    "of the events sweep; docs/benchmarks-spark.md).")
+@click.option("--cold-restore", is_flag=True,
+              help="remote only: measure just a restore on a worker without a copy (both "
+                   "backends; docs/object-storage.md).")
 def bench(name: str, keys: int | None, as_json: bool, out: str | None,
-          latency: str | None, sweep: bool) -> None:
+          latency: str | None, sweep: bool, cold_restore: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
     if sweep and name not in SWEEPS:
         raise click.BadParameter(f"benchmark {name!r} has no sweep; only "
@@ -68,6 +71,11 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None,
     kwargs: dict[str, Any] = {}
     if keys is not None:
         kwargs["keys"] = keys
+    if cold_restore:
+        if "cold_restore" not in inspect.signature(module.run).parameters:
+            raise click.BadParameter(f"benchmark {name!r} has no cold-restore measurement; "
+                                     f"only remote has", param_hint="--cold-restore")
+        kwargs["cold_restore"] = True
     if latency is not None:
         from keyedstate.testing.latency import parse_latency
 

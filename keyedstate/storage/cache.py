@@ -111,6 +111,13 @@ class FileCache:
         with self._lock:
             self.miss_bytes += size
 
+    def note_miss(self, size: int) -> None:
+        """Count a miss of ``size`` bytes found without a lookup (a restore that asked
+        ``key in cache`` before reading the file with others)."""
+        with self._lock:
+            self.misses += 1
+            self.miss_bytes += size
+
     def __contains__(self, key: object) -> bool:
         with self._lock:
             return key in self._entries

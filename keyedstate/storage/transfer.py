@@ -296,6 +296,22 @@ class TransferStats:
         self._lock = threading.Lock()
 
 
+@dataclass
+class RestorePhases:
+    """Wall seconds of one restore by phase, as this process saw them: ``download_s`` from the
+    first request for the snapshot's files to the last file verified on local disk or in
+    memory (every GET, file-cache hits too), ``open_s`` what follows: RocksDB's opens, clips
+    and ingests, or the heap backend's decoding of its files into tables. A restore that
+    reads nothing has both 0. Not recorded in any snapshot (benchmarks and tests read it from
+    the keyed backend's ``restore_phases``)."""
+
+    download_s: float = 0.0
+    open_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"download_s": self.download_s, "open_s": self.open_s}
+
+
 def strip_transfer_properties(properties: Mapping[str, str]) -> dict[str, str]:
     """``properties`` without the transfer and restore counts (they describe the snapshot that
     recorded them, not a copy of it)."""

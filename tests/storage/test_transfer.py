@@ -18,7 +18,13 @@ from keyedstate.errors import (
     TransientStorageError,
 )
 from keyedstate.storage.cache import FileCache, cache_key, process_file_cache
-from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.checkpoint_storage import (
+    COALESCE_HOLE_BYTES,
+    COALESCE_RANGE_BYTES,
+    CheckpointStorage,
+    coalesce,
+    segments_range,
+)
 from keyedstate.storage.handles import (
     FORMAT_VERSION,
     CheckpointMetadata,
@@ -32,12 +38,14 @@ from keyedstate.storage.handles import (
 )
 from keyedstate.storage.location import StateFile
 from keyedstate.storage.transfer import (
+    MiB,
     TransferOptions,
     TransferStats,
     is_transient,
     parallel_map,
     with_retries,
 )
+from keyedstate.testing.latency import LatencyModel, behind_latency, process_counts
 
 FAST = TransferOptions(attempts=3, backoff_s=0.001, max_backoff_s=0.002)
 
@@ -261,3 +269,67 @@ def test_storage_pickles_with_its_transfer_options(tmp_path):
     assert clone.transfer == options and clone.storage_options == storage.storage_options
     assert cache_key("ab", 3) == "ab-3"
     assert issubclass(TransientStorageError, (KeyedStateError, ConnectionError))
+
+
+def _segment(path: str, offset: int, length: int) -> StreamHandle:
+    return StreamHandle(path, 100 * MiB, "0" * 16, segment=Segment(offset, length, "1" * 16))
+
+
+def test_coalesce_groups_the_segments_of_one_object_up_to_a_hole_and_a_size():
+    handles = [
+        _segment("a", 0, 100),
+        StreamHandle("whole", 50, "0" * 16),                  # a whole file: read alone
+        _segment("a", 100 + COALESCE_HOLE_BYTES, 10),         # a hole of the limit: joins
+        _segment("b", 0, 10),                                 # another object
+        _segment("a", 110 + 2 * COALESCE_HOLE_BYTES + 1, 5),  # a hole one byte over: apart
+        inline_handle(b"inline"),                             # no request at all
+        _segment("a", 10 * MiB, COALESCE_RANGE_BYTES + 1),    # over the size limit: alone
+    ]
+    assert coalesce(handles) == [[0, 2], [4], [6], [3]]
+    assert segments_range([handles[0], handles[2]]) == (0, 110 + COALESCE_HOLE_BYTES)
+    assert coalesce(handles, hole=0) == [[0], [2], [4], [6], [3]]
+
+
+def test_read_all_and_download_all_read_a_merged_object_once_and_skip_cached_files(tmp_path):
+    """Behind the latency wrapper (no latency: counts only) the store is remote: a restore's
+    segments of one merged object are one ranged GET; each file is verified and enters the
+    file cache, so a second read makes no request."""
+    url, options = behind_latency(str(tmp_path / "root"), {},
+                                  LatencyModel("free", first_byte_ms=0.0))
+    storage = CheckpointStorage(url, options, TransferOptions(
+        inline_threshold=0, merge_file_size=1000, merge_max_size=100_000,
+        cache_dir=str(tmp_path / "cache")))
+    files = [StateFile(f"f{i}.sst", True, data=bytes([65 + i]) * (100 + i), immutable=True)
+             for i in range(6)] + [StateFile("big.sst", True, data=b"b" * 5000, immutable=True)]
+    handles = storage.location(3, 0).put_files(files)
+    assert len({h.path for h in handles[:6]}) == 1 and handles[6].segment is None
+    cache = storage.cache
+    assert cache is not None
+    cache.clear()
+    stats = TransferStats()
+    before = process_counts()
+    assert storage.read_all(handles, stats=stats) == [f.read() for f in files]
+    moved = process_counts() - before
+    assert moved.requests() == moved.requests("read") == 2  # the merged object, the big file
+    assert (stats.downloaded_objects, stats.downloaded_bytes) == (7, sum(len(f.read())
+                                                                         for f in files))
+    # Every file is in the cache now: downloading them again asks the store nothing.
+    before = process_counts()
+    items = [(h, str(tmp_path / "local" / f.name), True) for h, f in zip(handles, files)]
+    storage.download_all(items, stats=stats)
+    assert (process_counts() - before).requests() == 0
+    assert stats.cache_hit_files == 7
+    for (_, path, _), f in zip(items, files):
+        assert open(path, "rb").read() == f.read()
+    # Cold again: download_all reads the merged object once too; a corrupt segment is named.
+    cache.clear()
+    before = process_counts()
+    storage.download_all(items)
+    assert (process_counts() - before).requests("read") == 2
+    cache.clear()
+    path = storage.path(handles[2].path).split("://", 1)[-1]
+    data = bytearray(open(path, "rb").read())
+    data[handles[2].segment.offset] ^= 1  # type: ignore[union-attr]
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="is corrupt"):
+        storage.read_all(handles)

@@ -46,7 +46,7 @@ from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.duplication import same_store
 from keyedstate.storage.handles import KeyedStateHandle, StateMetaInfo, StreamHandle
 from keyedstate.storage.location import CheckpointStorageLocation
-from keyedstate.storage.transfer import TransferStats
+from keyedstate.storage.transfer import RestorePhases, TransferStats
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._closed = False
         #: what the restore of this backend moved, reported by its first snapshot
         self.restore_stats: TransferStats | None = None
+        #: how long the restore (or the last catch-up) fetched and decoded (None: neither)
+        self.restore_phases: RestorePhases | None = None
 
     # -- restore -------------------------------------------------------------------------------
 
@@ -122,6 +124,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         operation = HeapRestoreOperation(self, handles, storage)
         base = operation.restore(share_restored_files)
         self.restore_stats = operation.stats
+        self.restore_phases = operation.phases
         if base is not None and self.incremental:
             self._base = SnapshotChain.of(base.checkpoint_id, base.chain, base.images,
                                           self.key_group_range, base.storage, base.owned)
@@ -161,6 +164,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         operation = HeapRestoreOperation(self, [handle], storage)
         operation.catch_up(handle, skip=through)
         self.restore_stats = operation.stats
+        self.restore_phases = operation.phases
         with self._pending_lock:
             self._pending.clear()
             self._base = SnapshotChain.of(handle.checkpoint_id, chain, images,

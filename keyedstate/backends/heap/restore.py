@@ -13,6 +13,7 @@ format version 1 (a full file, then diffs) read as a full file imaging every key
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -50,7 +51,7 @@ from keyedstate.state.descriptors import StateKind
 from keyedstate.state.timers import TIMER_STATE_NAMES
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
-from keyedstate.storage.transfer import TransferStats, parallel_map
+from keyedstate.storage.transfer import RestorePhases, TransferStats
 
 if TYPE_CHECKING:
     from keyedstate.backends.heap.keyed_backend import HeapKeyedStateBackend
@@ -196,9 +197,15 @@ class HeapRestoreOperation:
         self.storage = storage
         #: what the restore downloaded or took from the file cache
         self.stats = TransferStats()
+        #: how long fetching the files and decoding them took
+        self.phases = RestorePhases()
 
     def restore(self, share_restored_files: bool) -> RestoredBase | None:
-        """Restore; returns the chain the next snapshot may extend, or None (full next)."""
+        """Restore; returns the chain the next snapshot may extend, or None (full next). The
+        files of every handle are fetched together, through one pool, before any is decoded
+        (:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.read_all`): a
+        rescaled restore of several handles pays the round trips of one batch, not one batch
+        per handle; their bytes are in memory together until the replay ends."""
         # Step 1. No key group may come from two handles (the snapshot would be ambiguous).
         mine = self.backend.key_group_range
         covered = KeyGroupRange.empty()
@@ -210,12 +217,23 @@ class HeapRestoreOperation:
                     f"groups; the _metadata file is inconsistent. Restore from another checkpoint"
                 )
             covered = part or covered
-        # Step 2. Replay each chain for the key groups this subtask owns: each from its
-        # newest image on.
-        restored = [self._restore_handle(handle, handle.key_group_range.intersection(mine))
-                    for handle in self.handles]
+        # Step 2. Fetch the files of every chain at once (each from the oldest of its key
+        # groups' newest images on), then replay each chain for the key groups this subtask
+        # owns, each key group from its newest image on.
+        started = time.perf_counter()
+        parts = [handle.key_group_range.intersection(mine) for handle in self.handles]
+        chains = [self._files_to_read(handle, part)
+                  for handle, part in zip(self.handles, parts)]
+        flat = self.storage.read_all([file for chain in chains for _, file in chain],
+                                     stats=self.stats)
+        self.phases.download_s = time.perf_counter() - started
+        restored = []
+        for handle, part, chain in zip(self.handles, parts, chains):
+            contents, flat = flat[:len(chain)], flat[len(chain):]
+            restored.append(self._replay(handle, part, chain, contents))
         for queue in self.backend.timer_queues.values():
             queue.rebuild()
+        self.phases.open_s = time.perf_counter() - started - self.phases.download_s
         # Step 3. Only an exact restore of one chain may be the next snapshot's base: in place
         # when shared, duplicated otherwise (id 0: any new snapshot of the job replaces it).
         if len(self.handles) == 1 and self.handles[0].key_group_range == mine:
@@ -230,30 +248,39 @@ class HeapRestoreOperation:
         the state of those ``skip`` files (a live copy's own chain, see
         ``HeapKeyedStateBackend.catch_up``): a key group imaged after them is cleared and
         rebuilt from its newest image on, the others take every later diff section."""
-        self._restore_handle(handle, handle.key_group_range.intersection(
-            self.backend.key_group_range), skip=skip)
+        key_groups = handle.key_group_range.intersection(self.backend.key_group_range)
+        files = self._files_to_read(handle, key_groups, skip)
+        started = time.perf_counter()
+        contents = self.storage.read_all([file for _, file in files], stats=self.stats)
+        self.phases.download_s = time.perf_counter() - started
+        self._replay(handle, key_groups, files, contents, skip=skip)
         for queue in self.backend.timer_queues.values():
             queue.rebuild()
+        self.phases.open_s = time.perf_counter() - started - self.phases.download_s
 
-    def _restore_handle(self, handle: KeyedStateHandle, key_groups: KeyGroupRange,
-                        skip: int = 0
-                        ) -> tuple[list[tuple[str, StreamHandle]], list[KeyGroupRanges]]:
-        """Replay ``handle``'s chain for ``key_groups``; returns the files read and their
-        images (the chain from the oldest image of ``key_groups`` on). With ``skip``, only
-        the files after the first ``skip``, on top of the state those hold (catch-up)."""
+    @staticmethod
+    def _files_to_read(handle: KeyedStateHandle, key_groups: KeyGroupRange, skip: int = 0
+                       ) -> list[tuple[str, StreamHandle]]:
+        """The files of ``handle``'s chain a replay of ``key_groups`` reads: from the oldest
+        of the key groups' newest images on (all of them when the handle does not record
+        images: format version 1); with ``skip``, those after the first ``skip``."""
         chain = chain_of(handle)
-        # Step 2a. The files to read: from the oldest of the key groups' newest images on (all
-        # of them when the handle does not record images: format version 1).
         recorded = images_of(handle, len(chain))
         first = skip
         if recorded is not None and key_groups and not skip:
-            latest = latest_images(recorded, key_groups)
-            first = max(0, min(latest))
-        files = chain[first:]
-        # Step 2b. Every file at once (in parallel, through the file cache), then in order.
-        contents = parallel_map(
-            lambda file: self.storage.read_verified(file, cached=True, stats=self.stats),
-            [file for _, file in files], self.storage.transfer.threads)
+            first = max(0, min(latest_images(recorded, key_groups)))
+        return chain[first:]
+
+    def _replay(self, handle: KeyedStateHandle, key_groups: KeyGroupRange,
+                files: list[tuple[str, StreamHandle]], contents: Sequence[bytes],
+                skip: int = 0) -> tuple[list[tuple[str, StreamHandle]], list[KeyGroupRanges]]:
+        """Replay ``files`` of ``handle``'s chain (:meth:`_files_to_read`), whose bytes are
+        ``contents``, for ``key_groups``; returns the files and their images. With ``skip``,
+        on top of the state the first ``skip`` files hold (catch-up)."""
+        chain = chain_of(handle)
+        recorded = images_of(handle, len(chain))
+        first = len(chain) - len(files)
+        # Step 2b. Each file's footer, in chain order.
         footers = []
         for (_, file), data in zip(files, contents):
             source = self.storage.describe(file)

@@ -175,4 +175,5 @@ class RocksDBStateBackend(StateBackend):
         backend.ingested_on_restore = len(restore.ingested)
         if handles:
             backend.restore_stats = result.stats
+            backend.restore_phases = result.phases
         return backend

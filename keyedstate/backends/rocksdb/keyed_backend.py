@@ -77,7 +77,7 @@ from keyedstate.state.timers import TIMER_STATE_NAMES
 from keyedstate.state.ttl import TtlTimeProvider
 from keyedstate.storage.handles import StateMetaInfo
 from keyedstate.storage.location import CheckpointStorageLocation
-from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
+from keyedstate.storage.transfer import RESTORE_PREFIX, RestorePhases, TransferStats
 
 BACKEND_NAME = "rocksdb"
 _pack_seq = SEQUENCE.pack
@@ -145,6 +145,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.incremental = incremental
         #: what the restore moved, reported by the first snapshot's properties
         self.restore_stats: TransferStats | None = None
+        #: how long the restore fetched its files and opened its instances (None: no restore)
+        self.restore_phases: RestorePhases | None = None
         #: sub-handles the restore rewrote key by key into SST files (over ``max_instances``)
         self.ingested_on_restore = 0
         with native(f"opening the column families of {instance_dir}"):

@@ -27,17 +27,24 @@ enter one DB only through Python, key by key (~360 ns per key); several DBs need
 
 Every downloaded file is verified (size and checksum) by
 :meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.download`: a corrupt file raises
-:class:`CorruptCheckpointError` before RocksDB reads it. The files of all instances download in
-one parallel batch and through the process's file cache (an executor that wrote or read them
-before finds them on its local disk). The SST files of each instance's initial sub-handle are
-that instance's next snapshot base: referenced in place when they are the job's own
-(``share_restored_files``), duplicated by the store otherwise (NO_CLAIM).
+:class:`CorruptCheckpointError` before RocksDB reads it. Every file the restore needs (each
+instance's initial sub-handle, each sub-handle to be ingested or copied, each handle's meta
+file) downloads in one batch through one pool before anything is opened
+(:meth:`~keyedstate.storage.checkpoint_storage.CheckpointStorage.download_all`: segments of one
+merged object in one ranged GET, the largest reads first), and through the process's file cache
+(an executor that wrote or read them before finds them on its local disk). rocksdict opens
+local files only, so nothing opens before its files are all on the local disk (the downloads
+of sub-handles to be ingested lie there together until each is ingested). The SST files of
+each instance's initial sub-handle are that instance's next snapshot base: referenced in place
+when they are the job's own (``share_restored_files``), duplicated by the store otherwise
+(NO_CLAIM).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, cast
@@ -66,7 +73,7 @@ from keyedstate.errors import (
 from keyedstate.keygroups import KeyGroupRange, serialize_key_group
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle, StreamHandle
-from keyedstate.storage.transfer import TransferStats
+from keyedstate.storage.transfer import RestorePhases, TransferStats
 
 RESCALE_STRATEGIES = ("ingest", "copy")
 #: Default cap on the RocksDB instances of one keyed backend (``max_instances``).
@@ -102,6 +109,8 @@ class RestoreResult:
     list_sequence: int = 0
     #: what the restore downloaded, took from the file cache, ...
     stats: TransferStats = field(default_factory=TransferStats)
+    #: how long it downloaded, then opened (clips and ingests included)
+    phases: RestorePhases = field(default_factory=RestorePhases)
 
     def close(self) -> None:
         """Close every instance (a restore that failed half way, or a backend that failed to
@@ -281,10 +290,19 @@ class RocksDBIncrementalRestoreOperation:
         self._metas: list[MetaFile] = []
         self._meta_read: set[int] = set()  # id() of handles whose meta file was read
         self.stats = TransferStats()
+        self.phases = RestorePhases()
         #: sub-handles rewritten key by key into SST files (tests check rescales avoid it)
         self.ingested: list[InstanceHandle] = []
 
     def restore(self) -> RestoreResult:
+        started = time.perf_counter()
+        result = self._restore()
+        result.stats = self.stats
+        self.phases.open_s = time.perf_counter() - started - self.phases.download_s
+        result.phases = self.phases
+        return result
+
+    def _restore(self) -> RestoreResult:
         subs = [s for h in self.handles for s in split_instances(h)
                 if s.key_group_range.intersection(self.key_group_range)]
         if not subs:
@@ -300,7 +318,6 @@ class RocksDBIncrementalRestoreOperation:
             result = self._restore_instances(
                 plan_instances(subs, self.key_group_range, self.max_instances))
         self._merge_metas(result)
-        result.stats = self.stats
         return result
 
     def _base_of(self, sub: InstanceHandle) -> SharedBase:
@@ -318,8 +335,10 @@ class RocksDBIncrementalRestoreOperation:
 
     def _download(self, subs: Sequence[tuple[InstanceHandle, str]]) -> None:
         """All files of each ``(sub-handle, directory)`` into that directory, in one parallel
-        batch; the meta file of each handle not seen before is read and kept aside."""
+        batch with the meta file of each handle not seen before, which is read and kept
+        aside."""
         assert self.storage is not None
+        started = time.perf_counter()
         metas: list[tuple[KeyedStateHandle, str]] = []
         items: list[tuple[StreamHandle, str, bool]] = []
         for sub, db_dir in subs:
@@ -341,6 +360,7 @@ class RocksDBIncrementalRestoreOperation:
                 # SST files are immutable: the cache may hand them out as hard links.
                 items.append((stream, os.path.join(db_dir, name), name.endswith(SST_SUFFIX)))
         self.storage.download_all(items, stats=self.stats)
+        self.phases.download_s += time.perf_counter() - started
         for handle, meta_path in metas:
             meta = read_meta_file(meta_path, f"{META_FILE} of checkpoint "
                                              f"{handle.checkpoint_id} subtask "
@@ -356,25 +376,30 @@ class RocksDBIncrementalRestoreOperation:
                 )
             self._metas.append(meta)
 
-    def _temporary_db(self, sub: InstanceHandle) -> tuple[str, rocksdict.Rdict]:
-        path = os.path.join(self.instance_dir,
+    def _temporary_dir(self, sub: InstanceHandle) -> str:
+        """Where ``sub`` is downloaded to be ingested or copied, then removed."""
+        return os.path.join(self.instance_dir,
                             f"restore-{sub.handle.subtask_index}-{uuid.uuid4().hex}")
-        self._download([(sub, path)])
+
+    def _open_temporary(self, path: str) -> rocksdict.Rdict:
         # Read-only: no compaction or flush of a copy that is thrown away.
         db, _ = open_db_read_only(path, self.options, f"opening the downloaded RocksDB at {path}")
-        return path, db
+        return db
 
     # -- the flows -----------------------------------------------------------------------------
 
     def _restore_instances(self, plans: Sequence[InstancePlan]) -> RestoreResult:
-        """Open every planned instance from its initial sub-handle (downloaded together),
-        clip it to its range, then ingest the merged sub-handles (only when the cap was hit)."""
+        """Open every planned instance from its initial sub-handle, clip it to its range, then
+        ingest the merged sub-handles (only when the cap was hit); every file of every
+        sub-handle downloads first, in one batch."""
         dirs = [instance_db_dir(self.instance_dir, k) for k in range(len(plans))]
         downloads = [(p.initial, d) for p, d in zip(plans, dirs) if p.initial is not None]
-        if downloads:
-            self._download(downloads)
+        temporary = {id(sub): self._temporary_dir(sub) for p in plans for sub in p.ingested}
+        downloads += [(sub, temporary[id(sub)]) for p in plans for sub in p.ingested]
         result = RestoreResult([])
         try:
+            if downloads:
+                self._download(downloads)
             for plan, path in zip(plans, dirs):
                 db = open_db(path, self.options)
                 instance = RestoredInstance(plan.key_group_range, db, path)
@@ -393,18 +418,26 @@ class RocksDBIncrementalRestoreOperation:
                 instance.base = self._base_of(plan.initial)
                 # Step 2. Sub-handles over the cap: their in-range keys as SST files, ingested.
                 for sub in plan.ingested:
-                    self._ingest_handle(db, path, sub, plan.key_group_range)
+                    self._ingest_handle(db, path, sub, plan.key_group_range, temporary[id(sub)])
         except BaseException:
             result.close()
             raise
+        finally:
+            for tmp in temporary.values():  # each ingested one is gone already
+                shutil.rmtree(tmp, ignore_errors=True)
         return result
 
     def _ingest_handle(self, db: rocksdict.Rdict, db_dir: str, sub: InstanceHandle,
-                       key_groups: KeyGroupRange) -> None:
+                       key_groups: KeyGroupRange, path: str) -> None:
+        """Ingest the in-range keys of ``sub``, downloaded to ``path`` (removed after)."""
         self.ingested.append(sub)
-        path, source = self._temporary_db(sub)
         lower, upper = key_group_bounds(sub.key_group_range.intersection(key_groups),
                                         self.prefix_bytes)
+        try:
+            source = self._open_temporary(path)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         try:
             existing = set(column_family_names(db_dir, self.options))
             for name in column_family_names(path, self.options):
@@ -455,10 +488,17 @@ class RocksDBIncrementalRestoreOperation:
 
     def _restore_by_copy(self, subs: Sequence[InstanceHandle]) -> RestoreResult:
         path = instance_db_dir(self.instance_dir, 0)
+        temporary = [self._temporary_dir(sub) for sub in subs]
+        try:
+            self._download(list(zip(subs, temporary)))
+        except BaseException:
+            for tmp in temporary:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         db = open_db(path, self.options)
         try:
-            for sub in subs:
-                tmp, source = self._temporary_db(sub)
+            for sub, tmp in zip(subs, temporary):
+                source = self._open_temporary(tmp)
                 lower, upper = key_group_bounds(
                     sub.key_group_range.intersection(self.key_group_range), self.prefix_bytes)
                 try:
@@ -473,6 +513,8 @@ class RocksDBIncrementalRestoreOperation:
         except BaseException:
             with native("closing the DB of a failed restore"):
                 db.close()
+            for tmp in temporary:  # those not copied yet
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
         return RestoreResult([RestoredInstance(self.key_group_range, db, path)])
 

@@ -19,7 +19,9 @@ its path lies in (:func:`~keyedstate.storage.layout.area_of`: ``shared``, ``meta
 wall seconds it took. Each process sums its own (:func:`process_counts`, thread-safe: uploads
 run in threads); with ``log_dir`` every process also appends one JSON line per request to
 ``<log_dir>/requests-<pid>.jsonl`` (:func:`read_request_log`), which is how a benchmark counts
-the requests of Spark's Python workers. Tests assert on counts and modeled seconds, which
+the requests of Spark's Python workers, and how a test sees their overlap: the requests on
+the critical path (:func:`round_trips`) and the most in flight at once
+(:func:`peak_in_flight`). Tests assert on counts and modeled seconds, which
 are exact, never on wall time.
 
 What is one request (as s3fs issues them, simplified): a ``pipe_file``, ``put_file``, or a
@@ -48,8 +50,10 @@ from keyedstate.testing.latency.counts import (
     RequestCounts,
     RequestRecord,
     counts_of,
+    peak_in_flight,
     process_counts,
     read_request_log,
+    round_trips,
 )
 from keyedstate.testing.latency.filesystem import PROTOCOL, LatencyFileSystem
 from keyedstate.testing.latency.model import (
@@ -65,4 +69,4 @@ from keyedstate.testing.latency.model import (
 __all__ = ["Cell", "DEFAULT_MODEL", "KINDS", "LatencyFileSystem", "LatencyModel", "MODELS",
            "NONE", "PROTOCOL", "RequestCounts", "RequestRecord", "STORE_KINDS",
            "behind_latency", "counts_of", "model_of_options", "parse_latency",
-           "process_counts", "read_request_log"]
+           "peak_in_flight", "process_counts", "read_request_log", "round_trips"]

@@ -8,7 +8,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 #: Request kinds, as the wrapper counts them (``mkdir``: passed through, free, not in totals).
 KINDS = ("read", "write", "copy", "list", "head", "delete", "mkdir")
@@ -145,6 +145,36 @@ def read_request_log(log_dir: str) -> list[RequestRecord]:
                 if line.strip():
                     records.append(RequestRecord(**json.loads(line)))
     return sorted(records, key=lambda r: r.t)
+
+
+def round_trips(records: Iterable[RequestRecord], slack_s: float = 1e-3) -> int:
+    """The requests on the critical path of ``records``: the longest run of them in which each
+    starts after the one before it ended (the most pairwise disjoint ones, each request
+    spanning ``[t, t + wall_s]``; chosen greedily by end). N requests one after another are N
+    round trips; N at once are 1; N through a pool of T threads about N / T. ``slack_s``:
+    a request starting this much before the previous one's end still follows it (the start
+    is a wall clock, the duration a monotonic one). Records of a streamed read's bytes
+    (``requests`` 0) are no request."""
+    spans = sorted(((r.t, r.t + r.wall_s) for r in records if r.requests),
+                   key=lambda span: span[1])
+    count, last_end = 0, float("-inf")
+    for start, end in spans:
+        if start >= last_end - slack_s:
+            count += 1
+            last_end = end
+    return count
+
+
+def peak_in_flight(records: Iterable[RequestRecord]) -> int:
+    """The most of ``records``' requests in flight at one instant (each from ``t`` for
+    ``wall_s``; one ending as another starts is not both)."""
+    events = sorted([(r.t, 1) for r in records if r.requests]
+                    + [(r.t + r.wall_s, -1) for r in records if r.requests])
+    peak = current = 0
+    for _, step in events:  # at one instant, ends (-1) sort before starts
+        current += step
+        peak = max(peak, current)
+    return peak
 
 
 def counts_of(records: Iterator[RequestRecord] | list[RequestRecord]) -> RequestCounts:
