@@ -14,7 +14,8 @@ Spark checkpoint location), and:
 2. restarts the query in this process after an injected abort or a storage error that outlasted
    the commit retries, and in an asynchronous job after a failure that discarded the batches
    after the last completed checkpoint (``CheckpointDiscardedError``: the restart rewinds
-   Spark's log to that checkpoint and the source delivers them again), at a new parallelism.
+   Spark's log to that checkpoint and the source delivers them again, one file per batch as
+   planned: :func:`session_conf`), at a new parallelism.
    An asynchronous job's query completes its checkpoints in flight (``flush``) before it
    counts as done, so that such a failure meets this restart, not the job's stop;
 3. stops the query after each planned file of a same-session restart with a changed
