@@ -212,6 +212,13 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         without completing them (the driver's copy in a Spark Connect server)."""
         return False
 
+    def _completed(self, stats: BatchStats) -> None:
+        """Step 7 of a batch whose checkpoint completed in the asynchronous mode: its
+        statistics, as soon as its output is committed (the engine records them). Called
+        before the next checkpoint in flight completes, so that a later failure in the same
+        call (its discard raises) loses none of the batches completed before it."""
+        return None
+
     def _wait_for_uploads(self, flight: InFlight[ContextT]) -> None:
         """Wait until ``flight``'s acknowledgements are written (or will never be): the
         local runtime's subtasks upload in this process."""
@@ -430,6 +437,7 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                                 duration_s=time.perf_counter() - flight.started)
             stats.spark_tasks = flight.tasks or 0
             done.append(stats)
+            self._completed(stats)
         return done
 
     def _discard_in_flight(self, exc: BaseException) -> NoReturn:

@@ -258,10 +258,10 @@ class KeyedJobDriver(SparkJobStart):
             restart commits the output (step 1 of the module docstring).
         """
         if self.config.async_upload:
-            # The batch's checkpoint stays in flight; these are the batches completed meanwhile.
-            for stats in self._run_batch_async(df, batch_id, started=started, drain=drain,
-                                               context=df.sparkSession):
-                self._record(stats)
+            # The batch's checkpoint stays in flight; the batches completed meanwhile are
+            # recorded as each completes (_completed).
+            self._run_batch_async(df, batch_id, started=started, drain=drain,
+                                  context=df.sparkSession)
             return
         self._record(self._run_batch(df, batch_id, started=started, drain=drain,
                                      context=df.sparkSession))
@@ -276,6 +276,9 @@ class KeyedJobDriver(SparkJobStart):
         # The copy in a Spark Connect server: its process ends with the query (Spark ends
         # it), so the client completes what it left in flight (flush).
         return self.shipped
+
+    def _completed(self, stats: BatchStats) -> None:
+        self._record(stats)
 
     def _wait_for_uploads(self, flight: InFlight[Session]) -> None:
         """The subtasks' Python workers upload in their own processes: poll for their
@@ -317,11 +320,9 @@ class KeyedJobDriver(SparkJobStart):
                         "are not completed here: the restart rewinds Spark's log to the last "
                         "completed checkpoint and runs their batches again", unfinished)
                     return
-                done = self._take_over_in_flight(self.job.stream.dataframe().sparkSession)
+                self._take_over_in_flight(self.job.stream.dataframe().sparkSession)
             else:
-                done = self._complete_in_flight(0)
-            for stats in done:
-                self._record(stats)
+                self._complete_in_flight(0)
 
     def _unfinished_batch(self) -> int | None:
         """The last batch Spark's log says was planned and not done, None if there is none

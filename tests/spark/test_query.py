@@ -1,5 +1,6 @@
 """KeyedQuery: a stop that waits for the batch in flight (on Spark, in a subprocess whose JVM
-output is checked), the stop gate on its own, and the errors a failed batch raises."""
+output is checked), the stop gate on its own, the errors a failed batch raises, and the
+statistics of the asynchronous mode's batches completed before a discard."""
 
 from __future__ import annotations
 
@@ -15,10 +16,16 @@ import pandas as pd
 import pytest
 
 from keyedstate.config import JobConfig
-from keyedstate.errors import BatchFailedError, ConfigurationError, StopTimeoutError
+from keyedstate.errors import (
+    BatchFailedError,
+    CheckpointDiscardedError,
+    ConfigurationError,
+    StopTimeoutError,
+)
 from keyedstate.spark.api import key_by
 from keyedstate.spark.query import KeyedQuery, StopGate
 from keyedstate.spark.sinks import ParquetSink
+from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import COUNT_SCHEMA, FailOnKey, RunningTotals
 from tests.spark.test_job import (
     SCHEMA,
@@ -34,6 +41,7 @@ from keyedstate.config import JobConfig
 from keyedstate.spark.api import key_by
 from keyedstate.spark.session import local_session
 from keyedstate.spark.sinks import ParquetSink
+from keyedstate.testing.faults import FaultPlan
 from tests.spark.jobs import COUNT_SCHEMA, SlowBatch
 from tests.spark.test_job import SCHEMA, write_files
 
@@ -222,3 +230,28 @@ def test_failed_batch_raises_batch_failed_error_with_the_users_traceback(spark, 
     from pyspark.errors import StreamingQueryException
 
     assert isinstance(error.__cause__, StreamingQueryException)
+
+
+@pytest.mark.spark
+def test_a_discard_keeps_the_stats_of_the_batches_completed_before_it(spark, tmp_path):
+    """The asynchronous mode with two checkpoints in flight: batches 2 and 3's are left when
+    the query runs out of input, and the stop completes them in one call; batch 3's
+    ``_metadata`` write is refused, so the stop raises ``CheckpointDiscardedError`` for batch
+    3. Batch 2 completed and committed first: its statistics are recorded and the listeners
+    called (they were lost with the discard)."""
+    from tests.spark.test_exactly_once import start
+
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 4)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "denied", match="chk-4/_metadata")  # batch 3's checkpoint
+    heard: list[int] = []
+    query = start(spark, root, checkpoint_dir=plan.url(os.path.join(root, "ckpt")),
+                  storage_options=plan.storage_options("file"), transfer_attempts=1,
+                  async_upload=True, max_concurrent_checkpoints=2,
+                  listener=lambda s: heard.append(s.batch_id))
+    with pytest.raises(CheckpointDiscardedError) as discarded:
+        query.stop()
+    assert plan.fired() and discarded.value.discarded_batches == [3]
+    assert [s.batch_id for s in query.stats if s.checkpoint_id >= 0] == [0, 1, 2]
+    assert heard == [0, 1, 2]

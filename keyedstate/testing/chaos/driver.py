@@ -14,7 +14,8 @@ Spark checkpoint location), and:
 2. restarts the query in this process after an injected abort or a storage error that outlasted
    the commit retries, and in an asynchronous job after a failure that discarded the batches
    after the last completed checkpoint (``CheckpointDiscardedError``: the restart rewinds
-   Spark's log to that checkpoint and the source delivers them again), at a new parallelism.
+   Spark's log to that checkpoint and the source delivers them again, one file per batch as
+   planned: :func:`session_conf`), at a new parallelism.
    An asynchronous job's query completes its checkpoints in flight (``flush``) before it
    counts as done, so that such a failure meets this restart, not the job's stop;
 3. stops the query after each planned file of a same-session restart with a changed
@@ -553,6 +554,27 @@ def _housekeeping(plan: Plan, index: int) -> None:
                 pass
 
 
+#: Spark's setting of how often a file source's log is compacted (every 10 of its entries
+#: by default), and the soak's with asynchronous jobs: never within a run
+SOURCE_LOG_COMPACT_INTERVAL = "spark.sql.streaming.fileSource.log.compactInterval"
+NEVER_COMPACT = 1_000_000
+
+
+def session_conf(plan: Plan, run_dir: str) -> dict[str, str]:
+    """The driver's Spark settings. With asynchronous jobs the input's file-source log is
+    never compacted: a restart's rewind keeps a compaction past the batch Spark runs again
+    (``keyedstate.spark.offsets.rewind``), and the next plan then reads that compaction's
+    files together with its own, several input files in one batch (each still once). The
+    oracle follows the plan's one file per batch, so the soak keeps its rewinds off
+    compactions; a synchronous plan runs with Spark's default, as it always has."""
+    conf = {"spark.task.maxFailures": "4", "spark.sql.shuffle.partitions": "4",
+            "spark.local.dir": os.path.join(run_dir, "spark-local"),
+            "spark.deploy.maxExecutorRetries": "-1"}
+    if plan.checkpointing != "sync":
+        conf[SOURCE_LOG_COMPACT_INTERVAL] = str(NEVER_COMPACT)
+    return conf
+
+
 def restart_checkpointing(plan: Plan, run_dir: str, job: Job, drawn: str) -> str:
     """The mode of a driver restarted in ``job`` (``mixed``: ``drawn`` by the controller
     from :attr:`Plan.restart_checkpointing`): asynchronous while the job has ``async`` faults
@@ -582,12 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     from keyedstate.spark.session import local_session
 
     started = time.time()
-    spark = local_session(plan.master, "keyedstate-chaos", {
-        "spark.task.maxFailures": "4",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.local.dir": os.path.join(run_dir, "spark-local"),
-        "spark.deploy.maxExecutorRetries": "-1",
-    })
+    spark = local_session(plan.master, "keyedstate-chaos", session_conf(plan, run_dir))
     log_event(run_dir, "driver-start", app_id=spark.sparkContext.applicationId,
               start_s=time.time() - started, job=progress["job"],
               parallelism=progress["parallelism"])
