@@ -91,7 +91,8 @@ class PhaseClock:
     TIMED = ((rocks_restore.RocksDBIncrementalRestoreOperation, "_download", "download_s"),
              (rocks_restore, "open_db", "open_s"),
              (rocks_restore, "clip_db_with_key_group_range", "clip_s"),
-             (heap_restore, "parallel_map", "download_s"),
+             # the heap backend reads every file of its chains in one batch (heap restore)
+             (CheckpointStorage, "read_all", "download_s"),
              (heap_restore.HeapRestoreOperation, "_apply_file", "open_s"))
 
     def __init__(self) -> None:
