@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from keyedstate.checkpoint.pending import (
     CompletedCheckpoint,
@@ -274,7 +274,13 @@ class CheckpointCoordinator:
         yield 3
         # Step 4. Register only now: an unconfirmed checkpoint must never keep a file alive,
         # and a crash before this point loses nothing (recover registers from _metadata).
-        self.registry.register_all(metadata)
+        # If registering raises, the caller sees the checkpoint fail, so storage must not
+        # hold it complete: it is taken back (aborted as in Step 3, _metadata and all).
+        try:
+            self.registry.register_all(metadata)
+        except BaseException:
+            self._take_back(pending)
+            raise
         yield 4
         # Step 5. Subsume. _metadata goes first, so a crash half-way leaves an incomplete
         # chk-<M>/ (deleted by recover), never a complete-looking checkpoint missing files.
@@ -332,6 +338,25 @@ class CheckpointCoordinator:
         # Step 4. Its tombstone: a restarted job's next id is still above this one.
         self._leave_tombstone(checkpoint_id)
 
+    def _take_back(self, pending: PendingCheckpoint) -> None:
+        """Step 4 of :meth:`complete` failed after the commit point: abort the checkpoint after
+        all (its files, ``chk-<N>/`` with its ``_metadata``, a tombstone), and, when no other
+        checkpoint of this job completed, the root's
+        :data:`~keyedstate.storage.layout.COMPLETED_MARKER_FILE` its commit wrote (left, it
+        would make the next start take the job for one that lost its checkpoints). A file it
+        registered before the failure stays until unused, as any registered file."""
+        pending.completed = None
+        self._abort(pending, "registering its shared files failed after its _metadata was "
+                             "written")
+        if self.store.latest is None and self._completed_marker:
+            try:
+                self.storage.delete([COMPLETED_MARKER_FILE])
+                self._completed_marker = False
+            except OSError as exc:
+                logger.warning("could not delete %s: %s; the job's next start takes it for "
+                               "a job that lost its checkpoints",
+                               self.storage.url_of(COMPLETED_MARKER_FILE), exc)
+
     def _leave_tombstone(self, checkpoint_id: int) -> None:
         """Write ``chk-<N>/_aborted`` so that no later start of the job uses id N again (see
         docs/checkpoints.md, "Ids are never reused"). Best effort: without it the id may be
@@ -343,6 +368,26 @@ class CheckpointCoordinator:
         except OSError as exc:
             logger.warning("could not mark checkpoint %d as aborted: %s; a restarted job may "
                            "use its id again", checkpoint_id, exc)
+
+    def adopt(self, checkpoint_id: int, timestamp_ms: int,
+              properties: Mapping[str, str]) -> PendingCheckpoint:
+        """Checkpoint ``checkpoint_id``, triggered at ``timestamp_ms`` with ``properties`` by
+        another coordinator of this job that will not complete it (the Spark Connect server's
+        copy of the driver, ended with its query), as pending here: acknowledged and completed
+        (or aborted) as if this coordinator had triggered it. Recover with the id
+        ``in_flight`` first (:meth:`recover`). Refuses (:class:`CheckpointProtocolError`) an id
+        at or below the latest completed checkpoint, already pending, or never used."""
+        latest = self.store.latest
+        if (latest is not None and checkpoint_id <= latest.checkpoint_id) \
+                or checkpoint_id in self._pending or checkpoint_id >= self._next_id:
+            raise CheckpointProtocolError(
+                f"checkpoint {checkpoint_id} can't be adopted: the latest completed one is "
+                f"{latest.checkpoint_id if latest else None}, pending are {sorted(self._pending)}, "
+                f"the next id is {self._next_id}")
+        pending = PendingCheckpoint(self.storage, checkpoint_id, timestamp_ms, self.parallelism,
+                                    _checked_properties(properties))
+        self._pending[checkpoint_id] = pending
+        return pending
 
     def register_restored(self, metadata: CheckpointMetadata, *, claim: bool) -> None:
         """The restore-mode hook: register a snapshot this job starts from, whose files later
@@ -455,7 +500,8 @@ class CheckpointCoordinator:
     def recover(cls, storage: CheckpointStorage, *, backend: str, parallelism: int,
                 max_parallelism: int, key_types: Sequence[str], num_retained: int = 1,
                 cleanup_orphans: bool = True,
-                not_owned: Sequence[CheckpointMetadata] = ()) -> CheckpointCoordinator:
+                not_owned: Sequence[CheckpointMetadata] = (),
+                in_flight: Collection[int] = ()) -> CheckpointCoordinator:
         """Rebuild the coordinator of a job from ``storage`` alone (after a crash or a stop).
 
         The newest ``num_retained`` readable ``_metadata`` files are the retained checkpoints;
@@ -475,6 +521,11 @@ class CheckpointCoordinator:
         An incomplete ``chk-<N>/`` newer than the checkpoint restored is a crash before its
         commit or a lost ``_metadata`` (storage can't tell which): the fall-back to the newest
         complete checkpoint is logged and noted in :attr:`recovery_notes`, as for a corrupt one.
+        ``in_flight``: ids of checkpoints in flight that another coordinator of this job
+        triggered and that this one is to complete (:meth:`adopt`; the asynchronous mode's
+        take-over, :meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`): their
+        ``chk-<N>/`` are kept (pass ``cleanup_orphans=False`` too: their shared files are
+        referenced by no retained checkpoint yet).
         """
         self = cls.__new__(cls)
         self._configure(storage, backend, parallelism, max_parallelism, key_types, num_retained)
@@ -512,6 +563,8 @@ class CheckpointCoordinator:
         # out again (step 7).
         newest = retained[-1].checkpoint_id if retained else 0
         for checkpoint_id in incomplete:
+            if checkpoint_id in in_flight:
+                continue  # another coordinator's checkpoint in flight, to be adopted
             last_used = checkpoint_id == max(incomplete) and checkpoint_id > newest
             tombstone = f"{checkpoint_dir_name(checkpoint_id)}/{ABORTED_MARKER_FILE}"
             if last_used and storage.list_files(checkpoint_dir_name(checkpoint_id)) == [tombstone]:

@@ -68,6 +68,7 @@ from keyedstate.storage.handles import (
     StreamHandle,
 )
 from keyedstate.storage.layout import (
+    ASYNC_MARKER_FILE,
     CLAIM_MARKER_FILE,
     COMMITS_DIR,
     COMPLETED_MARKER_FILE,
@@ -126,7 +127,7 @@ LISTING_FIELDS = ("id", "kind", "format", BATCH_ID, "timestamp_ms", "parallelism
 #: Names only a job's checkpoint directory holds (storage/layout.py): a directory with none of
 #: them and something else in it is not one.
 _JOB_DIRECTORY_NAMES = (SHARED_DIR, STAGING_DIR, COMMITS_DIR, TASK_OWNED_DIR,
-                        COMPLETED_MARKER_FILE, SPARK_OFFSETS_DIR)
+                        COMPLETED_MARKER_FILE, ASYNC_MARKER_FILE, SPARK_OFFSETS_DIR)
 
 
 def job_directory(directory: str, storage_options: Mapping[str, Any] | None = None,

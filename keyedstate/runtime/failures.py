@@ -9,7 +9,10 @@ the batch, the subtask, the key, the error and the traceback of the user's code.
 :func:`batch_failure` finds that line in whatever the driver caught and builds the error a
 user sees. The state processor's Spark jobs run no subtask and carry no data line: for them
 :func:`processor_task_error` rebuilds the keyedstate error from the Python traceback Spark
-quotes. Nothing else reads Spark's text.
+quotes. A :class:`~keyedstate.errors.CheckpointDiscardedError` that the driver's copy in a
+Spark Connect server raises to its client ends with a data line of its own
+(:data:`DISCARD_MARKER`, :func:`discard_for_client` and :func:`find_discard`): the discarded
+batches travel with it. Nothing else reads Spark's text.
 
 The user's traceback starts at the user's code: the leading frames of keyedstate's runtime
 (the modules in :data:`RUNTIME_FILES`) are dropped, the frames below it are kept.
@@ -35,6 +38,9 @@ RUNTIME_FILES = frozenset(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
     for name in ("spark/api.py", "spark/driver.py", "spark/query.py", "spark/tasks.py",
                  "runtime/subtask.py", "runtime/function.py"))
+#: Starts the data line of a discarded checkpoint's error sent to a Spark Connect client (the
+#: rest of the line: its message and fields as JSON).
+DISCARD_MARKER = "keyedstate-discarded: "
 #: Longest error message and traceback carried (a message may embed a whole DataFrame).
 MAX_MESSAGE_CHARS = 1000
 MAX_TRACEBACK_CHARS = 2000
@@ -146,7 +152,10 @@ def processor_task_error(exc: BaseException) -> KeyedStateError | None:
     for m in reversed(list(_ERROR_LINE.finditer(_text(exc)))):
         cls = getattr(_errors, m.group(1), None)
         if isinstance(cls, type) and issubclass(cls, KeyedStateError):
-            return cls(m.group(2))
+            try:
+                return cls(m.group(2))
+            except TypeError:  # a leaf with fields of its own: not rebuilt from its text
+                continue
     return None
 
 
@@ -176,6 +185,40 @@ def _text(exc: BaseException) -> str:
         return str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ (or a gone JVM) hides nothing of ours
         return ""
+
+
+def discard_for_client(error: CheckpointDiscardedError) -> CheckpointDiscardedError:
+    """``error`` as the driver's copy in a Spark Connect server raises it: its message ends
+    with a data line carrying the message and the discarded batches, which the client decodes
+    (:func:`find_discard`) from the text Spark hands it."""
+    data = {"message": _clip(str(error), MAX_MESSAGE_CHARS),
+            "discarded_batches": list(error.discarded_batches),
+            "last_batch_id": error.last_batch_id}
+    return CheckpointDiscardedError(f"{error}\n{DISCARD_MARKER}{json.dumps(data)}",
+                                    discarded_batches=list(error.discarded_batches),
+                                    last_batch_id=error.last_batch_id)
+
+
+def find_discard(exc: BaseException) -> CheckpointDiscardedError | None:
+    """The :class:`CheckpointDiscardedError` whose data line (:func:`discard_for_client`) the
+    text of ``exc`` or of an exception it was raised from carries, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = _text(current)
+        at = text.rfind(DISCARD_MARKER)
+        if at >= 0:
+            try:
+                data, _ = json.JSONDecoder().raw_decode(text, at + len(DISCARD_MARKER))
+                return CheckpointDiscardedError(
+                    str(data["message"]),
+                    discarded_batches=[int(b) for b in data["discarded_batches"]],
+                    last_batch_id=int(data["last_batch_id"]))
+            except (ValueError, TypeError, KeyError):
+                pass
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _decode(text: str) -> TaskFailure | None:

@@ -8,11 +8,18 @@ the reports, complete the checkpoint as the synchronous mode does
 (:func:`~keyedstate.runtime.batch.complete_batch`) and drop its acknowledgements. What the job
 returns to when one fails is a :class:`Committed` point: the last completed checkpoint's (or
 the job's start's) restore source, watermark, batch id and drain flag.
+
+A loop that may end without completing its checkpoints in flight (the driver's copy in a Spark
+Connect server, whose process ends with the query) records each in storage
+(:func:`record_flight`, a :class:`~keyedstate.runtime.wire.FlightRecord`); another process of
+the job reads the records back (:func:`recorded_flights`) and completes them
+(:meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -24,14 +31,27 @@ from keyedstate.checkpoint.coordinator import (
     CompletedCheckpoint,
     PendingCheckpoint,
 )
+from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, MIN_WATERMARK, WATERMARK
 from keyedstate.config import JobConfig
 from keyedstate.errors import CheckpointError, CheckpointProtocolError
 from keyedstate.runtime.batch import complete_batch
 from keyedstate.runtime.subtask import RestoreSource
 from keyedstate.runtime.uploads import read_ack, wait_for_job
-from keyedstate.runtime.wire import SubtaskReport
+from keyedstate.runtime.wire import (
+    WIRE_VERSION,
+    FlightRecord,
+    SubtaskReport,
+    decode_flight,
+    encode_flight,
+)
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.layout import acks_dir, staging_dir
+from keyedstate.storage.layout import (
+    ABORTED_MARKER_FILE,
+    acks_dir,
+    checkpoint_dir_name,
+    flight_record_file,
+    staging_dir,
+)
 
 log = logging.getLogger("keyedstate")
 
@@ -46,6 +66,14 @@ class Committed:
     watermark: int
     last_batch_id: int
     drained: bool
+
+    @classmethod
+    def at(cls, storage: CheckpointStorage, completed: CompletedCheckpoint) -> Committed:
+        """Where the job stands at the job's own ``completed`` checkpoint."""
+        props = completed.metadata.properties
+        return cls(RestoreSource.of(storage, completed.metadata, own=True), True,
+                   int(props.get(WATERMARK, MIN_WATERMARK)), int(props.get(BATCH_ID, -1)),
+                   props.get(DRAINED) == "true")
 
 
 @dataclass
@@ -68,6 +96,54 @@ class InFlight:
     @property
     def checkpoint_id(self) -> int:
         return self.pending.checkpoint_id
+
+    def record(self, start_id: str) -> FlightRecord:
+        """What another process needs to complete this checkpoint (of the job's start
+        ``start_id``): all but the engine's context."""
+        pending = self.pending
+        return FlightRecord(
+            version=WIRE_VERSION, start_id=start_id, checkpoint_id=pending.checkpoint_id,
+            timestamp_ms=pending.timestamp_ms, properties=dict(pending.properties),
+            batch_id=self.batch_id, drain=self.drain, watermark=self.watermark,
+            reports=list(self.reports),
+            started_s=time.time() - (time.perf_counter() - self.started), tasks=self.tasks)
+
+    @classmethod
+    def of_record(cls, record: FlightRecord, pending: PendingCheckpoint,
+                  context: Any) -> InFlight:
+        """The checkpoint ``record`` describes, adopted as ``pending``, its sinks committing
+        with ``context``."""
+        started = time.perf_counter() - max(0.0, time.time() - record.started_s)
+        return cls(pending, record.batch_id, list(record.reports), record.drain,
+                   record.watermark, context, started, record.tasks)
+
+
+def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -> None:
+    """Write ``flight``'s record (:func:`~keyedstate.storage.layout.flight_record_file`,
+    beside its acknowledgements: deleted with them once it completes, or with ``chk-<N>/``
+    when it is aborted)."""
+    storage.write(flight_record_file(flight.checkpoint_id),
+                  encode_flight(flight.record(start_id)))
+
+
+def recorded_flights(storage: CheckpointStorage, start_id: str, after: int
+                     ) -> list[FlightRecord]:
+    """The checkpoints in flight that the job's start ``start_id`` recorded above checkpoint
+    ``after`` (the latest completed one, 0: none), oldest first: those whose ``chk-<N>/`` holds
+    a record and neither a ``_metadata`` (completed) nor the tombstone of an abort. Records of
+    another start are leftovers of a crash (recovery deletes them)."""
+    records = []
+    for checkpoint_id in storage.checkpoint_dir_ids():
+        if checkpoint_id <= after:
+            continue
+        relative = flight_record_file(checkpoint_id)
+        if not storage.exists(relative) or storage.exists(storage.metadata_path(checkpoint_id)) \
+                or storage.exists(f"{checkpoint_dir_name(checkpoint_id)}/{ABORTED_MARKER_FILE}"):
+            continue
+        record = decode_flight(storage.read(relative), storage.url_of(relative))
+        if record.start_id == start_id and record.checkpoint_id == checkpoint_id:
+            records.append(record)
+    return records
 
 
 def ordered_reports(reports: Sequence[SubtaskReport], parallelism: int, batch_id: int
@@ -170,3 +246,28 @@ class InFlightCheckpoints:
                             "`keyedstate gc` will find it", flight.batch_id, exc)
         self._flights.clear()
         return discarded
+
+
+def adopt_recorded(storage: CheckpointStorage, start_id: str, context: Any, *, backend: str,
+                   parallelism: int, max_parallelism: int, key_types: Sequence[str],
+                   num_retained: int
+                   ) -> tuple[CheckpointCoordinator, list[InFlight]] | None:
+    """The checkpoints in flight that the job's start ``start_id`` recorded in ``storage``
+    (:func:`recorded_flights`, above the latest completed one), adopted by a coordinator
+    recovered from storage (the loop that recorded them completed and subsumed checkpoints
+    meanwhile): their ``chk-<N>/`` and every shared file kept (their uploads may still run),
+    each adopted as pending (:meth:`~keyedstate.checkpoint.coordinator.
+    CheckpointCoordinator.adopt`); their sinks commit with ``context``. None when none is
+    recorded (nothing is read further or changed)."""
+    completed = storage.checkpoint_ids()
+    records = recorded_flights(storage, start_id, completed[-1] if completed else 0)
+    if not records:
+        return None
+    coordinator = CheckpointCoordinator.recover(
+        storage, backend=backend, parallelism=parallelism, max_parallelism=max_parallelism,
+        key_types=key_types, num_retained=num_retained, cleanup_orphans=False,
+        in_flight={r.checkpoint_id for r in records})
+    return coordinator, [
+        InFlight.of_record(r, coordinator.adopt(r.checkpoint_id, r.timestamp_ms, r.properties),
+                           context)
+        for r in records]

@@ -33,7 +33,10 @@ the next batch's subtasks reuse their copies at it, or restore from its acknowle
 then it runs steps 4, 6 and 7 for the oldest checkpoints in flight, in order, until at most
 ``max-concurrent-checkpoints`` are left. A failure there discards every checkpoint in flight
 and sets the loop back to the last completed one (:class:`~keyedstate.errors.
-CheckpointDiscardedError`).
+CheckpointDiscardedError`). An engine whose loop runs in a process that may end with
+checkpoints in flight (Spark Connect: the driver's copy in the server) records each in storage
+(:meth:`BatchLoop._records_in_flight`); its loop in another process completes them once that
+one ended (:meth:`BatchLoop._take_over_in_flight`).
 """
 
 from __future__ import annotations
@@ -71,7 +74,9 @@ from keyedstate.runtime.inflight import (
     Committed,
     InFlight,
     InFlightCheckpoints,
+    adopt_recorded,
     ordered_reports,
+    record_flight,
 )
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.startup import JobStart, start_configured_job
@@ -196,6 +201,13 @@ class BatchLoop(ABC):
         can."""
         return type(self).__name__
 
+    def _records_in_flight(self) -> bool:
+        """Whether each checkpoint in flight is recorded in storage
+        (:func:`~keyedstate.runtime.inflight.record_flight`) for another process of the job to
+        complete (:meth:`_take_over_in_flight`): the loop runs in a process that may end
+        without completing them (the driver's copy in a Spark Connect server)."""
+        return False
+
     def _wait_for_uploads(self, flight: InFlight) -> None:
         """Wait until ``flight``'s acknowledgements are written (or will never be): the
         local runtime's subtasks upload in this process."""
@@ -305,6 +317,12 @@ class BatchLoop(ABC):
             # Step 3. Execute: the subtasks end after the synchronous phase.
             reports = ordered_reports(decode_reports(self._execute(plan, batch)),
                                       self.config.parallelism, batch_id)
+            flight = InFlight(pending, batch_id, reports, drain, self.watermark, context,
+                              started, tasks)
+            if self._records_in_flight():
+                # Before the batch returns: once it has, nothing may be lost of it, and this
+                # process may end (Spark Connect's server ends it with the query).
+                record_flight(self.storage, flight, self.start_id)
         except BaseException as exc:
             # Its subtasks that succeeded upload in the background: abort once they are done.
             wait_for_checkpoint(self.storage.url, pending.checkpoint_id)
@@ -314,17 +332,23 @@ class BatchLoop(ABC):
             if failure is not None:
                 raise failure from exc
             raise
-        self._in_flight.add(InFlight(pending, batch_id, reports, drain, self.watermark,
-                                     context, started, tasks))
         # Step 5. Advance, on the checkpoint in flight.
-        self.watermark = next_watermark(reports, self.watermark, self.config.watermark_delay_ms)
-        self.last_batch_id = batch_id
-        self.drained = drain
-        self.base = RestoreSource.in_flight(self.storage, pending.checkpoint_id,
-                                            self.config.parallelism, [r.token for r in reports])
-        self.share_restored_files = True
+        self._advance_in_flight(flight)
         # Steps 4, 6, 7 of the oldest, within the bound.
         return self._complete_in_flight(0 if drain else self.config.max_concurrent_checkpoints)
+
+    def _advance_in_flight(self, flight: InFlight) -> None:
+        """Step 5 on a checkpoint in flight: add it to those in flight, and move the
+        watermark, the last batch id, the drain flag and the restore source on to it."""
+        self._in_flight.add(flight)
+        self.watermark = next_watermark(flight.reports, self.watermark,
+                                        self.config.watermark_delay_ms)
+        self.last_batch_id = flight.batch_id
+        self.drained = flight.drain
+        self.base = RestoreSource.in_flight(self.storage, flight.checkpoint_id,
+                                            self.config.parallelism,
+                                            [r.token for r in flight.reports])
+        self.share_restored_files = True
 
     def _complete_in_flight(self, leave: int) -> list[BatchStats]:
         """Complete checkpoints in flight, oldest first, and commit their output, until at
@@ -352,6 +376,43 @@ class BatchLoop(ABC):
             done += self._commit_completed()
         return done
 
+    def _take_over_in_flight(self, context: Any) -> list[BatchStats]:
+        """Complete the checkpoints in flight that this job's loop in another process
+        recorded (:meth:`_records_in_flight`) and left when it ended (the driver's copy in a
+        Spark Connect server: its process ends with the query), and commit their output with
+        ``context``, in order; their statistics. That loop must run nothing any more (its
+        query stopped). Nothing is done when it left none.
+
+        Step 1. Adopt them (:func:`~keyedstate.runtime.inflight.adopt_recorded`: a
+            coordinator recovered from storage, which the other loop changed since this one's
+            start, keeping them).
+        Step 2. Set the loop where the other one stood: at the latest completed checkpoint
+            (its output committed first if its marker is missing: sinks commit in batch
+            order), then advanced on each checkpoint in flight (step 5).
+        Step 3. Complete them and commit their output (:meth:`_complete_in_flight`); a failure
+            discards them and raises :class:`CheckpointDiscardedError`, as in the loop.
+        """
+        # Step 1.
+        before = self.coordinator.latest_completed
+        adopted = adopt_recorded(self.storage, self.start_id, context, backend=self.backend.name,
+                                 parallelism=self.config.parallelism,
+                                 max_parallelism=self.max_parallelism, key_types=self.key_types,
+                                 num_retained=self.config.num_retained)
+        if adopted is None:
+            return []
+        self.coordinator, flights = adopted
+        # Step 2.
+        latest = self.coordinator.latest_completed
+        if latest is not None and (before is None
+                                   or latest.checkpoint_id != before.checkpoint_id):
+            self._committed = Committed.at(self.storage, latest)
+            self._back_to_committed()
+            self._commit_with_retries(context, latest)
+        for flight in flights:
+            self._advance_in_flight(flight)
+        # Step 3.
+        return self._complete_in_flight(0)
+
     def _commit_completed(self) -> list[BatchStats]:
         """Step 6 and 7 of the completed checkpoints whose output is not committed yet, in
         order; one whose commit fails stays first (the error is raised)."""
@@ -375,16 +436,22 @@ class BatchLoop(ABC):
         discarded = self._in_flight.discard(
             self.coordinator, f"checkpoint {oldest} failed in flight: {exc}")
         release_live(self.storage.url, self.start_id)
-        back = self._committed
-        self.base, self.share_restored_files = back.base, back.share_restored_files
-        self.watermark, self.last_batch_id = back.watermark, back.last_batch_id
-        self.drained = back.drained
+        back = self._back_to_committed()
         raise CheckpointDiscardedError(
             f"checkpoint {oldest} failed in its asynchronous phase ({exc}); batches "
             f"{discarded} were discarded (their state and output are gone) and the job is "
             f"back at batch {back.last_batch_id}: send batches {back.last_batch_id + 1} and "
             f"later again", discarded_batches=discarded,
             last_batch_id=back.last_batch_id) from exc
+
+    def _back_to_committed(self) -> Committed:
+        """Set the loop to :attr:`_committed` (restore source, watermark, batch id, drain
+        flag); returns it."""
+        back = self._committed
+        self.base, self.share_restored_files = back.base, back.share_restored_files
+        self.watermark, self.last_batch_id = back.watermark, back.last_batch_id
+        self.drained = back.drained
+        return back
 
     def _commit_with_retries(self, context: Any, completed: CompletedCheckpoint) -> None:
         """Step 6, retrying transient storage errors (the commit is idempotent by batch id)

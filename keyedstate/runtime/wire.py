@@ -18,9 +18,14 @@ In the asynchronous mode (docs/checkpoints.md, "The asynchronous phase") the rep
 handle: the subtask's process uploads its files after the task and then writes a
 :class:`SubtaskAck` to ``chk-<N>/_acks/subtask-<i>`` (:func:`encode_ack`; read back by
 :func:`decode_ack` alone), deleted once checkpoint N completes: the wire's one stored message,
-versioned like the report.
+versioned like the report. Over Spark Connect the driver that runs the batches is a copy in
+the Connect server, whose process ends with the query: it also writes a :class:`FlightRecord`
+of each checkpoint in flight to ``chk-<N>/_acks/flight`` (:func:`encode_flight`, read back by
+:func:`decode_flight` alone), from which the client completes what the copy left in flight
+once the query stopped.
 
 Version 2: ``SubtaskReport.handle`` may be None (asynchronous mode), :class:`SubtaskAck`.
+Version 3: :class:`FlightRecord`.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ KG_COLUMN = "_ks_key_group"
 SUBTASK_COLUMN = "_ks_subtask"
 
 #: the version of :class:`SubtaskReport` this keyedstate writes and reads
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 
 #: a subtask's one result row: its report, JSON-encoded
 REPORT_SCHEMA = pa.schema([pa.field("report", pa.binary(), nullable=False)])
@@ -122,6 +127,33 @@ class SubtaskAck(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+class FlightRecord(msgspec.Struct, frozen=True):
+    """A checkpoint in flight as the driver that triggered it records it in storage, for
+    another process of the job to complete it (the Spark Connect client, once the server's
+    copy of the driver ended with the query): what the loop's ``InFlight`` holds but the
+    engine's context (:mod:`keyedstate.runtime.inflight`)."""
+
+    #: :data:`WIRE_VERSION` of the writer
+    version: int
+    #: the start of the job whose loop triggered it (``JobStart.start_id``): a record of
+    #: another start is a leftover, never completed
+    start_id: str
+    checkpoint_id: int
+    #: the trigger's time (ms since the epoch) and properties
+    timestamp_ms: int
+    properties: dict[str, str]
+    batch_id: int
+    drain: bool
+    #: the watermark the batch started with
+    watermark: int
+    #: the subtasks' reports, in subtask order, without handles (those are in the acks)
+    reports: list[SubtaskReport]
+    #: when the batch started, in seconds since the epoch (its duration in the statistics)
+    started_s: float
+    #: the Spark tasks that ran its subtasks (None: one per subtask)
+    tasks: int | None = None
+
+
 class _Version(msgspec.Struct):
     version: int
 
@@ -130,6 +162,7 @@ _encoder = msgspec.json.Encoder()
 _version_decoder = msgspec.json.Decoder(_Version)
 _report_decoder = msgspec.json.Decoder(SubtaskReport)
 _ack_decoder = msgspec.json.Decoder(SubtaskAck)
+_flight_decoder = msgspec.json.Decoder(FlightRecord)
 
 
 def _version_of(data: bytes, what: str) -> int:
@@ -184,6 +217,22 @@ def decode_ack(data: bytes, where: str) -> SubtaskAck:
         ) from exc
 
 
-__all__ = ["KG_COLUMN", "REPORT_DDL", "REPORT_SCHEMA", "SUBTASK_COLUMN", "SubtaskAck",
-           "SubtaskFigures", "SubtaskReport", "WIRE_VERSION", "decode_ack", "decode_reports",
-           "encode_ack", "report_batch"]
+def encode_flight(record: FlightRecord) -> bytes:
+    """``record`` as the bytes of its object in storage."""
+    return _encoder.encode(record)
+
+
+def decode_flight(data: bytes, where: str) -> FlightRecord:
+    """The record of a checkpoint in flight stored at ``where`` (named in errors)."""
+    version = _version_of(data, f"the record of a checkpoint in flight {where}")
+    try:
+        return _flight_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CheckpointProtocolError(
+            f"the record of a checkpoint in flight {where} (wire version {version}) can't be "
+            f"read: {exc}") from exc
+
+
+__all__ = ["KG_COLUMN", "REPORT_DDL", "REPORT_SCHEMA", "SUBTASK_COLUMN", "FlightRecord",
+           "SubtaskAck", "SubtaskFigures", "SubtaskReport", "WIRE_VERSION", "decode_ack",
+           "decode_flight", "decode_reports", "encode_ack", "encode_flight", "report_batch"]

@@ -13,6 +13,10 @@ DataFrame of a session of that process. So under Connect:
   checkpoint from then on: the coordinator lives next to the Connect server, not in the client.
 - What the client's :class:`~keyedstate.spark.query.KeyedQuery` knows of the running job it
   reads from the checkpoint storage (statistics) or from Spark's query (a failure's text).
+- In the asynchronous mode the server's copy records each checkpoint in flight in the
+  checkpoint storage; Spark ends that copy's process with the query, so the client's stop
+  completes what it left in flight from those records, once the query stopped
+  (:meth:`~keyedstate.spark.driver.KeyedJobDriver.flush`).
 - What needs the running coordinator in the client process is refused with
   :class:`~keyedstate.errors.SparkConnectUnsupportedError`.
 """
@@ -27,7 +31,7 @@ from keyedstate.errors import (
     SparkConnectServerError,
     SparkConnectUnsupportedError,
 )
-from keyedstate.runtime.failures import find_task_failure, processor_task_error
+from keyedstate.runtime.failures import find_discard, find_task_failure, processor_task_error
 
 if TYPE_CHECKING:
     from keyedstate.spark.pyspark_types import Query, Session, StreamWriter
@@ -81,9 +85,14 @@ def unsupported(what: str, instead: str) -> SparkConnectUnsupportedError:
 
 def remote_failure(exc: BaseException) -> KeyedStateError | None:
     """The keyedstate error that failed a batch in the Connect server, rebuilt from Spark's
-    exception ``exc`` (its text is all the client gets): a subtask's failure from its data
-    line (:mod:`keyedstate.runtime.failures`), else the last ``keyedstate.errors.<Name>:``
-    line as that type (its first line); None when the failure is not keyedstate's."""
+    exception ``exc`` (its text is all the client gets): checkpoints in flight discarded
+    (the asynchronous mode) and a subtask's failure from their data lines
+    (:mod:`keyedstate.runtime.failures`: the discarded batches; the key and the user's
+    traceback), else the last ``keyedstate.errors.<Name>:`` line as that type (its first
+    line); None when the failure is not keyedstate's."""
+    discarded = find_discard(exc)
+    if discarded is not None:
+        return discarded
     task = find_task_failure(exc)
     if task is not None:
         return task.to_error()

@@ -45,6 +45,7 @@ from keyedstate.config import (
 )
 from keyedstate.errors import (
     BatchFailedError,
+    CheckpointDiscardedError,
     CheckpointProtocolError,
     ConfigurationError,
     JobDrainedError,
@@ -52,7 +53,12 @@ from keyedstate.errors import (
     NoCheckpointError,
 )
 from keyedstate.runtime.batch import MAIN_OUTPUT, ResumePoint, output_pending, staged_outputs
-from keyedstate.runtime.failures import batch_failure, find_task_failure, for_spark
+from keyedstate.runtime.failures import (
+    batch_failure,
+    discard_for_client,
+    find_task_failure,
+    for_spark,
+)
 from keyedstate.runtime.inflight import InFlight
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.loop import BatchLoop, write_savepoint
@@ -61,7 +67,7 @@ from keyedstate.runtime.subtask import BatchPlan, RestoreSource
 from keyedstate.runtime.uploads import await_acks
 from keyedstate.runtime.wire import REPORT_DDL
 from keyedstate.spark.carry import carry, output_committed
-from keyedstate.spark.connect import is_connect, task_slots
+from keyedstate.spark.connect import is_connect, task_slots, unsupported
 from keyedstate.spark.local_aggregation import aggregate_and_route, check_event_time
 from keyedstate.spark.offsets import (
     OFFSETS,
@@ -72,7 +78,7 @@ from keyedstate.spark.offsets import (
     Branch,
 )
 from keyedstate.spark.query import StopGate
-from keyedstate.spark.query_log import QueryLog
+from keyedstate.spark.query_log import QueryLog, async_bound, mark_async_start
 from keyedstate.spark.routing import route
 from keyedstate.spark.schema import spark_type_ddl, to_arrow_schema
 from keyedstate.spark.tasks import run_subtask
@@ -111,6 +117,9 @@ class KeyedJobDriver(BatchLoop):
         self.backend = load_backend(config.backend, **config.backend_options)
         self.max_parallelism = config.effective_max_parallelism
         df = job.stream.dataframe()
+        #: the job runs over Spark Connect: its batches run in the server's copy of this
+        #: driver (:attr:`shipped` there), this one is the client's
+        self.connect = is_connect(df.sparkSession)
         #: the input's Spark schema (late rows have it): kept, so that the driver needs no
         #: DataFrame once shipped to a Spark Connect server (:meth:`__getstate__`)
         self.input_schema = df.schema
@@ -198,6 +207,8 @@ class KeyedJobDriver(BatchLoop):
             (:meth:`_check_continuity`); a Spark checkpoint location that no longer holds the
             query whose batches the checkpoints cover is refused
             (:meth:`~keyedstate.spark.query_log.QueryLog.check_query`).
+        Step 3b. Spark's log ahead of the job's state after a crash in the asynchronous mode:
+            rewound (:meth:`_rewind_source`).
         Step 4. NO_CLAIM / LEGACY: restore from the snapshot where it lies; the first
             checkpoint references none of the snapshot's files: the executors have the store
             duplicate them into this job's root (no upload), then build on the copies.
@@ -215,6 +226,7 @@ class KeyedJobDriver(BatchLoop):
         #: the job's Spark query, as its offset log records it
         self.query_log = QueryLog(self.spark_checkpoint_location, cfg.storage_options)
         self._resumed_batch = -1
+        self._marked: int | None = None
         # Steps 1-3 (runtime/startup.py, through the loop), with this driver's own steps on
         # the snapshot (_on_restore) before it is claimed; then step 3 (the recovered
         # checkpoint's lineage and drain checked) or step 4 (NO_CLAIM / LEGACY: the first
@@ -225,9 +237,31 @@ class KeyedJobDriver(BatchLoop):
             latest = self.coordinator.latest_completed
             assert latest is not None
             self.query_log.check_query(latest.metadata.properties, cfg.checkpoint_dir)
-            if self.spark_checkpoint_location:
-                # Step 3b: a crash in the asynchronous mode may have left Spark's log ahead.
-                self.query_log.rewind(latest, self._commit_if_pending)
+        self._rewind_source(start)
+
+    def _rewind_source(self, start: JobStart) -> None:
+        """Step 3b: a crash in the asynchronous mode may have left Spark's log ahead of the
+        job's state (the recovered checkpoint, or the snapshot it was restored from, or
+        none): :meth:`~keyedstate.spark.query_log.QueryLog.rewind`, when the job's marker or
+        that checkpoint says it ran asynchronously (whatever this start's mode). Then, if
+        this start is asynchronous, its own marker, before any batch of it runs
+        (:func:`~keyedstate.spark.query_log.mark_async_start`)."""
+        if not self.spark_checkpoint_location:
+            return
+        latest = self.coordinator.latest_completed if start.recovered else None
+        covered = int(latest.metadata.properties.get(BATCH_ID, -1)) if latest is not None \
+            else self._resumed_batch
+        bound = max(self._marked_bound(), async_bound(None, latest))
+        self.query_log.rewind(covered, bound, latest, self._commit_if_pending)
+        if self.config.async_upload \
+                and self._marked_bound() < self.config.max_concurrent_checkpoints:
+            mark_async_start(self.storage, self.config.max_concurrent_checkpoints)
+
+    def _marked_bound(self) -> int:
+        """:func:`~keyedstate.spark.query_log.async_bound` of the job's marker, read once."""
+        if self._marked is None:
+            self._marked = async_bound(self.storage, None)
+        return self._marked
 
     def _commit_if_pending(self, completed: CompletedCheckpoint) -> None:
         """Commit a completed checkpoint's output unless its marker says that happened."""
@@ -247,7 +281,8 @@ class KeyedJobDriver(BatchLoop):
         (:meth:`_commit_carried_output`); returns the properties of the checkpoint it becomes
         if claimed (:meth:`_claim_properties`)."""
         self._resumed_batch = self.query_log.resume(
-            snap, self.config, [sink for sinks in self.job.sinks.values() for sink in sinks])
+            snap, self.config, [sink for sinks in self.job.sinks.values() for sink in sinks],
+            ahead=self._marked_bound())
         self._commit_carried_output(snap)
         return self._claim_properties(snap, self._resumed_batch)
 
@@ -373,11 +408,12 @@ class KeyedJobDriver(BatchLoop):
         return self.config.tolerable_failed_checkpoints
 
     def _no_async_upload(self) -> str | None:
-        # Over Spark Connect the batches run in the server's copy of the driver, which the
-        # client's stop can't ask to complete its checkpoints in flight: not built there.
-        if is_connect(self.job.stream.dataframe().sparkSession):
-            return "Spark Connect (the driver's checkpoints in flight live in the server)"
         return None
+
+    def _records_in_flight(self) -> bool:
+        # The copy in a Spark Connect server: its process ends with the query (Spark ends
+        # it), so the client completes what it left in flight (flush).
+        return self.shipped
 
     def _wait_for_uploads(self, flight: InFlight) -> None:
         """The subtasks' Python workers upload in their own processes: poll for their
@@ -390,10 +426,49 @@ class KeyedJobDriver(BatchLoop):
         output, recording their statistics; the query has stopped, or a batch holds the lock.
         Raises :class:`~keyedstate.errors.CheckpointDiscardedError` if one fails (the
         batches after the last completed checkpoint are then to be run again: a restart
-        rewinds Spark's log to it, :meth:`~keyedstate.spark.query_log.QueryLog.rewind`)."""
+        rewinds Spark's log to it, :meth:`~keyedstate.spark.query_log.QueryLog.rewind`).
+
+        The client's driver of a Spark Connect job completes those the server's copy recorded
+        and left when the query stopped
+        (:meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`), its sinks
+        committing here, with this client's session; refused
+        (:class:`~keyedstate.errors.SparkConnectUnsupportedError`) while the query runs. Not
+        when Spark's log shows a batch planned and not done (:meth:`_unfinished_batch`: the
+        stop cut a batch off, and the server's copy may still be at work on it for a moment):
+        the checkpoints in flight are then left to the restart, which rewinds Spark's log and
+        runs their batches again (logged)."""
         with self._lock:
-            for stats in self._complete_in_flight(0):
+            if self.connect and not self.shipped:
+                if not self.config.async_upload:
+                    return
+                query = self.gate.query
+                if query is not None and query.isActive:
+                    raise unsupported("flush() of a running job",
+                                      "Stop the job: stop() completes the checkpoints in "
+                                      "flight once the query stopped.")
+                unfinished = self._unfinished_batch()
+                if unfinished is not None:
+                    log.warning(
+                        "batch %d was cut off by the stop (it began after the stop gate "
+                        "looked; the Spark Connect server's copy of the driver can't be held "
+                        "at the client's gate), so the checkpoints that copy left in flight "
+                        "are not completed here: the restart rewinds Spark's log to the last "
+                        "completed checkpoint and runs their batches again", unfinished)
+                    return
+                done = self._take_over_in_flight(self.job.stream.dataframe().sparkSession)
+            else:
+                done = self._complete_in_flight(0)
+            for stats in done:
                 self._record(stats)
+
+    def _unfinished_batch(self) -> int | None:
+        """The last batch Spark's log says was planned and not done, None if there is none
+        (or no log)."""
+        if not self.spark_checkpoint_location:
+            return None
+        offsets = self.query_log.offset_log()
+        planned = offsets.batches(OFFSETS)
+        return planned[-1] if planned and planned[-1] > offsets.last_committed() else None
 
     def _tasks(self, batch: DataFrame) -> int:
         return self.spark_tasks(batch.sparkSession)
@@ -571,8 +646,12 @@ def _for_connect_client(failure: KeyedStateError, exc: BaseException) -> KeyedSt
     """What the shipped driver raises for ``failure`` in a Spark Connect server: Spark hands
     the client the error's text only, from which
     :func:`keyedstate.spark.connect.remote_failure` rebuilds it. A subtask's failure carries
-    its data line (so the client gets the key and the user's traceback); a keyedstate error
-    of the driver goes as itself (its type and first line are rebuilt)."""
+    its data line (so the client gets the key and the user's traceback), and so do
+    checkpoints in flight discarded (the discarded batches, even when a subtask's failure
+    revealed it); a keyedstate error of the driver goes as itself (its type and first line
+    are rebuilt)."""
+    if isinstance(failure, CheckpointDiscardedError):
+        return discard_for_client(failure)
     task = find_task_failure(exc)
     if task is not None:
         return BatchFailedError(f"{failure}\n{task.encode()}", batch_id=task.batch_id,

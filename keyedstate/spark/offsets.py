@@ -296,7 +296,8 @@ def seeded_branch(location: OffsetLog, parent: str, batch_id: int) -> Branch | N
     return branch
 
 
-def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> Branch | None:
+def seed(location: OffsetLog, carried: OffsetLog, batch_id: int, *,
+         ahead: int = 0) -> Branch | None:
     """Make ``location`` (a new job's Spark checkpoint location) resume exactly after
     ``batch_id`` by copying ``carried`` (a snapshot's copy of the log, or the location of the
     job that wrote it) into it, up to that batch (:func:`copy_log`), as a new branch: the
@@ -306,9 +307,10 @@ def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> Branch | Non
 
     Step 1. A location already seeded as this branch (its branch record names the same parent
         and fork batch and its query id; a start that crashed before the first checkpoint:
-        Spark may have planned batches after ``batch_id`` since, none of them done) is left
-        as it is; so is the parent query's own location, not past ``batch_id`` (no branch:
-        the parent query goes on there).
+        Spark may have planned batches after ``batch_id`` since, none of them done, or, in
+        the asynchronous mode, up to ``ahead`` done whose checkpoints never completed, which
+        the driver then rewinds) is left as it is; so is the parent query's own location, not
+        past ``batch_id`` (no branch: the parent query goes on there).
     Step 2. A location holding a query's ``metadata`` otherwise raises
         :class:`SourcePositionsError`: Spark would resume from positions the state does not
         match.
@@ -319,12 +321,13 @@ def seed(location: OffsetLog, carried: OffsetLog, batch_id: int) -> Branch | Non
     current = location.query_id()
     # Step 1.
     if current is not None:
-        if location.last_committed() <= batch_id:
+        done = location.last_committed()
+        if done <= batch_id + ahead:
             branch = seeded_branch(location, parent, batch_id)
             if branch is not None:
                 return branch
-            if current == parent:
-                return None  # the parent's own location (named otherwise): its query goes on
+        if done <= batch_id and current == parent:
+            return None  # the parent's own location (named otherwise): its query goes on
         # Step 2.
         raise SourcePositionsError(
             f"the Spark checkpoint location {location.url} holds another query's source "

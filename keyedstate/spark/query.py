@@ -265,11 +265,14 @@ class KeyedQuery:
         (:class:`SnapshotExistsError`) before the job is stopped. A query that failed raises
         its error (see the class), and neither drains nor takes a savepoint.
 
-        Over Spark Connect, the savepoint is taken here once the query has stopped, from the
-        job's latest checkpoint, as ``keyedstate savepoint create`` does: it carries any output
-        of that batch the sinks had not committed (the job restored from it commits it
-        first). ``drain`` is refused before the job is stopped: its batch would run in this
-        process while the coordinator's state is in the Connect server."""
+        Over Spark Connect, the asynchronous mode's checkpoints in flight are completed here
+        once the query has stopped, from what the server's copy of the driver recorded in the
+        checkpoint storage, and their sinks commit here, with this client's session
+        (:meth:`KeyedJobDriver.flush`). The savepoint is taken here then, from the job's
+        latest checkpoint, as ``keyedstate savepoint create`` does: it carries any output of
+        that batch the sinks had not committed (the job restored from it commits it first).
+        ``drain`` is refused before the job is stopped: its batch would run in this process
+        while the coordinator's state is in the Connect server."""
         if drain and self.connect:
             raise unsupported("stop(drain=True)",
                               "Stop without drain (the timers fire after a restart), or run "
@@ -289,7 +292,8 @@ class KeyedQuery:
             raise BatchFailedError(f"the query had failed: {first}") from exc
         spark = self.driver.job.stream.dataframe().sparkSession
         # The asynchronous mode: the last batches' checkpoints complete and their sinks
-        # commit before the stop returns (and before a drain or a savepoint).
+        # commit before the stop returns (and before a drain or a savepoint); over Spark
+        # Connect here, from what the server's copy of the driver recorded.
         self.driver.flush()
         if drain:
             self.driver.drain(spark)

@@ -12,8 +12,10 @@ doubled:
   hold the parent's later batches unless ``keyedstate.sinks.on-rollback`` is ``branch``);
 - a restart refuses a location that holds another query, or none, than the one the
   checkpoints cover (:meth:`QueryLog.check_query`);
-- a restart after a crash in the asynchronous mode makes Spark run again the batches it
-  recorded as done whose checkpoints were still in flight (:meth:`QueryLog.rewind`).
+- a start after a crash in the asynchronous mode makes Spark run again the batches it
+  recorded as done whose checkpoints were still in flight (:meth:`QueryLog.rewind`), whether
+  the crashed start's checkpoints or its job's marker (:func:`mark_async_start`,
+  :func:`async_bound`) tell that it ran asynchronously.
 
 Every step reads or writes the offset log only; nothing here imports pyspark.
 """
@@ -41,8 +43,46 @@ from keyedstate.spark.offsets import (
     seeded_branch,
 )
 from keyedstate.spark.sinks import Sink
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.layout import ASYNC_MARKER_FILE
 
 log = logging.getLogger("keyedstate")
+
+#: the key of :data:`~keyedstate.storage.layout.ASYNC_MARKER_FILE`'s JSON, and of the setting a
+#: checkpoint records in its ``job_config``
+_BOUND_KEY = "keyedstate.checkpointing.max-concurrent-checkpoints"
+_ASYNC_KEY = "keyedstate.checkpointing.async-upload"
+
+
+def async_bound(storage: CheckpointStorage | None, latest: CompletedCheckpoint | None) -> int:
+    """How many batches Spark may have logged as done beyond the job's state, their
+    checkpoints in flight when a start of the job in the asynchronous mode ended: the largest
+    ``max-concurrent-checkpoints`` that the job's marker
+    (:data:`~keyedstate.storage.layout.ASYNC_MARKER_FILE`, in ``storage``, the job's root;
+    None: not read) or the ``job_config`` of its ``latest`` checkpoint records; 0 when
+    neither says the job ran asynchronously (Spark then logs a batch only after its
+    checkpoint completed)."""
+    bound = 0
+    if latest is not None:
+        recorded = json.loads(latest.metadata.properties.get(JOB_CONFIG, "{}"))
+        if recorded.get(_ASYNC_KEY) is True:
+            bound = int(recorded.get(_BOUND_KEY, 1))
+    if storage is not None and storage.exists(ASYNC_MARKER_FILE):
+        try:
+            marked = int(json.loads(storage.read(ASYNC_MARKER_FILE)).get(_BOUND_KEY, 1))
+        except (ValueError, AttributeError):  # a torn write: the smallest bound there is
+            marked = 1
+        bound = max(bound, marked, 1)
+    return bound
+
+
+def mark_async_start(storage: CheckpointStorage, max_concurrent_checkpoints: int) -> None:
+    """Record in the job's root (``storage``), before a start in the asynchronous mode runs a
+    batch, that Spark may log its batches as done before their checkpoints complete, and how
+    many (:func:`async_bound`). The caller writes it only over a smaller bound: an earlier
+    start's larger one is kept."""
+    storage.write(ASYNC_MARKER_FILE,
+                  json.dumps({_BOUND_KEY: max_concurrent_checkpoints}).encode())
 
 
 class QueryLog:
@@ -85,7 +125,8 @@ class QueryLog:
         return {PROP_QUERY_ID: self.query_id(),
                 **(branch.properties() if branch is not None else {})}
 
-    def resume(self, snap: ResolvedSnapshot, config: JobConfig, sinks: Iterable[Sink]) -> int:
+    def resume(self, snap: ResolvedSnapshot, config: JobConfig, sinks: Iterable[Sink], *,
+               ahead: int = 0) -> int:
         """Restore the source positions of a snapshot this new job starts from; returns the
         Spark batch id its state covers in this job's location (-1: none).
 
@@ -100,6 +141,9 @@ class QueryLog:
         - in a new, empty location: it is seeded with the offset log up to ``B``, from the copy
           a savepoint carries or from the snapshot's own location
           (:func:`keyedstate.spark.offsets.seed`), after :meth:`check_rollback` over ``sinks``;
+          a location seeded so by an earlier start of this job is kept, also with up to
+          ``ahead`` batches done after ``B`` (an asynchronous start crashed before its first
+          checkpoint completed: :func:`async_bound`; the driver rewinds them);
         - nowhere, when neither exists or the job has no Spark checkpoint location: the source
           would be read again from the start of the new location, input the state already
           holds. Refused with :class:`SourcePositionsError`.
@@ -132,7 +176,7 @@ class QueryLog:
                 # A new branch of the snapshot's lineage (the seed gives it a query id of
                 # its own): the sinks must not hold the parent's batches after the fork.
                 self.check_rollback(snap, parent, batch, config.on_rollback, sinks)
-            seed(target, carried, batch)
+            seed(target, carried, batch, ahead=ahead)
             return batch
         raise SourcePositionsError(
             f"{where} holds the state after Spark batch {batch} of query "
@@ -211,35 +255,35 @@ class QueryLog:
                 f"in a new checkpoint directory"
             )
 
-    def rewind(self, latest: CompletedCheckpoint,
+    def rewind(self, covered: int, bound: int, latest: CompletedCheckpoint | None,
                commit_pending_output: Callable[[CompletedCheckpoint], None]) -> None:
-        """The restart of a job that ran in the asynchronous mode: Spark records a batch as
-        done when ``foreachBatch`` returns, before its checkpoint completes. After a crash its
-        log may say more than ``latest`` covers.
+        """The start of a job that ran in the asynchronous mode (``bound`` > 0, from
+        :func:`async_bound`; 0: never, nothing to do): Spark records a batch as done when
+        ``foreachBatch`` returns, before its checkpoint completes. After a crash its log may
+        say more than ``covered``, the batch the job's state covers: its ``latest`` recovered
+        checkpoint's, or the snapshot's it was restored from, or -1 (a new job's empty state).
 
         - The covered batch's output is committed now if it is not yet
-          (``commit_pending_output``: its sinks commit after its completion, during a later
-          batch; Spark, which recorded it as done, will not run it again to commit it).
-        - Batches Spark recorded after it, no more than the checkpoints that run could leave in
-          flight (its recorded ``max-concurrent-checkpoints``), are made to run again:
+          (``commit_pending_output`` of ``latest``: its sinks commit after its completion,
+          during a later batch; Spark, which recorded it as done, will not run it again to
+          commit it). A restored snapshot's output was committed as it was restored.
+        - Batches Spark recorded after it, no more than ``bound`` (the checkpoints the job's
+          starts could leave in flight), are made to run again:
           :func:`~keyedstate.spark.offsets.rewind` deletes their commits and later plans.
           More than that means checkpoints were lost, which the driver's continuity check
           refuses per batch, as without the asynchronous mode."""
-        props = latest.metadata.properties
-        covered = int(props.get(BATCH_ID, -1))
-        recorded = json.loads(props.get(JOB_CONFIG, "{}"))
-        if covered < 0 or recorded.get("keyedstate.checkpointing.async-upload") is not True:
+        if bound < 1 or not self.location:
             return
         location = self.offset_log()
         done = location.last_committed()
         if done < covered:
             return  # Spark runs the covered batch again (a replay commits its output)
-        commit_pending_output(latest)
-        bound = int(recorded.get("keyedstate.checkpointing.max-concurrent-checkpoints", 1))
+        if latest is not None:
+            commit_pending_output(latest)
         if done == covered or done - covered > bound:
             return
         undone = rewind(location, covered)
-        log.warning("the job's checkpoints cover batch %d, but Spark recorded batches %s as "
+        log.warning("the job's state covers batch %d, but Spark recorded batches %s as "
                     "done: their checkpoints were in flight when the driver stopped. Spark "
                     "runs them again from batch %d with the same source positions (%s "
                     "rewound)", covered, _batch_list(undone), covered + 1, location.url)

@@ -7,6 +7,8 @@ Layout of a snapshot root (a job's checkpoint directory, or a savepoint director
     <root>/chk-<N>/_aborted       alone: checkpoint N was aborted, its id is used
     <root>/chk-<N>/_acks/subtask-<i>  while N is in flight (asynchronous phase): subtask i's
                                   files are durable (its handle), or its upload failed
+    <root>/chk-<N>/_acks/flight   while N is in flight, over Spark Connect: the driver's record
+                                  of it, for the client to complete it once the query stopped
     <root>/shared/chk-<N>-...     files shared by several checkpoints (shared-state registry),
                                   named after the checkpoint that wrote them
     <root>/taskowned/...          files owned by tasks (working directories)
@@ -34,6 +36,12 @@ ABORTED_MARKER_FILE = "_aborted"
 #: root without a readable ``chk-<N>/_metadata`` has lost its checkpoints (recovery refuses to
 #: start it from empty state) instead of looking like a job that never completed one.
 COMPLETED_MARKER_FILE = "_completed"
+#: At a Spark job's root: written before the first batch of a start with
+#: ``keyedstate.checkpointing.async-upload``, and never removed. Spark may then have logged
+#: batches as done whose checkpoints never completed, which a later start (in either mode)
+#: makes it run again; holds, as JSON, the largest ``max-concurrent-checkpoints`` a start
+#: ran with (how many such batches there can be).
+ASYNC_MARKER_FILE = "_async-upload"
 #: Directories of a Spark job's checkpoint root besides the snapshot layout: staged outputs,
 #: sink-commit markers and (by default) Spark's own offset checkpoint.
 STAGING_DIR = "staging"
@@ -54,6 +62,17 @@ def acks_dir(checkpoint_id: int) -> str:
 def ack_file(checkpoint_id: int, subtask_index: int) -> str:
     """Subtask ``subtask_index``'s acknowledgement of checkpoint ``checkpoint_id``."""
     return f"{acks_dir(checkpoint_id)}/subtask-{subtask_index}"
+
+
+#: In ``chk-<N>/_acks/`` while checkpoint N is in flight, written by a driver whose loop may
+#: end without completing it (the copy in a Spark Connect server): what another process needs
+#: to complete it (a :class:`~keyedstate.runtime.wire.FlightRecord`); deleted with the acks.
+FLIGHT_RECORD_FILE = "flight"
+
+
+def flight_record_file(checkpoint_id: int) -> str:
+    """The driver's record of checkpoint ``checkpoint_id`` in flight."""
+    return f"{acks_dir(checkpoint_id)}/{FLIGHT_RECORD_FILE}"
 
 
 def staging_dir(batch_id: int) -> str:
@@ -126,15 +145,17 @@ def checkpoint_id_of_shared_file(path: str) -> int | None:
 #: The areas :func:`area_of` tells apart, in the order it tries them.
 AREAS = ("metadata", "shared", "staging", "commits", "markers", "checkpoint", "taskowned",
          "spark", "other")
-_MARKER_FILES = frozenset({COMPLETED_MARKER_FILE, CLAIM_MARKER_FILE, ABORTED_MARKER_FILE})
+_MARKER_FILES = frozenset({COMPLETED_MARKER_FILE, ASYNC_MARKER_FILE, CLAIM_MARKER_FILE,
+                           ABORTED_MARKER_FILE})
 
 
 def area_of(path: str) -> str:
     """Which part of a snapshot root ``path`` (absolute, a URL or relative: read from its
     components, the root unknown) belongs to, one of :data:`AREAS`: ``metadata`` (a
     ``_metadata``: a checkpoint's or a savepoint's, or a temporary name of one), ``shared``, ``staging``, ``commits``,
-    ``markers`` (``_completed``, ``_claimed``, ``_aborted``), ``checkpoint`` (other files of a
-    ``chk-<N>/``), ``taskowned``, ``spark`` (the offset log) or ``other``. The last matching
+    ``markers`` (``_completed``, ``_async-upload``, ``_claimed``, ``_aborted``),
+    ``checkpoint`` (other files of a ``chk-<N>/``), ``taskowned``, ``spark`` (the offset log)
+    or ``other``. The last matching
     component decides, so a root that itself lies below a folder named like one still reads
     right for the files below it; a folder's own path (a listing) is in its area."""
     parts = str(path).rstrip("/").split("/")

@@ -17,8 +17,11 @@ def test_the_command_attaches_to_a_group():
     group.add_command(chaos)
     result = CliRunner().invoke(group, ["chaos", "--help"])
     assert result.exit_code == 0, result.output
-    for option in ("--batches", "--seed", "--master", "--faults-per-kind", "--s3", "--json"):
+    for option in ("--batches", "--seed", "--master", "--faults-per-kind", "--checkpointing",
+                   "--s3", "--json"):
         assert option in result.output
+    text = " ".join(result.output.split())  # click wraps the help
+    assert "[default: sync]" in text and "_metadata and the registry" in text
 
 
 def test_too_many_faults_for_the_batches_are_refused():

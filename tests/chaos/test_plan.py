@@ -1,7 +1,8 @@
 """The soak's plan: a function of the seed that draws every fault kind and every edge (storage
 errors after the checkpoint commit, the four ways a job ends, fresh Spark checkpoint locations,
-positions drills, the second job), keeps an older seed's draws, and plans faults on the batch
-that reads their file once drains have shifted batch ids."""
+positions drills, the second job; with asynchronous jobs the points of the asynchronous
+phase), keeps an older seed's draws, and plans faults on the batch that reads their file once
+drains have shifted batch ids."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import pytest
 
 from keyedstate.testing.chaos.plan import (
+    ASYNC_EXECUTOR_POINTS,
+    ASYNC_POINTS,
     KINDS,
     SINK_PATH_POINTS,
     STOPS,
@@ -143,7 +146,7 @@ def test_too_few_batches_are_refused():
     make_plan(1, 11, 1, checkpoint_root="/x")
     plan = make_plan(1, 3, 0, checkpoint_root="/x")
     assert len(plan.jobs) == 1 and plan.second_job is None and not plan.storage_faults
-    assert plan.planned_counts() == {kind: 0 for kind in KINDS}
+    assert plan.planned_counts() == {kind: 0 for kind in KINDS if kind != "async"}
 
 
 def test_a_plan_json_of_an_older_run_loads():
@@ -164,3 +167,105 @@ def test_on_the_heap_backend_upload_faults_fire_on_the_first_file():
     strip = [{k: v for k, v in f.items() if k != "upload_index"} for f in heap.executor_faults]
     assert strip == [{k: v for k, v in f.items() if k != "upload_index"}
                      for f in rocksdb.executor_faults]
+
+
+# -- the asynchronous phase ----------------------------------------------------------------------
+
+def _without_async(plan: Plan) -> dict:
+    """The plan's JSON without what the asynchronous phase adds."""
+    data = plan.to_json()
+    for key in ("checkpointing", "restart_checkpointing", "notes"):
+        data.pop(key)
+    for job in data["jobs"]:
+        job.pop("checkpointing"), job.pop("max_concurrent")
+    for key in ("executor_faults", "driver_faults"):
+        data[key] = [f for f in data[key] if f["kind"] != "async"]
+    return data
+
+
+def test_sync_is_the_default_and_draws_no_async_point():
+    plan = make_plan(54, 40, 2, checkpoint_root="/x")
+    assert plan.to_json() == make_plan(54, 40, 2, checkpoint_root="/x",
+                                       checkpointing="sync").to_json()
+    assert plan.checkpointing == "sync" and not plan.async_faults()
+    assert {j.checkpointing for j in plan.jobs} == {"sync"}
+    assert "async" not in plan.planned_counts() and not plan.restart_checkpointing
+    assert not [p for p in plan.planned_points() if p.startswith(("async", "checkpointing"))]
+
+
+@pytest.mark.parametrize("checkpointing", ["async", "mixed"])
+@pytest.mark.parametrize("seed", range(8))
+def test_async_points_are_drawn_as_often_as_asked_and_keep_the_seeds_plan(seed, checkpointing):
+    """Each point ``faults_per_kind`` times, on files of asynchronous jobs holding no other
+    fault and ending no sink or crash job, planned on the batch reading them; the executor
+    points with a subtask; everything else the seed's synchronous plan."""
+    plan = make_plan(seed, 120, 3, checkpoint_root="/x", checkpointing=checkpointing)
+    assert plan.notes == []
+    assert plan.planned_counts()["async"] == 3 * len(ASYNC_POINTS)
+    points = plan.planned_points()
+    assert {p: points[f"async:{p}"] for p in ASYNC_POINTS} == {p: 3 for p in ASYNC_POINTS}
+    faults = plan.async_faults()
+    others = {f["file"] for f in plan.executor_faults + plan.driver_faults + plan.storage_faults
+              if f["kind"] != "async"}
+    ends = {j.end_file for j in plan.jobs[:-1] if j.stop in ("sink", "crash")}
+    assert len({f["file"] for f in faults}) == len(faults), "one fault per input file"
+    for fault in faults:
+        assert fault["file"] not in others | ends
+        assert plan.job_of_file(fault["file"]).checkpointing == "async"
+        assert fault["batch"] == plan.batch_of_file(fault["file"])
+        assert fault["id"].startswith("async-") and fault["id"].endswith(f"-b{fault['batch']}")
+        point = fault.get("at") or fault["point"]
+        assert (fault in plan.executor_faults) == (point in ASYNC_EXECUTOR_POINTS)
+        assert ("subtask" in fault) == (point in ASYNC_EXECUTOR_POINTS)
+    assert _without_async(plan) == _without_async(make_plan(seed, 120, 3, checkpoint_root="/x"))
+    assert plan.to_json() == make_plan(seed, 120, 3, checkpoint_root="/x",
+                                       checkpointing=checkpointing).to_json()
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))).to_json() == plan.to_json()
+
+
+def test_async_runs_every_job_asynchronously_some_with_two_in_flight():
+    plans = [make_plan(seed, 60, 2, checkpoint_root="/x", checkpointing="async")
+             for seed in range(8)]
+    assert all(j.checkpointing == "async" for p in plans for j in p.jobs)
+    assert {j.max_concurrent for p in plans for j in p.jobs} == {1, 2}
+    assert all(not p.restart_checkpointing for p in plans), "restarts keep the mode"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_mixed_draws_both_modes_and_the_restarts_modes(seed):
+    plan = make_plan(seed, 60, 2, checkpoint_root="/x", checkpointing="mixed")
+    assert {j.checkpointing for j in plan.jobs} == {"sync", "async"}
+    points = plan.planned_points()
+    assert points["checkpointing:sync"] + points["checkpointing:async"] == len(plan.jobs)
+    assert any("->" in p for p in points), "a job boundary between the modes"
+    assert len(plan.restart_checkpointing) == len(plan.restart_parallelism)
+    assert set(plan.restart_checkpointing) <= {"sync", "async"}
+    modes = [m for s in range(12) for m in make_plan(
+        s, 60, 2, checkpoint_root="/x", checkpointing="mixed").restart_checkpointing]
+    assert {"sync", "async"} <= set(modes)
+
+
+def test_async_points_that_do_not_fit_are_fewer_and_the_plan_says_why():
+    plan = make_plan(3, 14, 1, checkpoint_root="/x", checkpointing="async")
+    drawn = len(plan.async_faults())
+    assert 0 < drawn < len(ASYNC_POINTS)
+    assert plan.planned_counts()["async"] == drawn
+    assert plan.notes and plan.notes[0].startswith(f"async: {drawn} of {len(ASYNC_POINTS)}")
+    assert "--batches" in plan.notes[0]
+    counts = [plan.planned_points().get(f"async:{p}", 0) for p in ASYNC_POINTS]
+    assert max(counts) - min(counts) <= 1, "as evenly as the files allow"
+
+
+def test_a_plan_json_of_before_the_asynchronous_phase_loads():
+    data = make_plan(3, 14, 1, checkpoint_root="/x").to_json()
+    for key in ("checkpointing", "restart_checkpointing", "notes"):
+        data.pop(key)
+    for job in data["jobs"]:
+        job.pop("checkpointing"), job.pop("max_concurrent")
+    plan = Plan.from_json(data)
+    assert plan.checkpointing == "sync" and plan.jobs[0].checkpointing == "sync"
+
+
+def test_an_unknown_checkpointing_mode_is_refused():
+    with pytest.raises(ValueError, match="checkpointing must be one of"):
+        make_plan(1, 14, 1, checkpoint_root="/x", checkpointing="both")

@@ -19,6 +19,15 @@ batches 4-5; three lineage branches, each judged on its own.
 Run on each backend (about 2.5 minutes each on 2 shared cores). The long run (500 batches, 50
 faults of each kind) is the same command with other numbers; its figures are in
 docs/reliability.md.
+
+With the asynchronous phase (``--checkpointing mixed``, seed 54 of 30 files, RocksDB): the
+same kinds and edges, and every point of the asynchronous phase once: storage errors on an
+upload, an acknowledgement, a ``_metadata`` and the registry, the driver killed before and
+after a completed checkpoint's sink commit and between Spark's commit log entry and the
+completion, a worker killed while it uploads; jobs in both modes (a sync job, then async ones,
+one with two checkpoints in flight and ended by a crash, one ended from inside its sink
+commit, then a sync rollback), and a driver killed at a commit step of an async job restarted
+synchronously.
 """
 
 from __future__ import annotations
@@ -30,11 +39,13 @@ import sys
 
 import pytest
 
-from keyedstate.testing.chaos.plan import make_plan
+from keyedstate.testing.chaos.plan import ASYNC_POINTS, make_plan
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark, pytest.mark.slow]
 
 SEED, BATCHES = 54, 14
+#: the shortened soak with the asynchronous phase
+ASYNC_BATCHES = 30
 
 
 def test_the_ci_plan_draws_the_sharpest_edges():
@@ -99,6 +110,59 @@ def test_shortened_soak_passes(tmp_path, backend):
     shared = report["shared_output"]
     assert shared["second_job"]["violations"] == 0 and shared["second_job"]["expected"] > 0
     assert shared["soak_rows_lost_in_those_batches"] == {}
+    assert report["checkpoint_dirs"]["orphans_after_gc"] == 0
+    assert report["checkpoint_dirs"]["referenced_but_missing"] == []
+    assert report["processes"]["stragglers"] == []
+
+
+def test_the_async_ci_plan_draws_every_point_and_both_modes():
+    plan = make_plan(SEED, ASYNC_BATCHES, 1, checkpoint_root="/x", checkpointing="mixed")
+    assert plan.notes == []
+    points = plan.planned_points()
+    assert {p: points.get(f"async:{p}") for p in ASYNC_POINTS} == {p: 1 for p in ASYNC_POINTS}
+    modes = [(j.checkpointing, j.max_concurrent if j.checkpointing == "async" else None, j.stop)
+             for j in plan.jobs]
+    assert modes == [("sync", None, "stop"), ("async", 1, "drain"), ("async", 2, "crash"),
+                     ("async", 1, "sink"), ("sync", None, "stop")]
+    assert plan.jobs[-1].rollback
+    # The driver killed at a commit step of the first async job, whose files hold no async
+    # fault: the restarted driver draws its mode, synchronous.
+    kill = next(f for f in plan.driver_faults if f["kind"] == "driver")
+    assert (kill["point"], plan.job_of_file(kill["file"]).index) == ("commit-step-2", 1)
+    assert not [f for f in plan.async_faults() if plan.job_of_file(f["file"]).index == 1]
+    assert plan.restart_checkpointing[-2] == "sync"  # the second driver's draw
+
+
+def test_shortened_soak_with_the_asynchronous_phase_passes(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "keyedstate.cli", "chaos", "--batches", str(ASYNC_BATCHES),
+         "--seed", str(SEED), "--faults-per-kind", "1", "--checkpointing", "mixed", "--dir",
+         str(run_dir), "--json"],
+        capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert "--checkpointing mixed" in result.stderr.splitlines()[0], result.stderr[:500]
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["passed"], (report["failures"],
+                                                         result.stderr[-2000:])
+    assert report["exactly_once"]["violations"] == 0
+    assert report["state"]["violations"] == 0 and report["state"]["expected"] > 0
+    assert report["injected"] == report["planned"] == {
+        "worker": 1, "executor": 1, "driver": 1, "abort": 1, "storage": 3, "savepoint": 4,
+        "async": 8}
+    assert {p: report["injected_by_point"].get(f"async:{p}") for p in ASYNC_POINTS} == {
+        p: 1 for p in ASYNC_POINTS}
+    cp = report["checkpointing"]
+    assert cp["mode"] == "mixed" and set(cp["query_starts"]) == {"sync", "async"}
+    assert cp["switches"].get("async->sync:restart", 0) >= 1
+    assert cp["switches"].get("sync->async:boundary", 0) >= 1
+    assert cp["switches"].get("async->sync:boundary", 0) >= 1
+    assert cp["discards"] >= 4 and cp["unexplained_discards"] == []
+    assert cp["kills_before_completion"] == [
+        {"batch": cp["kills_before_completion"][0]["batch"], "spark_committed": True}]
+    assert [(b["planned"], b["via"]) for b in report["boundaries"]] == [
+        ("stop", "stop"), ("drain", "drain"), ("crash", "cli"), ("sink:main-before", "sink")]
+    assert report["plan_notes"] == []
     assert report["checkpoint_dirs"]["orphans_after_gc"] == 0
     assert report["checkpoint_dirs"]["referenced_but_missing"] == []
     assert report["processes"]["stragglers"] == []

@@ -13,9 +13,11 @@ import msgspec
 import pytest
 
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointError,
+    CheckpointProtocolError,
     ConfigurationError,
     CorruptCheckpointError,
     KeyGroupRangeError,
@@ -307,6 +309,40 @@ def test_crash_after_each_step_of_complete(storage: CheckpointStorage, steps_don
     assert_restorable(recovered)
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_a_registry_failing_after_the_commit_point_takes_the_checkpoint_back(
+        storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch, first: bool) -> None:
+    """Step 4 (register) raises after Step 3 wrote ``_metadata``: the caller sees the
+    checkpoint fail, and storage agrees: it is aborted after all (its ``_metadata`` and files
+    gone, a tombstone), recovery finds the checkpoint before it, or, when it was the job's
+    first, a new job (the root's completed marker its commit wrote is gone too)."""
+    coordinator = CheckpointCoordinator(storage, **config())
+    before = None if first else checkpoint(coordinator, new=("a",))
+    pending = coordinator.trigger({"batch_id": "7"})
+    acknowledge_all(coordinator, pending, new=("b",))
+
+    def failing(self: SharedStateRegistry, metadata: CheckpointMetadata, *,
+                owned: bool = True) -> None:
+        raise OSError("the registry failed")
+
+    monkeypatch.setattr(SharedStateRegistry, "register_all", failing)
+    with pytest.raises(OSError, match="the registry failed"):
+        coordinator.complete(pending)
+    monkeypatch.undo()
+    n = pending.checkpoint_id
+    assert pending.is_aborted and not pending.is_completed
+    assert storage.list_files(f"chk-{n}") == [f"chk-{n}/_aborted"]
+    assert not [p for p in shared_files(coordinator) if p.startswith(f"shared/chk-{n}-")]
+    assert storage.exists("_completed") is not first
+    assert coordinator.latest_completed is before
+    coordinator.abort(pending, "the caller aborts it again")  # a no-op, as for any abort
+    recovered = CheckpointCoordinator.recover(storage, **config())
+    latest = recovered.latest_completed
+    assert (latest and latest.checkpoint_id) == (before and before.checkpoint_id)
+    assert checkpoint(recovered).checkpoint_id == n + 1
+    assert_restorable(recovered)
+
+
 def test_recover_deletes_incomplete_and_subsumes_old(storage: CheckpointStorage) -> None:
     coordinator = CheckpointCoordinator(storage, **config(num_retained=3))
     for _ in range(3):
@@ -359,6 +395,42 @@ def test_recover_without_orphan_cleanup(storage: CheckpointStorage) -> None:
     cleaned = CheckpointCoordinator.recover(storage, **config())
     assert not storage.exists(orphan.path)
     assert_restorable(cleaned)
+
+
+def test_checkpoints_in_flight_are_adopted_and_completed_by_another_coordinator(
+        storage: CheckpointStorage) -> None:
+    """The asynchronous mode's take-over (a Spark Connect client completing what the server's
+    copy of the driver left in flight): a coordinator recovered with their ids ``in_flight``
+    keeps their directories and files, adopts them as pending and completes them in order,
+    the second built on the first's files; ids it can't adopt are refused."""
+    first = CheckpointCoordinator(storage, **config())
+    reuse = shared_of(checkpoint(first))
+    flights = []
+    for _ in range(2):  # checkpoints 2 and 3 in flight, 3 built on 2's files
+        pending = first.trigger({"batch_id": str(len(flights) + 1)})
+        handles = [snapshot(first, pending, i, reuse=reuse if i == 0 else ())
+                   for i in range(2)]
+        flights.append((pending, handles))
+        reuse = list(handles[0].shared.values())
+    taken = CheckpointCoordinator.recover(storage, cleanup_orphans=False, in_flight={2, 3},
+                                          **config())
+    latest = taken.latest_completed
+    assert latest is not None and latest.checkpoint_id == 1
+    for refused in (1, 4):  # completed; never used
+        with pytest.raises(CheckpointProtocolError, match=f"checkpoint {refused} can't be "
+                                                          f"adopted"):
+            taken.adopt(refused, 0, {})
+    for pending, handles in flights:
+        adopted = taken.adopt(pending.checkpoint_id, pending.timestamp_ms, pending.properties)
+        with pytest.raises(CheckpointProtocolError, match="can't be adopted"):
+            taken.adopt(pending.checkpoint_id, pending.timestamp_ms, pending.properties)
+        for handle in handles:
+            taken.acknowledge(adopted, handle)
+        completed = taken.complete(adopted)
+        assert completed.metadata.properties["batch_id"] == pending.properties["batch_id"]
+    assert storage.checkpoint_ids() == [3]
+    assert_restorable(taken)
+    assert taken.trigger().checkpoint_id == 4
 
 
 def test_recover_an_empty_root_starts_a_new_job(storage: CheckpointStorage) -> None:

@@ -7,6 +7,7 @@ No timed assertions: the order of events (which batch a call completes) and the 
 
 from __future__ import annotations
 
+import pickle
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from keyedstate.checkpoint.properties import BATCH_ID
+from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.checkpoint.resolve import ResolvedSnapshot, resolve_snapshot
 from keyedstate.checkpoint.stats import subtask_stats_of
 from keyedstate.errors import CheckpointDiscardedError, KeyedStateError
@@ -25,8 +27,8 @@ from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.uploads import wait_for_job
 from keyedstate.storage.layout import ACKS_DIR
 from keyedstate.testing.faults import FaultPlan
-from tests.runtime.test_local_job import batches, config, new_job, rows
-from tests.spark.jobs import IdleCounts
+from tests.runtime.test_local_job import INPUT, batches, config, new_job, rows
+from tests.spark.jobs import COUNT_SCHEMA, IDLE_SCHEMA, IdleCounts
 
 pytestmark = pytest.mark.integration
 
@@ -164,6 +166,45 @@ def test_a_fault_at_each_step(tmp_path, backend, step):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_registry_failure_discards_and_a_restart_agrees(tmp_path, backend, monkeypatch):
+    """Checkpoint 4 (batch 3) fails at its registry step, after its ``_metadata`` was written
+    (the registry is in memory: a bug or an exhausted process is what makes it raise): the
+    call for batch 4 discards batches 3 and 4, and storage agrees, the checkpoint taken back,
+    so a job restarted right then (as after a crash) is at batch 2 as well, and batches 3 on
+    sent again give the synchronous mode's output and state, nothing lost or doubled."""
+    data = batches(7)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    register_all = SharedStateRegistry.register_all
+
+    def failing(self: SharedStateRegistry, metadata: Any, *, owned: bool = True) -> None:
+        if metadata.checkpoint_id == 4:
+            raise OSError("the registry failed")
+        register_all(self, metadata, owned=owned)
+
+    monkeypatch.setattr(SharedStateRegistry, "register_all", failing)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True)
+    with new_job(cfg) as job:
+        outputs = [job.process_batch(t) for t in data[:4]]
+        with pytest.raises(CheckpointDiscardedError) as failed:
+            job.process_batch(data[4])
+        assert failed.value.discarded_batches == [3, 4]
+        assert job.last_batch_id == 2
+        outputs.append(job.last_outputs)  # what the failed call committed: nothing
+        wait_for_job(job.storage.url)
+        assert [p for p in job.storage.list_files() if p.startswith("chk-4/")] == [
+            "chk-4/_aborted"]
+        assert job.storage.list_files("staging/batch-3") == []
+    monkeypatch.undo()
+    with new_job(cfg) as restarted:
+        assert restarted.last_batch_id == 2
+        outputs += [restarted.process_batch(t) for t in data[3:]]
+        outputs.append(restarted.flush())
+        assert latest_state(restarted) == expected_state
+        outputs.append(restarted.drain())
+    assert rows(outputs) == expected_rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_failed_upload_keeps_the_earlier_checkpoints_and_nothing_after(tmp_path, backend):
     """Checkpoint 4's upload fails: after the failure the job is at batch 2 exactly (its
     state is checkpoint 3's), checkpoint 4's directory holds only its tombstone, and batch 4's
@@ -278,3 +319,43 @@ def test_a_failed_batch_completes_the_checkpoint_in_flight(tmp_path, backend):
         outputs += [job.process_batch(t) for t in data[3:]]
         outputs.append(job.drain())
     assert rows(outputs) == expected_rows
+
+
+class RecordingJob(LocalJob):
+    """A local job whose loop records its checkpoints in flight in storage, as the driver's
+    copy in a Spark Connect server does (it may end without completing them)."""
+
+    def _records_in_flight(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoints_left_in_flight_are_completed_by_the_jobs_other_copy(tmp_path, backend):
+    """Spark Connect's take-over, on the local runtime: a copy of the started job (pickled,
+    as ``start()`` ships the driver to the Connect server) runs the batches and ends with two
+    checkpoints in flight; the original, whose coordinator is as the start left it, completes
+    them from their records and commits their output, once. Output and state equal the
+    synchronous mode's."""
+    data = batches(6)
+    with new_job(config(tmp_path / "sync", backend=backend)) as job:
+        expected = rows([job.process_batch(t) for t in data])
+        expected_state = latest_state(job)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
+                 max_concurrent_checkpoints=2)
+    with RecordingJob(IdleCounts(), key_columns=["user_id"], input_schema=INPUT,
+                      output_schema=COUNT_SCHEMA, side_outputs={"idle": IDLE_SCHEMA},
+                      config=cfg) as client:
+        server = pickle.loads(pickle.dumps(client))
+        outputs = [server.process_batch(t) for t in data]
+        assert completed_batch(server) == 3  # batches 4 and 5 in flight
+        records = [p for p in client.storage.list_files() if p.endswith(f"/{ACKS_DIR}/flight")]
+        assert len(records) == 2
+        assert client.latest_checkpoint is None
+        done = client._take_over_in_flight(None)
+        outputs.append(client._deliver())
+        assert [s.batch_id for s in done] == [4, 5]
+        assert rows(outputs) == expected
+        assert latest_state(client) == expected_state
+        assert (completed_batch(client), client.last_batch_id) == (5, 5)
+        assert not [p for p in client.storage.list_files() if f"/{ACKS_DIR}/" in p]
+        assert client._take_over_in_flight(None) == []  # nothing is left in flight

@@ -7,12 +7,15 @@ import pickle
 import re
 from typing import Any
 
-from keyedstate.errors import BatchFailedError, TransientStorageError
+from keyedstate.errors import BatchFailedError, CheckpointDiscardedError, TransientStorageError
 from keyedstate.runtime.failures import (
     MARKER,
     TaskFailure,
     batch_failure,
+    discard_for_client,
+    find_discard,
     find_task_failure,
+    processor_task_error,
     subtask_failed,
 )
 
@@ -86,3 +89,22 @@ def test_unknown_text_decodes_to_nothing():
     assert find_task_failure(RuntimeError("no marker")) is None
     assert find_task_failure(RuntimeError(MARKER + "{not json")) is None
     assert find_task_failure(RuntimeError(MARKER + '{"batch_id": 1}')) is None
+
+
+def test_discarded_checkpoints_travel_to_a_connect_client_with_their_batches():
+    """The driver's copy in a Spark Connect server raises a discard with a data line; the
+    client rebuilds it, typed, with the discarded batches, from whatever text Spark wraps
+    around it. Rebuilt from its ``keyedstate.errors.<Name>:`` line alone, a leaf with fields
+    of its own is not rebuilt (its constructor needs them), rather than failing the rebuild."""
+    error = CheckpointDiscardedError("checkpoint 3 failed in its asynchronous phase (denied)",
+                                     discarded_batches=[1, 2], last_batch_id=0)
+    sent = discard_for_client(error)
+    spark_text = ("StreamingQueryException: [FOREACH_BATCH_USER_FUNCTION_ERROR] ...\n"
+                  f"keyedstate.errors.CheckpointDiscardedError: {sent}\n  at org.apache...")
+    rebuilt = find_discard(RuntimeError(spark_text))
+    assert isinstance(rebuilt, CheckpointDiscardedError)
+    assert (rebuilt.discarded_batches, rebuilt.last_batch_id) == ([1, 2], 0)
+    assert str(rebuilt) == str(error)
+    assert find_discard(RuntimeError("keyedstate-discarded: {broken")) is None
+    only_its_line = RuntimeError(f"keyedstate.errors.CheckpointDiscardedError: {error}")
+    assert processor_task_error(only_its_line) is None

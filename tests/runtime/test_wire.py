@@ -11,12 +11,15 @@ from keyedstate.runtime.wire import (
     REPORT_DDL,
     REPORT_SCHEMA,
     WIRE_VERSION,
+    FlightRecord,
     SubtaskAck,
     SubtaskFigures,
     SubtaskReport,
     decode_ack,
+    decode_flight,
     decode_reports,
     encode_ack,
+    encode_flight,
     report_batch,
 )
 from keyedstate.storage.handles import KeyedStateHandle
@@ -75,3 +78,18 @@ def test_an_acknowledgement_round_trips_and_refuses_another_version() -> None:
         decode_ack(encode_ack(other), "chk-4/_acks/subtask-1")
     with pytest.raises(CheckpointProtocolError, match="can't be read"):
         decode_ack(b"{}", "chk-4/_acks/subtask-1")
+
+
+def test_a_record_of_a_checkpoint_in_flight_round_trips_and_refuses_another_version() -> None:
+    report = msgspec.structs.replace(_report(), handle=None)
+    record = FlightRecord(version=WIRE_VERSION, start_id="s", checkpoint_id=4,
+                          timestamp_ms=1_700_000_000_000, properties={"batch_id": "3"},
+                          batch_id=3, drain=False, watermark=-5, reports=[report],
+                          started_s=1_700_000_000.5, tasks=2)
+    where = "chk-4/_acks/flight"
+    assert decode_flight(encode_flight(record), where) == record
+    other = msgspec.structs.replace(record, version=WIRE_VERSION + 1)
+    with pytest.raises(UnsupportedFormatVersionError, match=where):
+        decode_flight(encode_flight(other), where)
+    with pytest.raises(CheckpointProtocolError, match="can't be read"):
+        decode_flight(b'{"version": %d}' % WIRE_VERSION, where)

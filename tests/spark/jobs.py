@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -165,6 +166,25 @@ class FailingSink(ParquetSink):
         if batch_id == self.batch_id and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             raise RuntimeError("driver stopped between checkpoint commit and sink commit")
+        super().commit(spark, batch_id, staged)
+
+
+class KillingSink(ParquetSink):
+    """SIGKILLs the process that commits batch ``batch_id``, once (a ``marker`` file says it
+    did), unless that is the process that made the sink: over Spark Connect, the server's
+    copy of the driver dies, never the client."""
+
+    def __init__(self, path: str, batch_id: int, marker: str) -> None:
+        super().__init__(path)
+        self.batch_id = batch_id
+        self.marker = marker
+        self.client_pid = os.getpid()
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        if batch_id == self.batch_id and os.getpid() != self.client_pid \
+                and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
         super().commit(spark, batch_id, staged)
 
 

@@ -46,7 +46,8 @@ def _files(root: str) -> list[str]:
 
 
 #: A driver in its own process: the job with async uploads, SIGKILLed when it starts to
-#: complete batch 1's checkpoint (during batch 2, after Spark recorded batch 1 as done).
+#: complete batch 1's checkpoint (during batch 2, after Spark recorded batch 1 as done), or
+#: the batch argv[2] says.
 KILLED_DRIVER = textwrap.dedent("""
     import os, signal, sys
     from keyedstate.runtime import inflight
@@ -55,9 +56,10 @@ KILLED_DRIVER = textwrap.dedent("""
     from tests.spark.test_job import run_job
 
     complete_oldest = inflight.InFlightCheckpoints.complete_oldest
+    KILL_AT = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 
     def die_at_batch_1(self, *args, **kwargs):
-        if next(iter(self)).batch_id == 1:
+        if next(iter(self)).batch_id == KILL_AT:
             with open(os.path.join(sys.argv[1], "killed"), "w") as f:
                 f.write("1")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -69,14 +71,13 @@ KILLED_DRIVER = textwrap.dedent("""
 """)
 
 
-def test_driver_killed_between_sparks_commit_and_the_checkpoint(spark, tmp_path):
-    root = str(tmp_path)
-    write_files(os.path.join(root, "input"), 4)
+def _killed_driver(tmp_path, root: str, kill_at: int = 1) -> None:
+    """Run :data:`KILLED_DRIVER` over ``root`` until it is killed at batch ``kill_at``."""
     script = tmp_path / "driver.py"
     script.write_text(KILLED_DRIVER)
     env = {**os.environ, "PYTHONPATH": WORKTREE}
-    driver = subprocess.Popen([sys.executable, str(script), root], cwd=WORKTREE, env=env,
-                              start_new_session=True)
+    driver = subprocess.Popen([sys.executable, str(script), root, str(kill_at)], cwd=WORKTREE,
+                              env=env, start_new_session=True)
     try:
         rc = driver.wait(timeout=600)
     finally:
@@ -85,6 +86,12 @@ def test_driver_killed_between_sparks_commit_and_the_checkpoint(spark, tmp_path)
         except ProcessLookupError:
             pass
     assert rc == -signal.SIGKILL and os.path.exists(os.path.join(root, "killed"))
+
+
+def test_driver_killed_between_sparks_commit_and_the_checkpoint(spark, tmp_path):
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 4)
+    _killed_driver(tmp_path, root)
     # Spark recorded batch 1 as done; keyedstate's checkpoints cover batch 0 only.
     log = OffsetLog.at(os.path.join(root, "spark"))
     assert log.last_committed() == 1
@@ -98,6 +105,26 @@ def test_driver_killed_between_sparks_commit_and_the_checkpoint(spark, tmp_path)
     ran = [(s.batch_id, s.rows_in) for s in query.stats if s.checkpoint_id >= 0]
     assert ran == [(1, 1500), (2, 1500), (3, 1500)]  # one input file each, as planned before
     assert log.batches("commits") == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("restart", ["async", "sync"])
+def test_a_crash_before_the_first_checkpoint_completed_is_rewound(spark, tmp_path, restart):
+    """The driver killed as batch 0's checkpoint, the job's first, starts to complete (Spark
+    had recorded batch 0 as done): no checkpoint of the job says it ran asynchronously, its
+    marker does (``_async-upload``), so the restart, in either mode, rewinds Spark's log to
+    before batch 0 and runs every batch again, one input file each, exactly once."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 3)
+    _killed_driver(tmp_path, root, kill_at=0)
+    log = OffsetLog.at(os.path.join(root, "spark"))
+    assert log.last_committed() == 0
+    assert os.path.exists(os.path.join(root, "ckpt", "_async-upload"))
+    query = run_job(spark, root, RunningTotals(), parallelism=2,
+                    async_upload=restart == "async")
+    check_against_pandas(root)
+    ran = [(s.batch_id, s.rows_in) for s in query.stats if s.checkpoint_id >= 0]
+    assert ran == [(0, 1500), (1, 1500), (2, 1500)]
+    assert log.batches("commits") == [0, 1, 2]
 
 
 #: A refused call at each step of batch 1's checkpoint (checkpoint 2): where, and whether it

@@ -1,6 +1,8 @@
 """Keyed jobs over Spark Connect (docs/spark.md, "Spark Connect"), against a local Connect
 server started from pyspark's own distribution: the quick start equals pandas, failures reach
-the client typed and a restart is exactly once, and what Connect can't give fails at start().
+the client typed and a restart is exactly once, the asynchronous mode too (the stop completes
+the checkpoints in flight; the server's copy of the driver killed mid-flight, a failed upload),
+and what Connect can't give fails at start().
 
 One server for the module (about 20 s to start). pyspark marks a process that made a Connect
 session as Connect-only (``SPARK_CONNECT_MODE_ENABLED``: ``pyspark.sql.functions`` then build
@@ -20,19 +22,24 @@ import pandas as pd
 import pytest
 
 from keyedstate import JobConfig, ValueStateDescriptor
+from keyedstate.checkpoint.properties import BATCH_ID
+from keyedstate.checkpoint.resolve import resolve_snapshot
 from keyedstate.errors import (
     BatchFailedError,
-    ConfigurationError,
+    CheckpointDiscardedError,
     SparkConnectServerError,
     SparkConnectUnsupportedError,
 )
 from keyedstate.spark import KeyedProcessFunction, ParquetSink, key_by
+from keyedstate.spark.offsets import OffsetLog
+from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.testing.connect_server import (
     missing_prerequisite,
     start_connect_server,
     stop_connect_server,
 )
-from tests.spark.jobs import COUNT_SCHEMA, FailingSink, FailOnKey, RunningTotals
+from keyedstate.testing.faults import FaultPlan
+from tests.spark.jobs import COUNT_SCHEMA, FailingSink, FailOnKey, KillingSink, RunningTotals
 from tests.spark.test_job import SCHEMA, check_against_pandas, write_files
 
 pytestmark = pytest.mark.spark
@@ -107,13 +114,16 @@ def stream(spark: Any, root: str) -> Any:
             .parquet(os.path.join(root, "input")))
 
 
-def start(spark: Any, root: str, fn: Any, sink: Any, **config: Any) -> Any:
-    """``fn`` keyed by user over ``root/input`` into ``sink``, every available file processed."""
+def start(spark: Any, root: str, fn: Any, sink: Any, location: str = "spark",
+          **config: Any) -> Any:
+    """``fn`` keyed by user over ``root/input`` into ``sink``, every available file processed
+    (checkpoints in ``root/ckpt`` unless ``config`` says otherwise, Spark's log in
+    ``root/<location>``)."""
     job = key_by(stream(spark, root), "user_id").process(fn, COUNT_SCHEMA).sink(sink)
-    query = job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2,
-                                **config),
+    config.setdefault("checkpoint_dir", os.path.join(root, "ckpt"))
+    query = job.start(JobConfig(parallelism=2, **config),
                       trigger={"availableNow": True},
-                      spark_checkpoint_location=os.path.join(root, "spark"))
+                      spark_checkpoint_location=os.path.join(root, location))
     query.await_termination()
     return query
 
@@ -229,20 +239,113 @@ def test_a_sink_that_does_not_pickle_fails_at_start(remote, tmp_path):
     assert not os.path.exists(os.path.join(root, "ckpt"))
 
 
-def test_async_uploads_are_refused_at_start_over_connect(remote, tmp_path):
-    """The asynchronous mode is not built over Spark Connect (the checkpoints in flight would
-    live in the server's driver): start() refuses it, naming the setting, before anything
-    is restored or written."""
+def files_under(root: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+
+
+def completed_batches(checkpoint_dir: str) -> list[int]:
+    """The batches the completed checkpoints in ``checkpoint_dir`` cover, oldest first."""
+    storage = CheckpointStorage(checkpoint_dir)
+    return [int(storage.read_metadata(storage.metadata_path(i)).properties[BATCH_ID])
+            for i in storage.checkpoint_ids()]
+
+
+def test_async_uploads_over_connect_equal_pandas_and_stop_completes_the_flight(remote,
+                                                                              tmp_path):
+    """The asynchronous mode over Spark Connect (docs/spark.md, "Spark Connect"): batches
+    return after their synchronous phase, so once the query ran every file the last batch's
+    checkpoint is still in flight, recorded by the server's copy of the driver;
+    ``stop(savepoint=...)`` completes it and commits its output (here, in the client) before
+    it takes the savepoint. The output equals pandas, exactly once; the savepoint is of the
+    last batch and restores a job that goes on, asynchronous too."""
     root = str(tmp_path)
-    write_files(os.path.join(root, "input"), 1)
-    job = key_by(stream(remote, root), "user_id").process(RunningTotals(), COUNT_SCHEMA)
-    job.sink(ParquetSink(os.path.join(root, "out")))
-    with pytest.raises(ConfigurationError, match="async-upload: true is not built for Spark "
-                                                 "Connect"):
-        job.start(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2,
-                            async_upload=True),
-                  spark_checkpoint_location=os.path.join(root, "spark"))
-    assert not os.path.exists(os.path.join(root, "ckpt", "chk-1"))
+    write_files(os.path.join(root, "input"), 3)
+    ckpt = os.path.join(root, "ckpt")
+    query = start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")),
+                  async_upload=True)
+    # Spark recorded every batch as done; batch 1's checkpoint completed during batch 2,
+    # whose own is in flight.
+    assert OffsetLog.at(os.path.join(root, "spark")).last_committed() == 2
+    assert completed_batches(ckpt) == [1]
+    assert [s.batch_id for s in query.stats] == [0, 1]
+    assert len([p for p in files_under(ckpt) if p.endswith("/_acks/flight")]) == 1
+    savepoint = query.stop(savepoint=os.path.join(root, "savepoint"))
+    assert savepoint is not None
+    check_against_pandas(root)
+    assert [s.batch_id for s in query.stats] == [0, 1, 2]
+    assert resolve_snapshot(savepoint).metadata.properties[BATCH_ID] == "2"
+    assert not [p for p in files_under(ckpt) if "/_acks/" in p]
+
+    write_files(os.path.join(root, "input"), 1, first=3)
+    restored = start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")),
+                     location="spark-2", checkpoint_dir=os.path.join(root, "ckpt-2"),
+                     restore_path=savepoint, async_upload=True)
+    restored.stop()
+    check_against_pandas(root)
+    assert [s.batch_id for s in restored.stats] == [3]
+
+
+def test_the_servers_driver_killed_mid_flight_restarts_exactly_once(remote, tmp_path):
+    """The server's copy of the driver dies (SIGKILL) after Spark recorded batch 1 as done
+    and before batch 1's checkpoint completed: with two checkpoints in flight allowed, batch
+    0's completes during batch 2, and its sink kills the process as it commits it. The client
+    gets the query's failure; the restart commits batch 0's output (in the client), rewinds
+    Spark's log to batch 0, and batches 1-3 run again from their logged offsets, one input
+    file each: every row equals pandas, none twice. Its stop completes the last two
+    checkpoints in the client, and the next restart goes on after them."""
+    from pyspark.errors import StreamingQueryException
+
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 4)
+    marker = os.path.join(root, "killed")
+    config = dict(async_upload=True, max_concurrent_checkpoints=2)
+    with pytest.raises(StreamingQueryException):
+        start(remote, root, RunningTotals(),
+              KillingSink(os.path.join(root, "out"), 0, marker), **config)
+    assert os.path.exists(marker)
+    log = OffsetLog.at(os.path.join(root, "spark"))
+    assert log.last_committed() == 1
+    assert completed_batches(os.path.join(root, "ckpt")) == [0]
+    query = start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")),
+                  **config)
+    query.stop()
+    check_against_pandas(root)
+    assert [(s.batch_id, s.rows_in) for s in query.stats] == [(1, 1500), (2, 1500), (3, 1500)]
+    assert log.batches("commits") == [0, 1, 2, 3]
+    # The stop completed batches 2 and 3 in the client: a restart goes on from batch 3.
+    write_files(os.path.join(root, "input"), 1, first=4)
+    again = start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")),
+                  **config)
+    again.stop()
+    check_against_pandas(root)
+    assert [s.batch_id for s in again.stats] == [4]
+
+
+def test_a_failed_upload_reaches_the_client_typed_and_the_restart_is_exactly_once(remote,
+                                                                                  tmp_path):
+    """Batch 1's upload (checkpoint 2, in a worker of the Connect server) is refused: the
+    server's copy of the driver discards batch 1 (and batch 2, unless a subtask of batch 2,
+    waiting for that upload, failed it first) during batch 2, and the client gets
+    :class:`CheckpointDiscardedError` with the discarded batches. The restart rewinds
+    Spark's log to batch 0 and runs batches 1-3 again: exactly once."""
+    root = str(tmp_path)
+    write_files(os.path.join(root, "input"), 4)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "denied", match="/shared/chk-2-")
+    faulty = dict(checkpoint_dir=plan.url(os.path.join(root, "ckpt")),
+                  storage_options=plan.storage_options("file"), transfer_attempts=1,
+                  async_upload=True, checkpoint_timeout="30 s")
+    with pytest.raises(CheckpointDiscardedError) as failed:
+        start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")), **faulty)
+    assert plan.fired()
+    assert failed.value.discarded_batches[0] == 1 and failed.value.last_batch_id == 0
+    assert "checkpoint 2 failed in its asynchronous phase" in str(failed.value)
+    assert OffsetLog.at(os.path.join(root, "spark")).last_committed() == 1
+    query = start(remote, root, RunningTotals(), ParquetSink(os.path.join(root, "out")),
+                  **faulty)
+    query.stop()
+    check_against_pandas(root)
+    assert [s.batch_id for s in query.stats] == [1, 2, 3]
 
 
 def test_a_function_the_server_cannot_import_fails_at_start(remote, tmp_path, monkeypatch):

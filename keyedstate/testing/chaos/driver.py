@@ -12,7 +12,11 @@ Spark checkpoint location), and:
    listener is added per query). Nothing in keyedstate is changed: the hooks wrap its classes
    in this process only;
 2. restarts the query in this process after an injected abort or a storage error that outlasted
-   the commit retries, at a new parallelism;
+   the commit retries, and in an asynchronous job after a failure that discarded the batches
+   after the last completed checkpoint (``CheckpointDiscardedError``: the restart rewinds
+   Spark's log to that checkpoint and the source delivers them again), at a new parallelism.
+   An asynchronous job's query completes its checkpoints in flight (``flush``) before it
+   counts as done, so that such a failure meets this restart, not the job's stop;
 3. stops the query after each planned file of a same-session restart with a changed
    definition (``plan.redefine_after``) and starts the job again in this process (same
    SparkSession, same checkpoint directory and Spark checkpoint location) with the next
@@ -47,9 +51,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from keyedstate.config import LATE_EVENTS_TAG, JobConfig, LateEvents, OnRollback, RestoreMode
+from keyedstate.errors import CheckpointDiscardedError
 from keyedstate.spark.sinks import ParquetSink, StagedOutput
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import (
+    ASYNC_MARKER_FILE,
     CLAIM_MARKER_FILE,
     COMMITS_DIR,
     COMPLETED_MARKER_FILE,
@@ -64,11 +70,18 @@ from keyedstate.testing.chaos.driver_faults import (
     boundary_crash_id,
     install_driver_hooks,
 )
-from keyedstate.testing.chaos.plan import MAX_PARALLELISM, TOLERABLE_FAILED, Job, Plan
+from keyedstate.testing.chaos.plan import (
+    ASYNC_TIMEOUT_S,
+    MAX_PARALLELISM,
+    TOLERABLE_FAILED,
+    Job,
+    Plan,
+)
 from keyedstate.testing.chaos.workload import (
     DRIVER_PID_FILE,
     INJECTED,
     INPUT_DDL,
+    MARKERS_DIR,
     OUTPUT_DDL,
     PLAN_FILE,
     WATERMARK_DELAY_MS,
@@ -182,9 +195,14 @@ class ChaosSink(ParquetSink):
 
     def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
         faults = self.faults
+        if self.savepoint is not None and self.savepoint.driver is None and faults is not None:
+            # An asynchronous job's restart commits its last completed checkpoint's output
+            # while its driver starts, before run_job has it in hand.
+            self.savepoint.driver = faults.starting
         if faults is not None and self.output == "main":
             faults.crash(batch_id, BOUNDARY_CRASH)
             faults.crash(batch_id, "sink-before")
+            faults.crash(batch_id, "kill-before-sink")
             if self.savepoint is not None:
                 self.savepoint.take(batch_id, "main-before")
         self._batch_id = batch_id
@@ -194,6 +212,7 @@ class ChaosSink(ParquetSink):
             if self.savepoint is not None:
                 self.savepoint.take(batch_id, "last-after")
             faults.crash(batch_id, "sink-after")
+            faults.crash(batch_id, "kill-after-sink")
 
     def _publish(self, target: CheckpointStorage, written: str, name: str,
                  manifest: bytes) -> None:
@@ -223,14 +242,21 @@ class ChaosSink(ParquetSink):
 # -- one job -------------------------------------------------------------------------------------
 
 def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int,
-               definition: int | None = None) -> JobConfig:
+               definition: int | None = None, checkpointing: str | None = None) -> JobConfig:
     """The job's configuration under ``definition`` (default: the one its first batch runs
-    with): a rollback restores the savepoint before the previous job's, in branch mode; a
-    definition without ``buckets`` drops it."""
+    with) and ``checkpointing`` (default: the job's mode; ``async`` sets
+    ``async-upload`` with the job's ``max-concurrent-checkpoints`` and a short
+    :data:`~keyedstate.testing.chaos.plan.ASYNC_TIMEOUT_S`): a rollback restores the
+    savepoint before the previous job's, in branch mode; a definition without ``buckets``
+    drops it."""
     if definition is None:
         definition = plan.definition_of_file(plan.first_file(job))
     source = plan.restored_from(job)
     previous = None if source is None else plan.savepoint_dir(source)
+    asynchronous: dict[str, Any] = {}  # a synchronous job's configuration as it always was
+    if (checkpointing or job.checkpointing) == "async":
+        asynchronous = {"async_upload": True, "max_concurrent_checkpoints": job.max_concurrent,
+                        "checkpoint_timeout": dt.timedelta(seconds=ASYNC_TIMEOUT_S)}
     return JobConfig(
         checkpoint_dir=plan.job_dir(job.index), backend=plan.backend, parallelism=parallelism,
         max_parallelism=MAX_PARALLELISM, num_retained=job.num_retained,
@@ -239,7 +265,8 @@ def job_config(plan: Plan, run_dir: str, job: Job, parallelism: int,
         late_events=LateEvents.SIDE_OUTPUT, tolerable_failed_checkpoints=TOLERABLE_FAILED,
         local_dir=os.path.join(run_dir, "local"), storage_options=plan.storage_options,
         drop_states=Definition.of(definition).drop_states(),
-        on_rollback=OnRollback.BRANCH if job.rollback else OnRollback.REFUSE)
+        on_rollback=OnRollback.BRANCH if job.rollback else OnRollback.REFUSE,
+        **asynchronous)
 
 
 def spark_location(run_dir: str, job: Job) -> str:
@@ -267,13 +294,40 @@ def _injected_fault(exc: BaseException) -> str | None:
     return text[start + 7: text.find(")", start)] if start >= 0 else None
 
 
+def _discarded(exc: BaseException) -> bool:
+    """Whether ``exc`` is the asynchronous mode's :class:`CheckpointDiscardedError`."""
+    return isinstance(exc, CheckpointDiscardedError) or "CheckpointDiscardedError" in str(exc)
+
+
+def claimed_since(run_dir: str, since: float) -> list[str]:
+    """The faults whose markers were claimed since ``since`` (a query's start)."""
+    directory = os.path.join(run_dir, MARKERS_DIR)
+    if not os.path.isdir(directory):
+        return []
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json") or name.endswith("-handled.json"):
+            continue
+        try:
+            with open(os.path.join(directory, name)) as f:
+                marker = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if marker.get("kind") and marker.get("time", 0.0) >= since:
+            out.append(name[:-5])
+    return out
+
+
 def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, Any],
             faults: DriverFaults) -> Any:
-    """Run ``job`` until every input file of its batches is processed; restart the query
-    after each injected abort or storage error, and after each file of a same-session
-    restart with a changed definition (``progress["segment"]``: the files up to the
-    segment's last are published, the query runs them and stops, the next segment starts
-    with the next definition). Returns the finished :class:`KeyedQuery`."""
+    """Run ``job`` until every input file of its batches is processed (and, in the
+    asynchronous mode, every checkpoint in flight completed and its output committed); restart
+    the query after each injected abort or storage error, after each discard of batches in
+    flight (asynchronous mode), and after each file of a same-session restart with a changed
+    definition (``progress["segment"]``: the files up to the segment's last are published,
+    the query runs them and stops, the next segment starts with the next definition). The
+    query checkpoints as ``progress["checkpointing"]`` says (a restarted driver's draw), else
+    as the job. Returns the finished :class:`KeyedQuery`."""
     from keyedstate.spark.query import KeyedQuery
 
     input_dir = os.path.join(run_dir, "input")
@@ -286,7 +340,8 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
         definition = plan.definition_of_file(up_to)
         publish_input(os.path.join(run_dir, "generated"), input_dir, up_to)
         parallelism = progress["parallelism"] or job.parallelism
-        cfg = job_config(plan, run_dir, job, parallelism, definition)
+        checkpointing = progress.get("checkpointing") or job.checkpointing
+        cfg = job_config(plan, run_dir, job, parallelism, definition, checkpointing)
         events = (spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
                   .parquet(input_dir))
         started = time.time()
@@ -305,6 +360,7 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
             rows_out=s.rows_out, duration_s=s.duration_s, restored=s.restored_subtasks,
             reused=s.reused_subtasks, restore_s=s.restore_s, full_bytes=s.full_bytes,
             incremental_bytes=s.incremental_bytes, attempts=s.attempts))
+        faults.spark_location = location
         query = KeyedQuery(events.writeStream.foreachBatch(driver.process_batch)
                            .option("checkpointLocation", location)
                            .trigger(availableNow=True).start(), driver)
@@ -315,9 +371,16 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
                   segment=segment, query_id=driver.query_id(),
                   parent_query_id=branch.parent_query_id if branch else None,
                   fork_batch_id=branch.fork_batch_id if branch else None,
-                  recovery_notes=query.driver.coordinator.recovery_notes)
+                  recovery_notes=query.driver.coordinator.recovery_notes,
+                  checkpointing=checkpointing,
+                  max_concurrent=cfg.max_concurrent_checkpoints if cfg.async_upload else None,
+                  resumed_batch=driver.last_batch_id)
         try:
             query.await_termination()
+            if cfg.async_upload:
+                # The checkpoints still in flight complete here, inside this try: a discard
+                # meets the restart below, not the job's stop.
+                query.driver.flush()
             if segment == len(segments) - 1:
                 return query
             # A same-session restart with a changed definition: a plain stop, then the same
@@ -330,10 +393,22 @@ def run_job(spark: Any, plan: Plan, run_dir: str, job: Job, progress: dict[str, 
                       definition=plan.definition_of_file(up_to + 1))
         except Exception as exc:
             fault = _injected_fault(exc)
-            if fault is None:
+            discarded = cfg.async_upload and _discarded(exc)
+            if fault is None and not discarded:
                 raise
             query.query.stop()
-            claim_marker(run_dir, fault + "-handled")
+            if discarded:
+                # The batches after the last completed checkpoint are gone; the restart
+                # rewinds Spark's log and the source delivers them again. Explained when a
+                # fault fired during this query.
+                claimed = claimed_since(run_dir, started)
+                log_event(run_dir, "discard", job=job.index, fault=fault, claimed=claimed,
+                          explained=bool(fault or claimed),
+                          batches=getattr(exc, "discarded_batches", None)
+                          or getattr(driver.failure, "discarded_batches", None),
+                          back_at=driver.last_batch_id, error=str(exc).splitlines()[0][:300])
+            if fault is not None:
+                claim_marker(run_dir, fault + "-handled")
             progress["restarts"] += 1
             progress["parallelism"] = plan.restart_parallelism[
                 progress["restarts"] % len(plan.restart_parallelism)]
@@ -374,9 +449,10 @@ def check_job_dir(plan: Plan, directory: str, *, apply_gc: bool = True) -> dict[
             # The job ended between its latest checkpoint and that checkpoint's sink commit
             # (a crash job end): its staged output waits, and its savepoint carries a copy.
             pending = staging_dir(batch) + "/"
-    # The completed-checkpoint marker belongs to the layout, like Spark's offsets.
+    # The root's markers belong to the layout, like Spark's offsets.
     files = [p for p in storage.list_files()
-             if not p.startswith(f"{SPARK_OFFSETS_DIR}/") and p != COMPLETED_MARKER_FILE]
+             if not p.startswith(f"{SPARK_OFFSETS_DIR}/")
+             and p not in (COMPLETED_MARKER_FILE, ASYNC_MARKER_FILE)]
     layout = [p for p in files if p.startswith(f"{COMMITS_DIR}/")
               or p.endswith(f"/{CLAIM_MARKER_FILE}") or (pending and p.startswith(pending))]
     orphans = [p for p in files if p not in referenced and p not in layout]
@@ -477,6 +553,15 @@ def _housekeeping(plan: Plan, index: int) -> None:
                 pass
 
 
+def restart_checkpointing(plan: Plan, run_dir: str, job: Job, drawn: str) -> str:
+    """The mode of a driver restarted in ``job`` (``mixed``: ``drawn`` by the controller
+    from :attr:`Plan.restart_checkpointing`): asynchronous while the job has ``async`` faults
+    that have not fired (they fire only there), else ``drawn``."""
+    pending = [f for f in plan.async_faults() if plan.job_of_file(f["file"]).index == job.index
+               and not os.path.exists(marker_path(run_dir, f["id"]))]
+    return "async" if pending else drawn
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     run_dir = os.path.abspath(args[0])
@@ -487,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     progress = read_progress(run_dir)
     if "--parallelism" in args:
         progress["parallelism"] = int(args[args.index("--parallelism") + 1])
+        write_progress(run_dir, progress)
+    if "--checkpointing" in args and progress["job"] < len(plan.jobs):
+        progress["checkpointing"] = restart_checkpointing(
+            plan, run_dir, plan.jobs[progress["job"]], args[args.index("--checkpointing") + 1])
         write_progress(run_dir, progress)
     faults = DriverFaults(run_dir, plan)
     install_driver_hooks(faults)
@@ -529,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
             write_progress(run_dir, progress)
         progress["job"] = job.index + 1
         progress["parallelism"] = None
+        progress["checkpointing"] = None
         progress["segment"] = 0
         write_progress(run_dir, progress)
     log_event(run_dir, "done")

@@ -2,7 +2,12 @@
 of the driver after each step of the checkpoint commit (``CheckpointCoordinator._complete_steps``
 yields after each), around the sink commit, before the staging clean-up, and at a ``crash`` job
 end; a failing ``_metadata`` write (an aborted checkpoint); transient storage errors after the
-checkpoint commit (the sink-commit marker write, the staging delete, a batch listener).
+checkpoint commit (the sink-commit marker write, the staging delete, a batch listener); and
+the driver's ``async`` faults of the asynchronous phase: SIGKILL as the oldest checkpoint in
+flight starts to complete (Spark has logged its batch as done), a
+:class:`~keyedstate.errors.TransientStorageError` writing its ``_metadata`` or registering its
+files, SIGKILL right before and right after the sink commit of the completed checkpoint (the
+crash points are in :class:`~keyedstate.testing.chaos.driver.ChaosSink`).
 
 :func:`install_driver_hooks` wraps keyedstate's classes in this process only; keyedstate
 itself has no fault hook. Each fault fires once (its marker first, ``O_EXCL``); a storage
@@ -17,7 +22,9 @@ import signal
 from typing import Any, Iterator
 
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator
+from keyedstate.checkpoint.registry import SharedStateRegistry
 from keyedstate.errors import TransientStorageError
+from keyedstate.runtime.inflight import InFlightCheckpoints
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata
 from keyedstate.storage.layout import COMMITS_DIR, STAGING_DIR
@@ -58,6 +65,11 @@ class DriverFaults:
         #: off while a drill, the second job or a directory check runs (the hooks are
         #: process-wide)
         self.paused = False
+        #: the running query's Spark checkpoint location (set by ``run_job``)
+        self.spark_location: str | None = None
+        #: the driver whose start-up commits a completed checkpoint's pending output (an
+        #: asynchronous job's restart): a sink savepoint taken in that commit needs it
+        self.starting: Any = None
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -74,11 +86,28 @@ class DriverFaults:
             return None
         return fault
 
-    def crash(self, batch: int, point: str) -> None:
+    def crash(self, batch: int, point: str, **info: Any) -> None:
         fault = self.due(batch, point)
         if fault is not None and claim_marker(self.run_dir, fault["id"], kind="kill_driver",
-                                              at=point, batch=batch):
+                                              at=point, batch=batch, **info):
             _die()
+
+    def fail_async(self, batch: int, point: str, checkpoint_id: int) -> None:
+        """Raise an ``async`` fault's :class:`TransientStorageError` at ``point`` of
+        ``batch``'s checkpoint, once."""
+        fault = self.due(batch, point)
+        if fault is not None and claim_marker(self.run_dir, fault["id"], kind="storage",
+                                              at=point, batch=batch,
+                                              checkpoint_id=checkpoint_id):
+            raise TransientStorageError(
+                f"{INJECTED} transient storage error at {point} of checkpoint "
+                f"{checkpoint_id} (batch {batch}) (fault {fault['id']})")
+
+    def spark_committed(self, batch: int) -> bool | None:
+        """Whether Spark's commit log records ``batch`` as done (None: no query runs)."""
+        if self.spark_location is None:
+            return None
+        return os.path.exists(os.path.join(self.spark_location, "commits", str(batch)))
 
     def fail_storage(self, batch: int, point: str) -> None:
         """Raise the :class:`TransientStorageError` an object store whose retries ran out
@@ -114,6 +143,7 @@ def install_driver_hooks(faults: DriverFaults) -> None:
                                relative: str | None = None) -> str:
         if relative is None and "tokens" in metadata.properties:  # a batch's checkpoint
             batch = int(metadata.properties.get("batch_id", "-1"))
+            faults.fail_async(batch, "metadata-error", metadata.checkpoint_id)
             fault = faults.due(batch, "metadata-write")
             if fault is not None and claim_marker(faults.run_dir, fault["id"], kind="abort",
                                                   at="metadata-write", batch=batch):
@@ -142,3 +172,36 @@ def install_driver_hooks(faults: DriverFaults) -> None:
         return write(self, relative, data)
 
     CheckpointStorage.write = failing_write  # type: ignore[method-assign]
+
+    from keyedstate.spark.driver import KeyedJobDriver  # this process runs Spark
+
+    commit_if_pending = KeyedJobDriver._commit_if_pending
+
+    def starting_commit(self: KeyedJobDriver, completed: Any) -> None:
+        faults.starting = self
+        try:
+            commit_if_pending(self, completed)
+        finally:
+            faults.starting = None
+
+    KeyedJobDriver._commit_if_pending = starting_commit  # type: ignore[method-assign]
+    register_all = SharedStateRegistry.register_all
+
+    def failing_register_all(self: SharedStateRegistry, metadata: CheckpointMetadata, *,
+                             owned: bool = True) -> None:
+        if "tokens" in metadata.properties:  # a batch's checkpoint, completing (step 4)
+            faults.fail_async(int(metadata.properties.get("batch_id", "-1")), "registry-error",
+                              metadata.checkpoint_id)
+        register_all(self, metadata, owned=owned)
+
+    SharedStateRegistry.register_all = failing_register_all  # type: ignore[method-assign]
+    complete_oldest = InFlightCheckpoints.complete_oldest
+
+    def crashing_complete_oldest(self: InFlightCheckpoints, *args: Any, **kwargs: Any) -> Any:
+        oldest = next(iter(self))
+        faults.crash(oldest.batch_id, "kill-before-completion",
+                     checkpoint_id=oldest.checkpoint_id,
+                     spark_committed=faults.spark_committed(oldest.batch_id))
+        return complete_oldest(self, *args, **kwargs)
+
+    InFlightCheckpoints.complete_oldest = crashing_complete_oldest  # type: ignore[method-assign]

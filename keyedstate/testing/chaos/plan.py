@@ -26,6 +26,16 @@ Fault kinds (at most one per file; ``faults_per_kind`` of each, ``storage``: of 
               the marker written and leaves the staged files to gc), a batch listener (never
               retried: the query restarts, and with ``times`` 2 the replay's listener fails
               again);
+``async``     a fault in the asynchronous checkpoint phase (jobs with
+              ``keyedstate.checkpointing.async-upload``, ``--checkpointing async`` or
+              ``mixed``), at one of :data:`ASYNC_POINTS`: a storage error in the uploader
+              (its snapshot's files, or its acknowledgement), on the checkpoint's
+              ``_metadata`` or on the registry (completion, in the driver); the driver killed
+              right before or right after the sink commit of the completed checkpoint, or
+              between Spark's commit log entry of the batch and its checkpoint's completion
+              (the restart rewinds Spark's log); the Python worker killed while it uploads
+              the checkpoint. Each discards the batches after the last completed checkpoint
+              or kills the driver; the source delivers them again;
 ``savepoint`` a job boundary: the job ends with a savepoint and a new job starts from it in a
               new checkpoint directory, in a restore mode, at a random parallelism. How the
               job ends (:data:`STOPS`, ``faults_per_kind`` of each): ``stop`` with a savepoint;
@@ -44,6 +54,18 @@ After every driver restart and every aborted batch the job runs at a new random 
 (rescaling from its own checkpoints). A corruption drill runs at each job boundary but a drain
 (a drained job can't be started again) on a copy of the job's checkpoint directory
 (:mod:`keyedstate.testing.chaos.drills`).
+
+How jobs checkpoint (:data:`CHECKPOINTING`, ``--checkpointing``): ``sync`` (the default,
+every job synchronous: a seed's plan is exactly what it was before the asynchronous mode),
+``async`` (every job asynchronous) or ``mixed``: each job's mode is drawn, at least one of each
+when there are two jobs or more, and a driver restarted after a kill draws its mode anew
+(:attr:`Plan.restart_checkpointing`) unless its job still has ``async`` faults to fire: the
+restart from an asynchronous job's checkpoints into the synchronous mode and back. An
+asynchronous job leaves ``max-concurrent-checkpoints`` 2 in flight in about 2 of 5 jobs.
+``async`` faults are drawn on files of asynchronous jobs that hold no other fault and are not
+the last file of a ``sink`` or ``crash`` job, ``faults_per_kind`` of each point as far as such
+files go (``mixed``: where the drawn async jobs have too few, more jobs are made async, one job
+staying synchronous; still fewer: :attr:`Plan.notes` says why).
 
 Stability: draws added since a seed's first plan come after the older ones, so a seed keeps
 its fault files, fault points, parallelisms and its older boundaries; the boundaries added
@@ -77,7 +99,18 @@ STOPS = ("stop", "drain", "sink", "crash")
 SINK_SAVEPOINT_AT = ("main-before", "last-after")
 DRILL_TARGETS = ("shared", "private", "metadata")
 DRILL_DAMAGE = ("truncate", "flip", "delete")
-KINDS = ("worker", "executor", "driver", "abort", "storage", "savepoint")
+KINDS = ("worker", "executor", "driver", "abort", "storage", "savepoint", "async")
+#: how the jobs checkpoint: synchronous, asynchronous (``async-upload``), or drawn per job start
+CHECKPOINTING = ("sync", "async", "mixed")
+#: where the asynchronous phase fails (``async`` faults), in the order of a checkpoint's life
+ASYNC_POINTS = ("upload-error", "ack-error", "kill-worker-uploading", "kill-before-completion",
+                "metadata-error", "registry-error", "kill-before-sink", "kill-after-sink")
+#: the ``async`` points injected in the Python worker's uploader; the others are the driver's
+ASYNC_EXECUTOR_POINTS = ("upload-error", "ack-error", "kill-worker-uploading")
+#: ``execution.checkpointing.timeout`` of the soak's asynchronous jobs: how long a lost
+#: acknowledgement (a worker killed while uploading) holds the batch up. The soak's uploads
+#: take well under a second; Flink's default of 10 minutes would stall it.
+ASYNC_TIMEOUT_S = 15
 MAX_PARALLELISM = 128
 #: the soak's jobs' ``execution.checkpointing.tolerable-failed-checkpoints``: a completed
 #: checkpoint's sink commit is tried this many times + 1
@@ -107,6 +140,10 @@ class Job:
     spark_location: str = FIRST_LOCATION
     #: restore this job's savepoint without its ``context/`` in a new location (refused)
     positions_drill: bool = False
+    #: ``sync`` or ``async`` (``keyedstate.checkpointing.async-upload``) at the job's start
+    checkpointing: str = "sync"
+    #: an asynchronous job's ``keyedstate.checkpointing.max-concurrent-checkpoints``
+    max_concurrent: int = 1
     #: a rollback: this job restores the savepoint before the previous job's (the previous
     #: job went on after it in the same Spark location) into a fresh Spark checkpoint
     #: location, feeding the same sinks with ``on_rollback="branch"``, and reads the previous
@@ -153,6 +190,13 @@ class Plan:
     #: input files and the same driver starts the job again (same checkpoint directory, same
     #: Spark checkpoint location) with the next definition (``workload.Definition``)
     redefine_after: list[int] = field(default_factory=list)
+    #: how the jobs checkpoint (:data:`CHECKPOINTING`)
+    checkpointing: str = "sync"
+    #: ``mixed``: the mode of the driver started after the n-th kill, from the end (as
+    #: :attr:`restart_parallelism`); a job with ``async`` faults still to fire stays async
+    restart_checkpointing: list[str] = field(default_factory=list)
+    #: why fewer faults than asked were drawn
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -273,12 +317,25 @@ class Plan:
 
     # -- counts ----------------------------------------------------------------------------------
 
+    def kinds(self) -> tuple[str, ...]:
+        """The fault kinds of this run: ``async`` only with asynchronous jobs."""
+        return KINDS if self.checkpointing != "sync" else KINDS[:-1]
+
+    def job_of_file(self, file: int) -> Job:
+        """The job that reads input file ``file`` first (a rollback reads it again)."""
+        return next(j for j in self.jobs if j.end_file >= file)
+
+    def async_faults(self) -> list[dict[str, Any]]:
+        """The ``async`` faults, executor and driver side."""
+        return [f for f in self.executor_faults + self.driver_faults if f["kind"] == "async"]
+
     def planned_counts(self) -> dict[str, int]:
-        counts = {k: 0 for k in KINDS}
+        counts = {k: 0 for k in self.kinds()}
         for f in self.executor_faults:
-            counts["abort" if f["kind"] == "abort" else f["kind"].removeprefix("kill_")] += 1
+            counts[f["kind"] if f["kind"] in ("abort", "async")
+                   else f["kind"].removeprefix("kill_")] += 1
         for f in self.driver_faults:
-            counts["abort" if f["kind"] == "abort" else "driver"] += 1
+            counts[f["kind"] if f["kind"] in ("abort", "async") else "driver"] += 1
         counts["storage"] = len(self.storage_faults)
         counts["savepoint"] = len(self.jobs) - 1
         return counts
@@ -309,6 +366,16 @@ class Plan:
             add("second-job")
         for n in range(1, len(self.redefine_after) + 1):
             add(f"redefine:{definition_change(n)}")
+        if self.checkpointing != "sync":
+            for f in self.async_faults():
+                add(f"async:{f['at'] if 'at' in f else f['point']}")
+            for job in self.jobs:
+                add(f"checkpointing:{job.checkpointing}")
+                if job.checkpointing == "async" and job.max_concurrent > 1:
+                    add(f"checkpointing:async:max-concurrent-{job.max_concurrent}")
+            for prev, job in zip(self.jobs, self.jobs[1:]):
+                if prev.checkpointing != job.checkpointing:
+                    add(f"checkpointing:{prev.checkpointing}->{job.checkpointing}:boundary")
         return dict(sorted(points.items()))
 
 
@@ -323,8 +390,11 @@ def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: 
               keys: int = 400, master: str = "local-cluster[2,1,1024]",
               backend: str = "rocksdb", checkpoint_root: str = "",
               storage_options: dict[str, Any] | None = None,
-              max_parallelism_choice: int = 4) -> Plan:
-    """The schedule of a run over ``batches`` input files (see :func:`min_batches`)."""
+              max_parallelism_choice: int = 4, checkpointing: str = "sync") -> Plan:
+    """The schedule of a run over ``batches`` input files (see :func:`min_batches`), its jobs
+    checkpointing as ``checkpointing`` says (:data:`CHECKPOINTING`)."""
+    if checkpointing not in CHECKPOINTING:
+        raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, not {checkpointing!r}")
     rng = random.Random(seed)
     if batches < min_batches(faults_per_kind):
         raise ValueError(f"{batches} batches are too few for {faults_per_kind} faults of each "
@@ -448,7 +518,65 @@ def make_plan(seed: int, batches: int, faults_per_kind: int, *, rows_per_batch: 
     # everything older: a seed keeps its faults, jobs and boundaries).
     _draw_redefines(rng, plan, 3 * faults_per_kind)
     _draw_rollbacks(rng, plan, faults_per_kind)
+    # Step 8. The asynchronous phase: each job's mode, and its faults (after everything
+    # older: a synchronous plan is the seed's plan as it was).
+    _draw_async(rng, plan, faults_per_kind, checkpointing)
     return plan
+
+
+def _draw_async(rng: random.Random, plan: Plan, faults_per_kind: int,
+                checkpointing: str) -> None:
+    """Step 8 of :func:`make_plan` (the module docstring: how jobs checkpoint)."""
+    plan.checkpointing = checkpointing
+    if checkpointing == "sync":
+        return
+    for job in plan.jobs:
+        job.checkpointing = "async" if checkpointing == "async" or rng.random() < 0.5 \
+            else "sync"
+        job.max_concurrent = 2 if rng.random() < 0.4 else 1
+    # Files with no other fault, not a sink or crash job's last file (the savepoint or the
+    # crash in that sink commit would pre-empt the fault, or the fault it).
+    taken = {f["file"] for f in plan.executor_faults + plan.driver_faults + plan.storage_faults}
+    taken |= {j.end_file for j in plan.jobs[:-1] if j.stop in ("sink", "crash")}
+    wanted = len(ASYNC_POINTS) * faults_per_kind
+
+    def free() -> list[int]:
+        return [f for f in range(plan.batches)
+                if f not in taken and plan.job_of_file(f).checkpointing == "async"]
+
+    if checkpointing == "mixed":
+        modes = {j.checkpointing for j in plan.jobs}
+        if len(plan.jobs) > 1 and len(modes) == 1:
+            flipped = rng.choice(plan.jobs)
+            flipped.checkpointing = "sync" if flipped.checkpointing == "async" else "async"
+        # Where the async jobs' files can't hold the faults asked, more jobs are async (one
+        # job stays synchronous).
+        synchronous = [j for j in plan.jobs if j.checkpointing == "sync"]
+        rng.shuffle(synchronous)
+        while len(free()) < wanted and len(synchronous) > 1:
+            synchronous.pop().checkpointing = "async"
+        plan.restart_checkpointing = [rng.choice(("sync", "async"))
+                                      for _ in range(len(plan.restart_parallelism))]
+    candidates = free()
+    files = rng.sample(candidates, min(wanted, len(candidates)))
+    if len(files) < wanted:
+        plan.notes.append(
+            f"async: {len(files)} of {wanted} faults drawn ({faults_per_kind} of each of its "
+            f"{len(ASYNC_POINTS)} points), one per free input file of an asynchronous job: "
+            f"{len(candidates)} of the {plan.batches} files are (files of synchronous jobs, of "
+            f"other faults, and the last file of a sink or crash job are not); run more "
+            f"--batches" + (" or --checkpointing async" if checkpointing == "mixed" else ""))
+    offset = rng.randrange(len(ASYNC_POINTS))
+    for k, file in enumerate(sorted(files)):
+        point = ASYNC_POINTS[(k + offset) % len(ASYNC_POINTS)]
+        batch = plan.batch_of_file(file)
+        fault: dict[str, Any] = {"id": f"async-{k:03d}-b{batch}", "file": file, "batch": batch,
+                                 "kind": "async"}
+        if point in ASYNC_EXECUTOR_POINTS:
+            plan.executor_faults.append({**fault, "at": point,
+                                         "subtask": rng.randrange(1 << 20)})
+        else:
+            plan.driver_faults.append({**fault, "point": point})
 
 
 def _draw_redefines(rng: random.Random, plan: Plan, count: int) -> None:

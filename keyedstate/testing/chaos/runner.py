@@ -58,6 +58,8 @@ class ChaosConfig:
     run_dir: str | None = None
     keep: bool = False
     stall_timeout: float = 900.0
+    #: how the jobs checkpoint: ``sync``, ``async`` or ``mixed`` (``plan.CHECKPOINTING``)
+    checkpointing: str = "sync"
 
     def resolved_faults(self) -> int:
         return self.faults_per_kind if self.faults_per_kind is not None \
@@ -76,8 +78,13 @@ class ChaosReport:
     drivers_started: int = 0
     planned: dict[str, int] = field(default_factory=dict)
     #: the edges the plan draws: storage points, how jobs end, fresh Spark locations,
-    #: positions drills, the second job
+    #: positions drills, the second job; the asynchronous phase's points and modes
     planned_points: dict[str, int] = field(default_factory=dict)
+    #: why the plan draws fewer faults than asked (``Plan.notes``)
+    plan_notes: list[str] = field(default_factory=list)
+    #: how the jobs checkpointed: the mode, query starts per mode, switches between modes,
+    #: discards of batches in flight (asynchronous mode; ``verdict._judge_checkpointing``)
+    checkpointing: dict[str, Any] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=dict)
     injected_by_point: dict[str, int] = field(default_factory=dict)
     recoveries: dict[str, Any] = field(default_factory=dict)
@@ -180,7 +187,9 @@ def run_chaos(config: ChaosConfig, log: Callable[[str], None] = print) -> ChaosR
     command = (f"keyedstate chaos --batches {config.batches} --seed {seed} --master "
                f"'{config.master}' --faults-per-kind {faults}"
                + (" --s3" if config.s3 else "") + (f" --backend {config.backend}"
-                                                   if config.backend != "rocksdb" else ""))
+                                                   if config.backend != "rocksdb" else "")
+               + (f" --checkpointing {config.checkpointing}"
+                  if config.checkpointing != "sync" else ""))
     log(f"chaos seed {seed} (replay: {command})")
     run_dir = os.path.abspath(config.run_dir or tempfile.mkdtemp(prefix="keyedstate-chaos-"))
     if os.path.exists(run_dir) and os.listdir(run_dir):
@@ -197,13 +206,17 @@ def run_chaos(config: ChaosConfig, log: Callable[[str], None] = print) -> ChaosR
             root, options = os.path.join(run_dir, "ckpt"), {}
         plan = make_plan(seed, config.batches, faults, rows_per_batch=config.rows_per_batch,
                          keys=config.keys, master=config.master, backend=config.backend,
-                         checkpoint_root=root, storage_options=options)
+                         checkpoint_root=root, storage_options=options,
+                         checkpointing=config.checkpointing)
         with open(os.path.join(run_dir, PLAN_FILE), "w") as f:
             json.dump(plan.to_json(), f, indent=1)
         report.planned = plan.planned_counts()
         report.planned_points = plan.planned_points()
+        report.plan_notes = list(plan.notes)
         log(f"plan: {len(plan.jobs)} jobs, faults {report.planned}, edges "
             f"{report.planned_points}")
+        for note in plan.notes:
+            log(f"plan note: {note}")
         write_input(os.path.join(run_dir, "generated"), seed, config.batches,
                     config.rows_per_batch, config.keys)
         exclude = {s3.pid} if s3 is not None else set()
@@ -255,6 +268,7 @@ def _drive(config: ChaosConfig, plan: Plan, run_dir: str, report: ChaosReport,
     quiescent: list[dict[str, Any]] = []
     stragglers: list[dict[str, Any]] = []
     parallelism: int | None = None
+    checkpointing: str | None = None
     work_dir = _spark_work_dir()
     try:
         while True:
@@ -263,6 +277,8 @@ def _drive(config: ChaosConfig, plan: Plan, run_dir: str, report: ChaosReport,
             args = [sys.executable, "-m", "keyedstate.testing.chaos.driver", run_dir]
             if parallelism is not None:
                 args += ["--parallelism", str(parallelism)]
+            if checkpointing is not None:
+                args += ["--checkpointing", checkpointing]
             log_path = os.path.join(run_dir, "logs", f"driver-{n:03d}.log")
             markers_before = set(markers(run_dir))
             with open(log_path, "wb") as out:
@@ -295,6 +311,9 @@ def _drive(config: ChaosConfig, plan: Plan, run_dir: str, report: ChaosReport,
                 # batches take them from the start).
                 choices = plan.restart_parallelism
                 parallelism = choices[-(report.drivers_started % len(choices)) - 1]
+                modes = plan.restart_checkpointing  # mixed: drawn per restarted driver
+                if modes:
+                    checkpointing = modes[-(report.drivers_started % len(modes)) - 1]
                 continue
             report.failures.append(
                 f"driver {n} failed unexpectedly (exit {rc}); log {log_path}:\n{_tail(log_path)}")

@@ -20,7 +20,7 @@ from keyedstate.testing.chaos import compare
 from keyedstate.testing.chaos import oracle as oracle_mod
 from keyedstate.testing.chaos.boundary import EXPECTED_VIA, SECOND_DIR
 from keyedstate.testing.chaos.driver import EVENTS_FILE, FINAL_DIR
-from keyedstate.testing.chaos.plan import KINDS, Branch, Plan
+from keyedstate.testing.chaos.plan import Branch, Plan
 from keyedstate.testing.chaos.workload import (
     MARKERS_DIR,
     SECOND_JOB_COLUMN,
@@ -179,6 +179,7 @@ def judge(plan: Plan, run_dir: str, report: ChaosReport, log: Callable[[str], No
         report.failures.append(f"{len(silent)} corruption drills restored wrong state silently "
                                f"or failed without a keyedstate error")
     _judge_boundaries(plan, run_dir, events, report)
+    _judge_checkpointing(plan, found, events, report)
     # Checkpoint directories: after gc, nothing unreferenced, nothing missing.
     checks = [e for e in events if e.get("event") == "job-check"]
     orphans = sum(c.get("orphan_count", 0) for c in checks)
@@ -355,11 +356,61 @@ def _kind_of(fault_id: str) -> str:
     return fault_id.split("-", 1)[0]
 
 
+def _judge_checkpointing(plan: Plan, markers: dict[str, dict[str, Any]],
+                         events: list[dict[str, Any]], report: ChaosReport) -> None:
+    """How the jobs checkpointed (``report.checkpointing``): query starts per mode, the
+    switches between consecutive starts (within a job: a restart; else a job boundary), the
+    discards of batches in flight and what explains each (a fault fired during that query),
+    and whether every driver kill before a checkpoint's completion came after Spark logged
+    its batch as done (the rewind case). A discard no fault explains, or such a kill before
+    Spark's log entry, fails the run."""
+    if plan.checkpointing == "sync":
+        return
+    starts = [e for e in events if e.get("event") == "query-start"]
+    per_mode: dict[str, int] = {}
+    switches: dict[str, int] = {}
+    for i, start in enumerate(starts):
+        mode = str(start.get("checkpointing"))
+        per_mode[mode] = per_mode.get(mode, 0) + 1
+        if i and starts[i - 1].get("checkpointing") != mode:
+            how = "restart" if starts[i - 1].get("job") == start.get("job") else "boundary"
+            edge = f"{starts[i - 1].get('checkpointing')}->{mode}:{how}"
+            switches[edge] = switches.get(edge, 0) + 1
+    discards = [e for e in events if e.get("event") == "discard"]
+    unexplained = [e for e in discards if not e.get("explained")]
+    rewinds = [m for fid, m in markers.items()
+               if fid.startswith("async-") and m.get("at") == "kill-before-completion"]
+    report.checkpointing = {
+        "mode": plan.checkpointing,
+        "jobs": {mode: sum(1 for j in plan.jobs if j.checkpointing == mode)
+                 for mode in ("sync", "async")},
+        "query_starts": per_mode, "switches": dict(sorted(switches.items())),
+        "discards": len(discards),
+        "discarded_batches": sum(len(e.get("batches") or []) for e in discards),
+        "unexplained_discards": [{k: e.get(k) for k in ("job", "batches", "back_at", "error")}
+                                 for e in unexplained],
+        "kills_before_completion": [{"batch": m.get("batch"),
+                                     "spark_committed": m.get("spark_committed")}
+                                    for m in rewinds]}
+    if unexplained:
+        shown = report.checkpointing["unexplained_discards"][:2]
+        report.failures.append(
+            f"{len(unexplained)} discards of checkpoints in flight with no fault fired in their "
+            f"query (a checkpoint failed by itself): {shown}")
+    early = [m for m in rewinds if m.get("spark_committed") is False]
+    if early:
+        report.failures.append(
+            f"{len(early)} driver kills before a checkpoint's completion came before Spark "
+            f"logged its batch as done (batches {[m.get('batch') for m in early]}): the rewind "
+            f"case was not what ran")
+
+
 def _count_faults(plan: Plan, markers: dict[str, dict[str, Any]], events: list[dict[str, Any]],
                   report: ChaosReport) -> None:
-    injected = {k: 0 for k in KINDS}
+    kinds = plan.kinds()
+    injected = {k: 0 for k in kinds}
     by_point: dict[str, int] = {}
-    recover: dict[str, list[float]] = {k: [] for k in KINDS}
+    recover: dict[str, list[float]] = {k: [] for k in kinds}
     batch_events = sorted((e["time"], e["batch_id"]) for e in events if e.get("event") == "batch")
     for fid, marker in markers.items():
         kind = _kind_of(fid)

@@ -22,6 +22,15 @@ oracle compares TTL timestamps itself.
 mid-batch (after the first key's state changed) or mid-upload (after writing half of a
 snapshot file: a torn upload); and a subtask that fails every attempt (an aborted checkpoint).
 Each fault fires once: a marker file is created (``O_EXCL``) just before it fires.
+
+**Faults of the asynchronous phase** (``async`` faults at ``upload-error``, ``ack-error``,
+``kill-worker-uploading``): armed when the planned subtask of the planned batch opens, they
+target the next snapshot that subtask hands to its process's uploader
+(:mod:`keyedstate.runtime.uploads`), and fire in the uploader while it uploads that snapshot:
+a :class:`~keyedstate.errors.TransientStorageError` on every file of the snapshot (the upload
+fails, its acknowledgement says so) or on writing the acknowledgement (none is written), or a
+torn write of the snapshot's first file and SIGKILL of the worker (no acknowledgement, ever).
+A snapshot that writes no file moves a file fault on to the subtask's next snapshot.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from keyedstate.errors import TransientStorageError
 from keyedstate.runtime.function import Context, KeyedProcessFunction
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
@@ -51,7 +61,7 @@ from keyedstate.state.descriptors import (
 from keyedstate.state.evolution import SchemaEvolution
 from keyedstate.state.timers import TimeDomain
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
-from keyedstate.storage.layout import is_snapshot_file
+from keyedstate.storage.layout import ACKS_DIR, ack_file, is_snapshot_file
 
 # -- time ------------------------------------------------------------------------------------
 
@@ -420,6 +430,15 @@ _armed: dict[str, Any] | None = None
 _current_batch = -1
 _suspended = False
 _hooked = False
+#: ``async`` faults armed for a subtask (by index) in this worker: the next snapshot it hands
+#: to the uploader is their target
+_async_armed: dict[int, dict[str, Any]] = {}
+#: ``async`` file faults whose target wrote no file: the subtask's next snapshot, by
+#: (job, subtask index)
+_async_carried: dict[tuple[str, int], dict[str, Any]] = {}
+#: the ``async`` fault of the upload the uploader runs now (one at a time, first in first
+#: out; the transfer pool's threads write its files, so not thread-local) and whether it fired
+_uploading: dict[str, Any] = {}
 
 
 def _plan(run_dir: str) -> dict[str, Any]:
@@ -460,8 +479,15 @@ def _arm(run_dir: str, ctx: Context) -> dict[str, Any] | None:
         _armed = None
     # An armed upload fault stays armed until an upload fires it: a snapshot without a new
     # stored file (nothing changed, or every file inlined into _metadata) has none.
+    _async_armed.pop(ctx.subtask_index, None)  # a synchronous task hands over no snapshot
     for fault in _plan(run_dir).get("executor_faults", []):
         if fault["batch"] != ctx.batch_id or fault["subtask"] % ctx.parallelism != ctx.subtask_index:
+            continue
+        if fault["kind"] == "async":
+            if not os.path.exists(marker_path(run_dir, fault["id"])):
+                _install_upload_hook()
+                _async_armed[ctx.subtask_index] = {**fault, "run_dir": run_dir,
+                                                   "armed_batch": ctx.batch_id}
             continue
         if fault["kind"] == "abort":
             # Fails every attempt until the driver marks the abort handled.
@@ -544,8 +570,10 @@ def _install_upload_hook() -> None:
         return
     _hooked = True
     upload, write = CheckpointStorage.upload, CheckpointStorage.write
+    _install_uploader_hooks()
 
     def maybe_fire(storage: CheckpointStorage, relative: str, data: Any) -> None:
+        _async_fault(storage, relative, data)
         fault = _armed
         if fault is None or _suspended or not is_snapshot_file(relative):
             return
@@ -567,3 +595,78 @@ def _install_upload_hook() -> None:
 
     CheckpointStorage.upload = hooked_upload  # type: ignore[method-assign]
     CheckpointStorage.write = hooked_write  # type: ignore[method-assign]
+
+
+def _install_uploader_hooks() -> None:
+    """Wrap this worker's uploader (:mod:`keyedstate.runtime.uploads`): a snapshot handed
+    over by a subtask with an armed ``async`` fault becomes its target
+    (:class:`_FaultedSnapshot`)."""
+    from keyedstate.runtime import uploads
+
+    add = uploads._Uploader.add
+
+    def hooked_add(self: Any, upload: Any) -> None:
+        fault = _async_armed.pop(upload.index, None) or _async_carried.pop(
+            (upload.job_id, upload.index), None)
+        if fault is not None and not _suspended and upload.result is not None:
+            upload.result = _FaultedSnapshot(upload.result, fault, upload)
+        add(self, upload)
+
+    uploads._Uploader.add = hooked_add  # type: ignore[method-assign]
+
+
+class _FaultedSnapshot:
+    """A snapshot handed to the uploader with an ``async`` fault: while the uploader
+    materializes it (and, for ``ack-error``, until it writes the acknowledgement),
+    :func:`_async_fault` sees the fault. A file fault that found no file to fire on moves on
+    to the subtask's next snapshot."""
+
+    def __init__(self, result: Any, fault: dict[str, Any], upload: Any) -> None:
+        self._result, self._fault, self._upload = result, fault, upload
+
+    def materialize(self) -> Any:
+        fault, upload = self._fault, self._upload
+        _uploading.update(fault=fault, fired=False, checkpoint_id=upload.checkpoint_id,
+                          index=upload.index)
+        try:
+            return self._result.materialize()
+        finally:
+            if fault["at"] != "ack-error":  # the acknowledgement's is cleared as it fires
+                fired = _uploading.get("fired")
+                _uploading.clear()
+                if not fired and not os.path.exists(marker_path(fault["run_dir"], fault["id"])):
+                    _async_carried[(upload.job_id, upload.index)] = fault
+
+
+def _async_fault(storage: CheckpointStorage, relative: str, data: Any) -> None:
+    """Fire the ``async`` fault of the upload running now, if ``relative`` is where it
+    fires: a snapshot file (``upload-error``: on each of them; ``kill-worker-uploading``: the
+    first, torn), or the subtask's acknowledgement (``ack-error``)."""
+    fault = _uploading.get("fault")
+    if fault is None:
+        return
+    at = fault["at"]
+    if at == "ack-error":
+        if relative != ack_file(_uploading["checkpoint_id"], _uploading["index"]):
+            return
+    elif not is_snapshot_file(relative) or f"/{ACKS_DIR}/" in relative:
+        return
+    run_dir = fault["run_dir"]
+    info = {"at": at, "batch": _current_batch, "planned_batch": fault["batch"],
+            "checkpoint_id": _uploading.get("checkpoint_id"), "subtask": _uploading.get("index")}
+    if at == "kill-worker-uploading":
+        if not _uploading.get("fired"):
+            _uploading["fired"] = True
+            payload = data() if callable(data) else data
+            _fire({**fault, "kind": "kill_worker", "at": at}, (storage, relative, payload))
+        return
+    if at == "ack-error":
+        _uploading.clear()  # the acknowledgement is written once
+    if not _uploading.get("fired"):
+        if not claim_marker(run_dir, fault["id"], kind="storage", **info):
+            return
+        if _uploading:
+            _uploading["fired"] = True
+    raise TransientStorageError(
+        f"{INJECTED} transient storage error at {at} of checkpoint {info['checkpoint_id']} "
+        f"(batch {fault['batch']}), writing {relative} (fault {fault['id']})")
