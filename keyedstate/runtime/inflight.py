@@ -52,6 +52,7 @@ from keyedstate.storage.layout import (
     flight_record_file,
     staging_dir,
 )
+from keyedstate.storage.transfer import parallel_map
 
 log = logging.getLogger("keyedstate")
 
@@ -162,10 +163,14 @@ def acknowledged_reports(storage: CheckpointStorage, flight: InFlight
                          ) -> list[SubtaskReport]:
     """``flight``'s reports with each subtask's handle and upload figures from its
     acknowledgement. Raises :class:`CheckpointError` for a missing or failed one, or one of
-    another snapshot than the report's."""
+    another snapshot than the report's. The acknowledgements are read in parallel (the
+    storage's transfer threads): on an object store each read is a round trip the driver's
+    batch waits for."""
+    threads = 1 if storage.is_local else storage.transfer.threads
+    acks = parallel_map(lambda r: read_ack(storage, flight.checkpoint_id, r.subtask),
+                        flight.reports, threads)
     reports = []
-    for report in flight.reports:
-        ack = read_ack(storage, flight.checkpoint_id, report.subtask)
+    for report, ack in zip(flight.reports, acks):
         if ack is None or ack.handle is None:
             why = "is missing" if ack is None else f"says the upload failed: {ack.error}"
             raise CheckpointError(
