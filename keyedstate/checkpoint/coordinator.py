@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from keyedstate.checkpoint.pending import (
     CompletedCheckpoint,
@@ -57,6 +57,7 @@ from keyedstate.storage.layout import (
     checkpoint_id_of_shared_file,
     shared_file_prefix,
 )
+from keyedstate.storage.transfer import parallel_map
 
 logger = logging.getLogger(__name__)
 
@@ -284,22 +285,33 @@ class CheckpointCoordinator:
         yield 4
         # Step 5. Subsume. _metadata goes first, so a crash half-way leaves an incomplete
         # chk-<M>/ (deleted by recover), never a complete-looking checkpoint missing files.
-        for old in self.store.add_checkpoint_and_subsume_oldest(completed):
-            self._discard_completed(old)
-        lowest = self.store.lowest_retained_id
-        assert lowest is not None
-        released = self.registry.unregister_unused_state(lowest)
-        self._delete_quietly((h.path for h in released), f"subsumed by checkpoint {checkpoint_id}")
-        for corrupt_id in sorted(i for i in self._quarantined if i < lowest):
-            self._quarantined.discard(corrupt_id)
-            self._delete_dir_quietly(checkpoint_dir_name(corrupt_id))
+        # Step 6's listing of the files written for this checkpoint runs beside it (on an
+        # object store both are round trips the batch waits for): it only reads, and nothing
+        # step 5 deletes is named after this checkpoint (those files are referenced by it).
+        def subsume() -> None:
+            for old in self.store.add_checkpoint_and_subsume_oldest(completed):
+                self._discard_completed(old)
+            lowest = self.store.lowest_retained_id
+            assert lowest is not None
+            released = self.registry.unregister_unused_state(lowest)
+            self._delete_quietly([h.path for h in released],
+                                 f"subsumed by checkpoint {checkpoint_id}")
+            for corrupt_id in sorted(i for i in self._quarantined if i < lowest):
+                self._quarantined.discard(corrupt_id)
+                self._delete_dir_quietly(checkpoint_dir_name(corrupt_id))
+
+        written: list[str] = []
+        steps: list[Callable[[], None]] = [
+            subsume, lambda: written.extend(self._written_for(checkpoint_id))]
+        parallel_map(lambda step: step(), steps,
+                     1 if self.storage.is_local else self.storage.transfer.threads)
         yield 5
         # Step 6. Flink aborts pending checkpoints older than a completed one; a retried or
         # speculative task attempt may have written files this checkpoint does not reference.
         for older_id in sorted(i for i in self._pending if i < checkpoint_id):
             self._abort(self._pending[older_id], f"subsumed by checkpoint {checkpoint_id}")
         referenced = {f.path for f in metadata.files()}
-        self._delete_quietly((p for p in self._written_for(checkpoint_id) if p not in referenced),
+        self._delete_quietly([p for p in written if p not in referenced],
                              f"unreferenced by checkpoint {checkpoint_id}")
         # A completed id is above every aborted one: their tombstones have done their job.
         for aborted_id in sorted(i for i in self._tombstones if i < checkpoint_id):
@@ -480,6 +492,14 @@ class CheckpointCoordinator:
                            "checkpoint", self.storage.url_of(COMPLETED_MARKER_FILE), exc)
 
     def _delete_quietly(self, paths: Iterable[str], why: str) -> None:
+        """Delete ``paths``, in one bulk request where the store has one; a failure is
+        logged (then each file is tried on its own), since only clean-up depends on it."""
+        paths = list(paths)
+        try:
+            self.storage.delete_many(paths)
+            return
+        except OSError:
+            pass
         for path in paths:
             try:
                 self.storage.delete([path])

@@ -47,6 +47,7 @@ from keyedstate.runtime.wire import (
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import (
     ABORTED_MARKER_FILE,
+    ack_file,
     acks_dir,
     checkpoint_dir_name,
     flight_record_file,
@@ -93,6 +94,8 @@ class InFlight:
     #: ``perf_counter`` at the batch's start; the Spark tasks used
     started: float
     tasks: int | None
+    #: whether its record is in storage (:func:`record_flight`)
+    recorded: bool = False
 
     @property
     def checkpoint_id(self) -> int:
@@ -116,7 +119,7 @@ class InFlight:
         with ``context``."""
         started = time.perf_counter() - max(0.0, time.time() - record.started_s)
         return cls(pending, record.batch_id, list(record.reports), record.drain,
-                   record.watermark, context, started, record.tasks)
+                   record.watermark, context, started, record.tasks, recorded=True)
 
 
 def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -> None:
@@ -125,6 +128,7 @@ def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -
     when it is aborted)."""
     storage.write(flight_record_file(flight.checkpoint_id),
                   encode_flight(flight.record(start_id)))
+    flight.recorded = True
 
 
 def recorded_flights(storage: CheckpointStorage, start_id: str, after: int
@@ -226,8 +230,15 @@ class InFlightCheckpoints:
             key_columns=key_columns, lineage=lineage, config=config, function=function,
             extra=extra)
         self._flights.popleft()
+        # Away from a local disk the files are known: one bulk delete, no listing first.
+        known = [ack_file(flight.checkpoint_id, r.subtask) for r in flight.reports]
+        if flight.recorded:
+            known.append(flight_record_file(flight.checkpoint_id))
         try:
-            storage.delete_dir(acks_dir(flight.checkpoint_id))
+            if storage.is_local:
+                storage.delete_dir(acks_dir(flight.checkpoint_id))
+            else:
+                storage.delete_many(known)
         except OSError as exc:  # the checkpoint is complete: gc finds the leftover
             log.warning("could not delete %s: %s", storage.url_of(acks_dir(flight.checkpoint_id)),
                         exc)
