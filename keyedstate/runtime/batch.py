@@ -243,13 +243,16 @@ def staged_outputs(storage: CheckpointStorage, properties: Mapping[str, str],
             for tag, schema in schemas.items()}
 
 
-def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint) -> bool:
+def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint, *,
+                   marker_known_missing: bool = False) -> bool:
     """Whether ``completed``'s output still has to be committed: it staged output (a claimed
     snapshot did not: its output is not this job's to commit) and its commit marker is not
-    written yet."""
+    written yet (not asked of storage with ``marker_known_missing``: the caller knows)."""
     props = completed.metadata.properties
     if STAGED not in props:
         return False
+    if marker_known_missing:
+        return True
     return not storage.exists(commit_marker(int(props[BATCH_ID]), completed.checkpoint_id))
 
 

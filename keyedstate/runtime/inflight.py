@@ -96,6 +96,9 @@ class InFlight:
     tasks: int | None
     #: whether its record is in storage (:func:`record_flight`)
     recorded: bool = False
+    #: whether its output's commit may have happened (tried, or adopted from another process):
+    #: its commit marker is then asked for first
+    may_be_committed: bool = False
 
     @property
     def checkpoint_id(self) -> int:
@@ -119,7 +122,8 @@ class InFlight:
         with ``context``."""
         started = time.perf_counter() - max(0.0, time.time() - record.started_s)
         return cls(pending, record.batch_id, list(record.reports), record.drain,
-                   record.watermark, context, started, record.tasks, recorded=True)
+                   record.watermark, context, started, record.tasks, recorded=True,
+                   may_be_committed=True)
 
 
 def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -> None:
