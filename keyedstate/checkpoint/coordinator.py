@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from keyedstate.checkpoint.pending import (
     CompletedCheckpoint,
@@ -48,6 +48,7 @@ from keyedstate.errors import (
 )
 from keyedstate.keygroups import KeyGroupRange, check_parallelism
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
+from keyedstate.storage.filesystem import is_object_store
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle
 from keyedstate.storage.layout import (
     ABORTED_MARKER_FILE,
@@ -57,6 +58,7 @@ from keyedstate.storage.layout import (
     checkpoint_id_of_shared_file,
     shared_file_prefix,
 )
+from keyedstate.storage.transfer import parallel_map
 
 logger = logging.getLogger(__name__)
 
@@ -284,12 +286,40 @@ class CheckpointCoordinator:
         yield 4
         # Step 5. Subsume. _metadata goes first, so a crash half-way leaves an incomplete
         # chk-<M>/ (deleted by recover), never a complete-looking checkpoint missing files.
-        for old in self.store.add_checkpoint_and_subsume_oldest(completed):
-            self._discard_completed(old)
+        # Beside it run listings, which only read (on an object store each request is a round
+        # trip the batch waits for): Step 6's of the files named for N (nothing this step
+        # deletes is named for N: N references those files) and, on an object store (no
+        # folders), each subsumed chk-<M>/'s, whose files are deleted once its _metadata is
+        # gone, as the folder's recursive delete did.
+        subsumed = self.store.add_checkpoint_and_subsume_oldest(completed)
+        listing = bool(subsumed) and is_object_store(self.storage.fs)
+        gone: dict[int, bool] = {}
+        listed: dict[int, list[str] | None] = {}
+        written: list[str] = []
+
+        def discard() -> None:
+            for old in subsumed:
+                gone[old.checkpoint_id] = self._discard_completed(old, folder=not listing)
+
+        steps: list[Callable[[], None]] = [
+            discard, lambda: written.extend(self._written_for(checkpoint_id))]
+        if listing:
+            steps.append(lambda: listed.update(
+                {old.checkpoint_id: self._listed(checkpoint_dir_name(old.checkpoint_id))
+                 for old in subsumed}))
+        parallel_map(lambda step: step(), steps,
+                     1 if self.storage.is_local else self.storage.transfer.threads)
+        for old in subsumed if listing else []:
+            found = listed.get(old.checkpoint_id)
+            if gone.get(old.checkpoint_id) and found is not None:
+                self._delete_quietly([p for p in found if p != old.metadata_path],
+                                     f"subsumed checkpoint {old.checkpoint_id}")
+            else:  # as without a listing: the folder, _metadata and all
+                self._delete_dir_quietly(checkpoint_dir_name(old.checkpoint_id))
         lowest = self.store.lowest_retained_id
         assert lowest is not None
         released = self.registry.unregister_unused_state(lowest)
-        self._delete_quietly((h.path for h in released), f"subsumed by checkpoint {checkpoint_id}")
+        self._delete_quietly([h.path for h in released], f"subsumed by checkpoint {checkpoint_id}")
         for corrupt_id in sorted(i for i in self._quarantined if i < lowest):
             self._quarantined.discard(corrupt_id)
             self._delete_dir_quietly(checkpoint_dir_name(corrupt_id))
@@ -299,7 +329,7 @@ class CheckpointCoordinator:
         for older_id in sorted(i for i in self._pending if i < checkpoint_id):
             self._abort(self._pending[older_id], f"subsumed by checkpoint {checkpoint_id}")
         referenced = {f.path for f in metadata.files()}
-        self._delete_quietly((p for p in self._written_for(checkpoint_id) if p not in referenced),
+        self._delete_quietly([p for p in written if p not in referenced],
                              f"unreferenced by checkpoint {checkpoint_id}")
         # A completed id is above every aborted one: their tombstones have done their job.
         for aborted_id in sorted(i for i in self._tombstones if i < checkpoint_id):
@@ -450,7 +480,11 @@ class CheckpointCoordinator:
             return []
         return sorted(p[len(root):] for p in found if p.startswith(root))
 
-    def _discard_completed(self, checkpoint: CompletedCheckpoint) -> None:
+    def _discard_completed(self, checkpoint: CompletedCheckpoint, *, folder: bool = True
+                           ) -> bool:
+        """Discard a subsumed checkpoint: its claimed snapshot, then its ``_metadata``, then
+        (``folder``) its ``chk-<M>/``. Whether its ``_metadata`` is gone; failures are
+        logged."""
         # CLAIM restore mode: a checkpoint imported from a claimed snapshot takes the snapshot
         # with it, before its own _metadata goes (a crash in between repeats this on recover).
         claimed = checkpoint.metadata.properties.get(CLAIMED_FROM)
@@ -461,9 +495,19 @@ class CheckpointCoordinator:
                 logger.warning("could not delete the claimed snapshot %s (subsumed with "
                                "checkpoint %d): %s; delete it by hand", claimed,
                                checkpoint.checkpoint_id, exc)
-        self._delete_quietly([checkpoint.metadata_path],
-                             f"subsumed checkpoint {checkpoint.checkpoint_id}")
-        self._delete_dir_quietly(checkpoint_dir_name(checkpoint.checkpoint_id))
+        gone = self._delete_quietly([checkpoint.metadata_path],
+                                    f"subsumed checkpoint {checkpoint.checkpoint_id}")
+        if folder:
+            self._delete_dir_quietly(checkpoint_dir_name(checkpoint.checkpoint_id))
+        return gone
+
+    def _listed(self, relative: str) -> list[str] | None:
+        """Every file below ``relative`` (None: the listing failed, logged)."""
+        try:
+            return self.storage.list_files(relative)
+        except OSError as exc:
+            logger.warning("could not list %s: %s", self.storage.url_of(relative), exc)
+            return None
 
     def _mark_completed(self) -> None:
         """Write the root's COMPLETED_MARKER_FILE once (after a checkpoint is complete). Best
@@ -479,13 +523,25 @@ class CheckpointCoordinator:
             logger.warning("could not write %s: %s; it is written again with the next "
                            "checkpoint", self.storage.url_of(COMPLETED_MARKER_FILE), exc)
 
-    def _delete_quietly(self, paths: Iterable[str], why: str) -> None:
+    def _delete_quietly(self, paths: Iterable[str], why: str) -> bool:
+        """Delete ``paths``, in one bulk request where the store has one; a failure is
+        logged (then each file is tried on its own), since only clean-up depends on it.
+        Whether every one is gone."""
+        paths = list(paths)
+        try:
+            self.storage.delete_many(paths)
+            return True
+        except OSError:
+            pass
+        done = True
         for path in paths:
             try:
                 self.storage.delete([path])
             except OSError as exc:
+                done = False
                 logger.warning("could not delete %s (%s): %s; `keyedstate gc` will find it",
                                self.storage.url_of(path), why, exc)
+        return done
 
     def _delete_dir_quietly(self, relative: str) -> None:
         try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,7 +50,7 @@ from keyedstate.storage.layout import (
     commit_marker,
     staging_dir,
 )
-from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats
+from keyedstate.storage.transfer import RESTORE_PREFIX, TransferStats, parallel_map
 
 #: the tag of a job's main output (side outputs have their own tags)
 MAIN_OUTPUT = "main"
@@ -84,9 +84,12 @@ class StagedOutput:
 
 def read_staged(staged: StagedOutput) -> pa.Table:
     """The batch's output as one Arrow table of ``staged.schema``, read in this process through
-    the staging storage's filesystem (any fsspec URL, S3 included)."""
-    tables = [pq.read_table(pa.BufferReader(staged.storage.read(relative)))
-              for relative in sorted(staged.paths)]
+    the staging storage's filesystem (any fsspec URL, S3 included). The files are read in
+    parallel (the storage's transfer threads; one on a local filesystem), concatenated in
+    path order."""
+    storage = staged.storage
+    tables = parallel_map(lambda relative: pq.read_table(pa.BufferReader(storage.read(relative))),
+                          sorted(staged.paths), 1 if storage.is_local else storage.transfer.threads)
     if not tables:
         return staged.schema.empty_table()
     return pa.concat_tables(tables).cast(staged.schema)
@@ -240,13 +243,16 @@ def staged_outputs(storage: CheckpointStorage, properties: Mapping[str, str],
             for tag, schema in schemas.items()}
 
 
-def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint) -> bool:
+def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint, *,
+                   marker_known_missing: bool = False) -> bool:
     """Whether ``completed``'s output still has to be committed: it staged output (a claimed
     snapshot did not: its output is not this job's to commit) and its commit marker is not
-    written yet."""
+    written yet (not asked of storage with ``marker_known_missing``: the caller knows)."""
     props = completed.metadata.properties
     if STAGED not in props:
         return False
+    if marker_known_missing:
+        return True
     return not storage.exists(commit_marker(int(props[BATCH_ID]), completed.checkpoint_id))
 
 
@@ -254,17 +260,28 @@ def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoo
                           completed: CompletedCheckpoint) -> None:
     """After ``completed``'s output was committed: write its marker, drop its staged files,
     and delete the markers of checkpoints no longer retained (only a retained checkpoint's
-    marker is ever consulted: a replay of its batch, a savepoint of it)."""
+    marker is ever consulted: a replay of its batch, a savepoint of it).
+
+    The marker comes first (once the staged files are gone, only it says the output was
+    committed); the two clean-ups after it are independent of each other and run in parallel
+    on the storage's transfer threads: each is a listing and a delete, round trips on an
+    object store. A failed one raises once both ended (the caller's retry repeats them)."""
     batch_id = int(completed.metadata.properties[BATCH_ID])
     storage.write(commit_marker(batch_id, completed.checkpoint_id), b"")
-    storage.delete_dir(staging_dir(batch_id))
     retained = [c.checkpoint_id for c in coordinator.retained]
-    if not retained:
-        return
-    stale = [p for p in storage.list_files(COMMITS_DIR)
-             if (marked := checkpoint_id_of_commit_marker(p)) is not None
-             and marked < min(retained)]
-    storage.delete(stale)
+
+    def drop_stale_markers() -> None:
+        if not retained:
+            return
+        stale = [p for p in storage.list_files(COMMITS_DIR)
+                 if (marked := checkpoint_id_of_commit_marker(p)) is not None
+                 and marked < min(retained)]
+        storage.delete_many(stale)
+
+    cleanups: list[Callable[[], None]] = [lambda: storage.delete_dir(staging_dir(batch_id)),
+                                          drop_stale_markers]
+    parallel_map(lambda cleanup: cleanup(), cleanups,
+                 1 if storage.is_local else storage.transfer.threads)
 
 
 def batch_stats(reports: Sequence[SubtaskReport], completed: CompletedCheckpoint, *,

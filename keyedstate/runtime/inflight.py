@@ -47,11 +47,13 @@ from keyedstate.runtime.wire import (
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.layout import (
     ABORTED_MARKER_FILE,
+    ack_file,
     acks_dir,
     checkpoint_dir_name,
     flight_record_file,
     staging_dir,
 )
+from keyedstate.storage.transfer import parallel_map
 
 log = logging.getLogger("keyedstate")
 
@@ -96,6 +98,11 @@ class InFlight(Generic[ContextT]):
     #: ``perf_counter`` at the batch's start; the Spark tasks used
     started: float
     tasks: int | None
+    #: whether its record is in storage (:func:`record_flight`)
+    recorded: bool = False
+    #: whether its output's commit may have happened (tried, or adopted from another process):
+    #: its commit marker is then asked for first
+    may_be_committed: bool = False
 
     @property
     def checkpoint_id(self) -> int:
@@ -119,7 +126,8 @@ class InFlight(Generic[ContextT]):
         with ``context``."""
         started = time.perf_counter() - max(0.0, time.time() - record.started_s)
         return cls(pending, record.batch_id, list(record.reports), record.drain,
-                   record.watermark, context, started, record.tasks)
+                   record.watermark, context, started, record.tasks, recorded=True,
+                   may_be_committed=True)
 
 
 def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -> None:
@@ -128,6 +136,7 @@ def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -
     when it is aborted)."""
     storage.write(flight_record_file(flight.checkpoint_id),
                   encode_flight(flight.record(start_id)))
+    flight.recorded = True
 
 
 def recorded_flights(storage: CheckpointStorage, start_id: str, after: int
@@ -166,10 +175,14 @@ def acknowledged_reports(storage: CheckpointStorage, flight: InFlight
                          ) -> list[SubtaskReport]:
     """``flight``'s reports with each subtask's handle and upload figures from its
     acknowledgement. Raises :class:`CheckpointError` for a missing or failed one, or one of
-    another snapshot than the report's."""
+    another snapshot than the report's. The acknowledgements are read in parallel (the
+    storage's transfer threads): on an object store each read is a round trip the driver's
+    batch waits for."""
+    threads = 1 if storage.is_local else storage.transfer.threads
+    acks = parallel_map(lambda r: read_ack(storage, flight.checkpoint_id, r.subtask),
+                        flight.reports, threads)
     reports = []
-    for report in flight.reports:
-        ack = read_ack(storage, flight.checkpoint_id, report.subtask)
+    for report, ack in zip(flight.reports, acks):
         if ack is None or ack.handle is None:
             why = "is missing" if ack is None else f"says the upload failed: {ack.error}"
             raise CheckpointError(
@@ -226,8 +239,15 @@ class InFlightCheckpoints(Generic[ContextT]):
             key_columns=key_columns, lineage=lineage, config=config, function=function,
             extra=extra)
         self._flights.popleft()
+        # Away from a local disk the files are known: one bulk delete, no listing first.
+        known = [ack_file(flight.checkpoint_id, r.subtask) for r in flight.reports]
+        if flight.recorded:
+            known.append(flight_record_file(flight.checkpoint_id))
         try:
-            storage.delete_dir(acks_dir(flight.checkpoint_id))
+            if storage.is_local:
+                storage.delete_dir(acks_dir(flight.checkpoint_id))
+            else:
+                storage.delete_many(known)
         except OSError as exc:  # the checkpoint is complete: gc finds the leftover
             log.warning("could not delete %s: %s", storage.url_of(acks_dir(flight.checkpoint_id)),
                         exc)

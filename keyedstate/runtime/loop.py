@@ -267,7 +267,7 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                             attempt + 1, tolerable + 1)
                 time.sleep(delay)
         # Step 6. The checkpoint is complete: from here on only the commit is retried.
-        self._commit_with_retries(context, completed)
+        self._commit_with_retries(context, completed, fresh=True)
         # Step 7.
         stats = self._stats(batch_id, completed, reports, started)
         stats.attempts = attempt
@@ -430,7 +430,8 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         done: list[BatchStats] = []
         while self._to_commit:
             flight, completed, reports = self._to_commit[0]
-            self._commit_with_retries(flight.context, completed)
+            fresh, flight.may_be_committed = not flight.may_be_committed, True
+            self._commit_with_retries(flight.context, completed, fresh=fresh)
             self._to_commit.popleft()
             watermark = int(completed.metadata.properties.get(WATERMARK, MIN_WATERMARK))
             stats = batch_stats(reports, completed, watermark=watermark,
@@ -465,13 +466,15 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         self.drained = back.drained
         return back
 
-    def _commit_with_retries(self, context: ContextT, completed: CompletedCheckpoint) -> None:
+    def _commit_with_retries(self, context: ContextT, completed: CompletedCheckpoint, *,
+                             fresh: bool = False) -> None:
         """Step 6, retrying transient storage errors (the commit is idempotent by batch id)
-        as often as a failed checkpoint would be."""
+        as often as a failed checkpoint would be. ``fresh``: :meth:`_commit_sinks`'s, for the
+        first attempt only (a failed one may have written the marker)."""
         tolerable = self._tolerable_failures()
         for attempt in range(1, tolerable + 2):
             try:
-                self._commit_sinks(context, completed)
+                self._commit_sinks(context, completed, fresh=fresh and attempt == 1)
                 return
             except TransientStorageError as exc:
                 if attempt > tolerable:
@@ -483,13 +486,18 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                             attempt + 1, tolerable + 1)
                 time.sleep(delay)
 
-    def _commit_sinks(self, context: ContextT, completed: CompletedCheckpoint) -> None:
+    def _commit_sinks(self, context: ContextT, completed: CompletedCheckpoint, *,
+                      fresh: bool = False) -> None:
         """Step 6: commit a completed checkpoint's output (skipped when its marker says that
-        happened), then write the marker and drop the staged files."""
+        happened), then write the marker and drop the staged files. ``fresh``: this loop
+        completed the checkpoint and nothing tried its commit yet, so its marker is not asked
+        for (no request): the marker names the checkpoint's id, which is new (a coordinator
+        never reuses one, recovery continues above every id used), and only this loop
+        commits it."""
         # A claimed snapshot staged nothing: its output is not this job's to commit. Its own
         # job committed it, or this job did at start from the copy the snapshot carried;
         # committing "nothing" for its batch on a replay would replace that output.
-        if not output_pending(self.storage, completed):
+        if not output_pending(self.storage, completed, marker_known_missing=fresh):
             return
         self._committing = completed.checkpoint_id
         try:

@@ -250,11 +250,16 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
         # or close (runtime.uploads).
         wait_for_subtask(plan.job_id, index)
     if src is not None and src.pending:
-        # A checkpoint in flight: never a state older than it. Its ack has the handle.
-        if live is not None:
-            close_live(live)
-        return Acquired(_restored(replace(plan, restore=_acknowledged(plan, src, index)), index),
-                        RESTORED, time.perf_counter() - start)
+        # A checkpoint in flight: never a state older than it. Its ack has the handle, and a
+        # copy that can catch up applies what was written since it, as from a completed one
+        # (its next snapshot builds on the checkpoint in flight, as a reused copy's does:
+        # discarded with it if it fails); any other is closed and the state restored.
+        try:
+            src = _acknowledged(plan, src, index)
+        except BaseException:
+            if live is not None:
+                close_live(live)
+            raise
     if live is not None:
         try:
             if same_layout and src is not None \
@@ -264,7 +269,8 @@ def _restore(plan: BatchPlan, index: int) -> Acquired:
             close_live(live)  # possibly half caught up: never used again
             raise
         close_live(live)  # uncommitted, or on another chain: never used
-    return Acquired(_restored(plan, index), RESTORED, time.perf_counter() - start)
+    return Acquired(_restored(replace(plan, restore=src), index), RESTORED,
+                    time.perf_counter() - start)
 
 
 def _acknowledged(plan: BatchPlan, src: RestoreSource, index: int) -> RestoreSource:

@@ -207,8 +207,11 @@ def await_acks(storage: CheckpointStorage, checkpoint_id: int, subtasks: Sequenc
 
 
 def read_ack(storage: CheckpointStorage, checkpoint_id: int, index: int) -> SubtaskAck | None:
-    """Subtask ``index``'s acknowledgement of ``checkpoint_id`` (None: not written)."""
+    """Subtask ``index``'s acknowledgement of ``checkpoint_id`` (None: not written). One
+    request: a GET answered "not found" costs what a HEAD does, so none is asked first."""
     relative = ack_file(checkpoint_id, index)
-    if not storage.exists(relative):
+    try:
+        data = storage.read(relative)
+    except FileNotFoundError:
         return None
-    return decode_ack(storage.read(relative), storage.url_of(relative))
+    return decode_ack(data, storage.url_of(relative))

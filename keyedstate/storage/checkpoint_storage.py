@@ -483,6 +483,22 @@ class CheckpointStorage:
             except FileNotFoundError:
                 pass
 
+    def delete_many(self, relatives: Iterable[str]) -> None:
+        """Delete files in one bulk request where the store has one (an object store's
+        ``DeleteObjects``, 1,000 keys a request) instead of one request each; already-missing
+        ones are fine, as for :meth:`delete`. On the local filesystem (no requests to save), or
+        when the bulk call finds a file missing, it is :meth:`delete`."""
+        relatives = list(relatives)
+        if len(relatives) <= 1 or self.is_local:
+            self.delete(relatives)
+            return
+        paths = [self.path(r) for r in relatives]
+        try:
+            self.call(f"deleting {len(paths)} files under {self.url}",
+                      lambda: self.fs.rm(paths, recursive=False))
+        except FileNotFoundError:  # a wrapper over a filesystem refuses a missing one
+            self.delete(relatives)
+
     def delete_dir(self, relative: str) -> None:
         try:
             self.call(f"deleting {self.url_of(relative)}",

@@ -82,6 +82,30 @@ def test_a_stale_heap_copy_catches_up_with_the_diffs_written_since(tmp_path):
     assert rows(outputs) == reference(tmp_path, data, "heap")
 
 
+def test_a_stale_heap_copy_catches_up_to_a_checkpoint_in_flight(tmp_path):
+    # The asynchronous mode: the next batch restores from the checkpoint in flight (its
+    # acknowledgement's handle); a stale copy there catches up, as from a completed one.
+    data = [_every_key(5000), *batches(4, users=5000)]
+    outputs = []
+    with new_job(config(tmp_path, backend="heap", async_upload=True)) as job:
+        job_id = job.storage.url
+        outputs.append(job.process_batch(data[0]))
+        stale = _take_live(job_id, 0)  # worker A keeps subtask 0 at checkpoint 1, in flight
+        outputs.append(job.process_batch(data[1]))  # worker B restores it from the ack
+        outputs.append(job.process_batch(data[2]))
+        _hand_back(job_id, 0, stale)
+        outputs.append(job.process_batch(data[3]))  # back in worker A: checkpoint 3 in flight
+        outputs.append(job.flush())
+        caught_up, other = _latest_subtasks(tmp_path)
+        assert caught_up.caught_up and not caught_up.reused
+        assert other.reused and not other.caught_up
+        handle = resolve_snapshot(str(tmp_path / "ckpt")).metadata.handles[0]
+        assert len(chain_of(handle)) == 4  # file 1 (its own), 2 and 3 (worker B's), 4
+        outputs.append(job.process_batch(data[4]))
+        outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data, "heap")
+
+
 def test_a_copy_on_another_chain_is_closed_and_the_state_restored(tmp_path):
     """Once every key group was imaged again after the copy's own file, the chain no longer
     lists that file (max_chain_length 1: half the key groups imaged per checkpoint): catching
