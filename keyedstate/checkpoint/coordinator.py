@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Sequence
 
+from keyedstate.checkpoint.cleanup import (
+    delete_dir_quietly,
+    delete_quietly,
+    discard_completed,
+    list_quietly,
+    written_for,
+)
 from keyedstate.checkpoint.pending import (
     CompletedCheckpoint,
     CompletedCheckpointStore,
     PendingCheckpoint,
     check_subtask_index,
 )
-from keyedstate.checkpoint.properties import CLAIMED_FROM
 from keyedstate.checkpoint.recovery import (
     check_configuration,
     highest_used_id,
@@ -38,7 +44,6 @@ from keyedstate.checkpoint.recovery import (
     read_stored_checkpoints,
 )
 from keyedstate.checkpoint.registry import SharedStateRegistry
-from keyedstate.checkpoint.restore_modes import dispose_claimed_snapshot
 from keyedstate.errors import (
     CheckpointAbortedError,
     CheckpointProtocolError,
@@ -56,7 +61,6 @@ from keyedstate.storage.layout import (
     SHARED_DIR,
     checkpoint_dir_name,
     checkpoint_id_of_shared_file,
-    shared_file_prefix,
 )
 from keyedstate.storage.transfer import parallel_map
 
@@ -299,42 +303,44 @@ class CheckpointCoordinator:
 
         def discard() -> None:
             for old in subsumed:
-                gone[old.checkpoint_id] = self._discard_completed(old, folder=not listing)
+                gone[old.checkpoint_id] = discard_completed(self.storage, old, folder=not listing)
 
         steps: list[Callable[[], None]] = [
-            discard, lambda: written.extend(self._written_for(checkpoint_id))]
+            discard, lambda: written.extend(written_for(self.storage, checkpoint_id))]
         if listing:
             steps.append(lambda: listed.update(
-                {old.checkpoint_id: self._listed(checkpoint_dir_name(old.checkpoint_id))
+                {old.checkpoint_id:
+                 list_quietly(self.storage, checkpoint_dir_name(old.checkpoint_id))
                  for old in subsumed}))
         parallel_map(lambda step: step(), steps,
                      1 if self.storage.is_local else self.storage.transfer.threads)
         for old in subsumed if listing else []:
             found = listed.get(old.checkpoint_id)
             if gone.get(old.checkpoint_id) and found is not None:
-                self._delete_quietly([p for p in found if p != old.metadata_path],
+                delete_quietly(self.storage, [p for p in found if p != old.metadata_path],
                                      f"subsumed checkpoint {old.checkpoint_id}")
             else:  # as without a listing: the folder, _metadata and all
-                self._delete_dir_quietly(checkpoint_dir_name(old.checkpoint_id))
+                delete_dir_quietly(self.storage, checkpoint_dir_name(old.checkpoint_id))
         lowest = self.store.lowest_retained_id
         assert lowest is not None
         released = self.registry.unregister_unused_state(lowest)
-        self._delete_quietly([h.path for h in released], f"subsumed by checkpoint {checkpoint_id}")
+        delete_quietly(self.storage, [h.path for h in released],
+                       f"subsumed by checkpoint {checkpoint_id}")
         for corrupt_id in sorted(i for i in self._quarantined if i < lowest):
             self._quarantined.discard(corrupt_id)
-            self._delete_dir_quietly(checkpoint_dir_name(corrupt_id))
+            delete_dir_quietly(self.storage, checkpoint_dir_name(corrupt_id))
         yield 5
         # Step 6. Flink aborts pending checkpoints older than a completed one; a retried or
         # speculative task attempt may have written files this checkpoint does not reference.
         for older_id in sorted(i for i in self._pending if i < checkpoint_id):
             self._abort(self._pending[older_id], f"subsumed by checkpoint {checkpoint_id}")
         referenced = {f.path for f in metadata.files()}
-        self._delete_quietly([p for p in written if p not in referenced],
+        delete_quietly(self.storage, [p for p in written if p not in referenced],
                              f"unreferenced by checkpoint {checkpoint_id}")
         # A completed id is above every aborted one: their tombstones have done their job.
         for aborted_id in sorted(i for i in self._tombstones if i < checkpoint_id):
             self._tombstones.discard(aborted_id)
-            self._delete_dir_quietly(checkpoint_dir_name(aborted_id))
+            delete_dir_quietly(self.storage, checkpoint_dir_name(aborted_id))
         yield 6
 
     def abort(self, pending: PendingCheckpoint, reason: str) -> None:
@@ -356,15 +362,15 @@ class CheckpointCoordinator:
         # Step 2. What it wrote: shared files named for it (written by any process), what this
         # process's locations tracked, and what acknowledged handles list; minus every
         # registered file, which a completed checkpoint references.
-        written = set(self._written_for(checkpoint_id)) | set(pending.written_here())
+        written = set(written_for(self.storage, checkpoint_id)) | set(pending.written_here())
         for handle in pending._acknowledged.values():
             written.update(f.path for f in handle.files()
                            if checkpoint_id_of_shared_file(f.path) == checkpoint_id)
         # Step 3. Delete them, then chk-<N>/ (its private files; no _metadata unless Step 3 of
         # complete failed ambiguously, and then it must go too).
-        self._delete_quietly((p for p in written if p not in self.registry),
+        delete_quietly(self.storage, (p for p in written if p not in self.registry),
                              f"aborted checkpoint {checkpoint_id}")
-        self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+        delete_dir_quietly(self.storage, checkpoint_dir_name(checkpoint_id))
         # Step 4. Its tombstone: a restarted job's next id is still above this one.
         self._leave_tombstone(checkpoint_id)
 
@@ -465,50 +471,6 @@ class CheckpointCoordinator:
                             f"(deleted with it); write them through the pending location")
         return None
 
-    def _written_for(self, checkpoint_id: int) -> list[str]:
-        """Shared files whose name says they were written for ``checkpoint_id`` (one prefix
-        listing; a failure is logged, since only clean-up depends on it)."""
-        prefix = shared_file_prefix(checkpoint_id)
-        try:
-            if any(c in self.storage.root for c in "*?["):  # glob would misread the root
-                return [p for p in self.storage.list_files(SHARED_DIR) if p.startswith(prefix)]
-            root = self.storage.root.rstrip("/") + "/"
-            found = self.storage.fs.glob(self.storage.path(prefix) + "*")
-        except OSError as exc:
-            logger.warning("could not list %s*: %s; `keyedstate gc` will find what is left",
-                           self.storage.url_of(prefix), exc)
-            return []
-        return sorted(p[len(root):] for p in found if p.startswith(root))
-
-    def _discard_completed(self, checkpoint: CompletedCheckpoint, *, folder: bool = True
-                           ) -> bool:
-        """Discard a subsumed checkpoint: its claimed snapshot, then its ``_metadata``, then
-        (``folder``) its ``chk-<M>/``. Whether its ``_metadata`` is gone; failures are
-        logged."""
-        # CLAIM restore mode: a checkpoint imported from a claimed snapshot takes the snapshot
-        # with it, before its own _metadata goes (a crash in between repeats this on recover).
-        claimed = checkpoint.metadata.properties.get(CLAIMED_FROM)
-        if claimed:
-            try:
-                dispose_claimed_snapshot(claimed, self.storage)
-            except Exception as exc:  # the checkpoint that subsumed it is complete: log only
-                logger.warning("could not delete the claimed snapshot %s (subsumed with "
-                               "checkpoint %d): %s; delete it by hand", claimed,
-                               checkpoint.checkpoint_id, exc)
-        gone = self._delete_quietly([checkpoint.metadata_path],
-                                    f"subsumed checkpoint {checkpoint.checkpoint_id}")
-        if folder:
-            self._delete_dir_quietly(checkpoint_dir_name(checkpoint.checkpoint_id))
-        return gone
-
-    def _listed(self, relative: str) -> list[str] | None:
-        """Every file below ``relative`` (None: the listing failed, logged)."""
-        try:
-            return self.storage.list_files(relative)
-        except OSError as exc:
-            logger.warning("could not list %s: %s", self.storage.url_of(relative), exc)
-            return None
-
     def _mark_completed(self) -> None:
         """Write the root's COMPLETED_MARKER_FILE once (after a checkpoint is complete). Best
         effort: the checkpoint is complete either way, and a missing marker only means that a
@@ -522,33 +484,6 @@ class CheckpointCoordinator:
         except OSError as exc:
             logger.warning("could not write %s: %s; it is written again with the next "
                            "checkpoint", self.storage.url_of(COMPLETED_MARKER_FILE), exc)
-
-    def _delete_quietly(self, paths: Iterable[str], why: str) -> bool:
-        """Delete ``paths``, in one bulk request where the store has one; a failure is
-        logged (then each file is tried on its own), since only clean-up depends on it.
-        Whether every one is gone."""
-        paths = list(paths)
-        try:
-            self.storage.delete_many(paths)
-            return True
-        except OSError:
-            pass
-        done = True
-        for path in paths:
-            try:
-                self.storage.delete([path])
-            except OSError as exc:
-                done = False
-                logger.warning("could not delete %s (%s): %s; `keyedstate gc` will find it",
-                               self.storage.url_of(path), why, exc)
-        return done
-
-    def _delete_dir_quietly(self, relative: str) -> None:
-        try:
-            self.storage.delete_dir(relative)
-        except OSError as exc:
-            logger.warning("could not delete %s: %s; `keyedstate gc` will find it",
-                           self.storage.url_of(relative), exc)
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -631,16 +566,16 @@ class CheckpointCoordinator:
                            f"before its commit) or its _metadata was lost; recovered from "
                            f"checkpoint {retained[-1].checkpoint_id}, the newest complete one, "
                            f"and deleted chk-{checkpoint_id}/")
-            self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+            delete_dir_quietly(self.storage, checkpoint_dir_name(checkpoint_id))
             if last_used:
                 self._leave_tombstone(checkpoint_id)
         # Step 5. Subsume what is beyond num_retained; keep a corrupt checkpoint newer than the
         # lowest retained one for inspection (deleted once subsumed), never silently.
         for checkpoint in reversed(older):
-            self._discard_completed(checkpoint)
+            discard_completed(self.storage, checkpoint)
         if lowest is not None:
             released = self.registry.unregister_unused_state(lowest)
-            self._delete_quietly((h.path for h in released), "subsumed during recovery")
+            delete_quietly(self.storage, (h.path for h in released), "subsumed during recovery")
         for checkpoint_id in sorted(unreadable):
             kept = lowest is not None and checkpoint_id > lowest
             note = f"checkpoint {checkpoint_id} is unreadable ({unreadable[checkpoint_id]}); "
@@ -653,13 +588,13 @@ class CheckpointCoordinator:
             if kept:
                 self._quarantined.add(checkpoint_id)
             else:
-                self._delete_dir_quietly(checkpoint_dir_name(checkpoint_id))
+                delete_dir_quietly(self.storage, checkpoint_dir_name(checkpoint_id))
         # Step 6. Orphans: shared files no retained checkpoint references (a crash between
         # writing and registering or deleting them, a corrupt checkpoint's files).
         shared = storage.list_files(SHARED_DIR)
         if cleanup_orphans:
             protected = set(self.registry) | self._not_owned_paths
-            self._delete_quietly((p for p in shared if p not in protected),
+            delete_quietly(self.storage, (p for p in shared if p not in protected),
                                  "referenced by no retained checkpoint")
         # Step 7. Never reuse an id that names a directory or file already written.
         self._next_id = max([highest_used_id(storage, shared, dir_ids),
