@@ -30,7 +30,7 @@ Version 3: :class:`FlightRecord`.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -158,6 +158,9 @@ class _Version(msgspec.Struct):
     version: int
 
 
+#: what a stored object decodes to (:func:`_decode_stored`)
+T = TypeVar("T")
+
 _encoder = msgspec.json.Encoder()
 _version_decoder = msgspec.json.Decoder(_Version)
 _report_decoder = msgspec.json.Decoder(SubtaskReport)
@@ -208,13 +211,7 @@ def encode_ack(ack: SubtaskAck) -> bytes:
 
 def decode_ack(data: bytes, where: str) -> SubtaskAck:
     """The acknowledgement stored at ``where`` (named in errors)."""
-    version = _version_of(data, f"the acknowledgement {where}")
-    try:
-        return _ack_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise CheckpointProtocolError(
-            f"the acknowledgement {where} (wire version {version}) can't be read: {exc}"
-        ) from exc
+    return _decode_stored(_ack_decoder, data, f"the acknowledgement {where}")
 
 
 def encode_flight(record: FlightRecord) -> bytes:
@@ -224,13 +221,18 @@ def encode_flight(record: FlightRecord) -> bytes:
 
 def decode_flight(data: bytes, where: str) -> FlightRecord:
     """The record of a checkpoint in flight stored at ``where`` (named in errors)."""
-    version = _version_of(data, f"the record of a checkpoint in flight {where}")
+    return _decode_stored(_flight_decoder, data, f"the record of a checkpoint in flight {where}")
+
+
+def _decode_stored(decoder: msgspec.json.Decoder[T], data: bytes, what: str) -> T:
+    """``data`` decoded as ``what`` (named in errors): a version this code can't read, or
+    bytes that don't decode, raise :class:`CheckpointProtocolError`."""
+    version = _version_of(data, what)
     try:
-        return _flight_decoder.decode(data)
+        return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CheckpointProtocolError(
-            f"the record of a checkpoint in flight {where} (wire version {version}) can't be "
-            f"read: {exc}") from exc
+            f"{what} (wire version {version}) can't be read: {exc}") from exc
 
 
 __all__ = ["KG_COLUMN", "REPORT_DDL", "REPORT_SCHEMA", "SUBTASK_COLUMN", "FlightRecord",
