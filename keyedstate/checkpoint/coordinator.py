@@ -312,8 +312,7 @@ class CheckpointCoordinator:
                 {old.checkpoint_id:
                  list_quietly(self.storage, checkpoint_dir_name(old.checkpoint_id))
                  for old in subsumed}))
-        parallel_map(lambda step: step(), steps,
-                     1 if self.storage.is_local else self.storage.transfer.threads)
+        parallel_map(lambda step: step(), steps, self.storage.request_threads)
         for old in subsumed if listing else []:
             found = listed.get(old.checkpoint_id)
             if gone.get(old.checkpoint_id) and found is not None:

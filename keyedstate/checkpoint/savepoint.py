@@ -183,8 +183,7 @@ def verify_snapshot_files(snapshot: ResolvedSnapshot, progress: Progress | None 
             raise _altered(storage, handle, size, checksum, remedy)
         return handle
 
-    threads = 1 if storage.is_local else storage.transfer.threads
-    for handle in parallel_map(check, files, threads):
+    for handle in parallel_map(check, files, storage.request_threads):
         done += handle.size
         if progress:
             progress(done, total)

@@ -89,7 +89,7 @@ def read_staged(staged: StagedOutput) -> pa.Table:
     path order."""
     storage = staged.storage
     tables = parallel_map(lambda relative: pq.read_table(pa.BufferReader(storage.read(relative))),
-                          sorted(staged.paths), 1 if storage.is_local else storage.transfer.threads)
+                          sorted(staged.paths), storage.request_threads)
     if not tables:
         return staged.schema.empty_table()
     return pa.concat_tables(tables).cast(staged.schema)
@@ -280,8 +280,7 @@ def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoo
 
     cleanups: list[Callable[[], None]] = [lambda: storage.delete_dir(staging_dir(batch_id)),
                                           drop_stale_markers]
-    parallel_map(lambda cleanup: cleanup(), cleanups,
-                 1 if storage.is_local else storage.transfer.threads)
+    parallel_map(lambda cleanup: cleanup(), cleanups, storage.request_threads)
 
 
 def batch_stats(reports: Sequence[SubtaskReport], completed: CompletedCheckpoint, *,

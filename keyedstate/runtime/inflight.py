@@ -178,9 +178,8 @@ def acknowledged_reports(storage: CheckpointStorage, flight: InFlight
     another snapshot than the report's. The acknowledgements are read in parallel (the
     storage's transfer threads): on an object store each read is a round trip the driver's
     batch waits for."""
-    threads = 1 if storage.is_local else storage.transfer.threads
     acks = parallel_map(lambda r: read_ack(storage, flight.checkpoint_id, r.subtask),
-                        flight.reports, threads)
+                        flight.reports, storage.request_threads)
     reports = []
     for report, ack in zip(flight.reports, acks):
         if ack is None or ack.handle is None:

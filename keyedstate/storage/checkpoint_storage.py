@@ -174,6 +174,13 @@ class CheckpointStorage:
         return isinstance(self.fs, LocalFileSystem)
 
     @property
+    def request_threads(self) -> int:
+        """Threads for independent requests that are each a round trip (listings, small reads
+        and deletes): :attr:`TransferOptions.threads` on a remote store, 1 on the local
+        filesystem (no round trip to overlap)."""
+        return 1 if self.is_local else self.transfer.threads
+
+    @property
     def cache(self) -> FileCache | None:
         """The process's file cache for this store (None on a local disk or when disabled)."""
         if self.is_local:
