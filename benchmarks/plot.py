@@ -233,7 +233,7 @@ def plot_scale_model(data: dict[str, Any], out: str) -> str:
     """``keyedstate bench scale-model``: per backend, the rescale's seconds summed over the
     target subtasks against the state's keys, measured (markers; the held-out size hollow) and
     the fitted model's (lines), and the phases of each measured size (stacked bars)."""
-    from .scale_fit import PHASES, PhaseFit, predict
+    from .scale_fit import PHASES, PhaseFit, measured_trips, predict
 
     backends = list(data["results"])
     fig, axes = plt.subplots(2, len(backends), figsize=(6.2 * len(backends), 8.4),
@@ -241,15 +241,15 @@ def plot_scale_model(data: dict[str, Any], out: str) -> str:
     held_out = data["workload"]["held_out_keys"]
     for col, backend in enumerate(backends):
         result = data["results"][backend]
-        model = {p: PhaseFit(f["fixed_s"], f["per_key_s"], f["per_byte_s"], f["rms_s"])
-                 for p, f in result["fit"].items()}
+        model = {p: PhaseFit.from_dict(f) for p, f in result["fit"].items()}
         top, bottom = axes[0][col], axes[1][col]
         values = list(dict.fromkeys(s["value"] for s in result["sizes"]))
         for value, marker in zip(values, "os^"):
             sizes = [s for s in result["sizes"] if s["value"] == value]
             keys = [s["keys"] for s in sizes]
             measured = [sum(s["sum_s"].values()) for s in sizes]
-            fitted = [sum(predict(model, t["keys"], t["downloaded_bytes"])["total_s"]
+            fitted = [sum(predict(model, t["keys"], t["downloaded_bytes"],
+                                  measured_trips(t))["total_s"]
                           for t in s["subtasks"]) for s in sizes]
             line = top.plot(keys, fitted, "-", label=f"{value}: model")[0]
             for k, m in zip(keys, measured):

@@ -3,13 +3,18 @@ on measured subtasks, its error on a held-out size, and a projection onto a larg
 
 Each phase of one target subtask's rescale (:data:`PHASES`) is modelled as::
 
-    seconds = fixed + per_key * keys + per_byte * bytes
+    seconds = fixed + per_key * keys + per_byte * bytes + per_round_trip * round_trips
 
-``keys`` the keys the subtask restored, ``bytes`` the state bytes it downloaded. Fitted by
-least squares with coefficients >= 0 (a phase cannot get faster with more state: a negative
-coefficient is noise fitted as physics), over every target subtask of the training sizes; two
-value sizes in the training set keep ``per_key`` and ``per_byte`` apart (with one, bytes per
-key is a constant and the two are the same column).
+``keys`` the keys the subtask restored, ``bytes`` the state bytes it downloaded,
+``round_trips`` the store's request latencies the phase waits for one after another: its
+requests over the transfer threads, rounded up (:data:`ROUND_TRIPS_OF`: the download's and the
+upload's; the other phases make no request). Fitted by least squares with coefficients >= 0
+(a phase cannot get faster with more state: a negative coefficient is noise fitted as physics),
+over every target subtask of the training sizes; two value sizes in the training set keep
+``per_key`` and ``per_byte`` apart (with one, bytes per key is a constant and the two are the
+same column). Without the round trips a target that fetches one more batch of files than the
+others (the first target of a 3 -> 6 rescale reads 10 files where the others read 8: a third
+round trip of 100 ms on 4 threads) is mispredicted by the average.
 """
 
 from __future__ import annotations
@@ -21,10 +26,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from keyedstate.backends.rocksdb.options import RocksDBOptions
+from keyedstate.storage.checkpoint_storage import COALESCE_RANGE_BYTES
+from keyedstate.storage.transfer import TransferOptions
+
 #: a target subtask's phases, in the order a rescale runs them: restore = download + open +
 #: clip + the rest of the restore (meta files, plan, column families); then its first
 #: checkpoint's synchronous part and its upload
 PHASES = ("download_s", "open_s", "clip_s", "restore_other_s", "checkpoint_s", "upload_s")
+#: the phases that wait for the store, and the subtask's field counting their round trips
+ROUND_TRIPS_OF = {"download_s": "restore_round_trips", "upload_s": "upload_round_trips"}
 #: the goal of the held-out check: the model's total within this of the measured one
 GOAL_ERROR = 0.25
 #: how the columns are scaled before fitting (seconds per million keys, per MB): well
@@ -35,35 +46,46 @@ _KEY_UNIT, _BYTE_UNIT = 1e6, 1e6
 @dataclass(frozen=True)
 class PhaseFit:
     """One phase's cost: ``fixed`` seconds per subtask, ``per_key`` seconds per key,
-    ``per_byte`` seconds per byte, and the fit's root-mean-square residual in seconds."""
+    ``per_byte`` seconds per byte, ``per_round_trip`` seconds per round trip to the store,
+    and the fit's root-mean-square residual in seconds."""
 
     fixed: float
     per_key: float
     per_byte: float
     rms_s: float
+    per_round_trip: float = 0.0
 
-    def seconds(self, keys: float, nbytes: float) -> float:
-        return self.fixed + self.per_key * keys + self.per_byte * nbytes
+    def seconds(self, keys: float, nbytes: float, round_trips: float = 0.0) -> float:
+        return (self.fixed + self.per_key * keys + self.per_byte * nbytes
+                + self.per_round_trip * round_trips)
 
     def as_dict(self) -> dict[str, float]:
         return {"fixed_s": self.fixed, "per_key_s": self.per_key, "per_byte_s": self.per_byte,
+                "per_round_trip_s": self.per_round_trip,
                 "per_million_keys_s": self.per_key * _KEY_UNIT,
                 "per_mb_s": self.per_byte * _BYTE_UNIT, "rms_s": self.rms_s}
 
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, float]) -> PhaseFit:
+        """The fit :meth:`as_dict` wrote (a JSON of before the round trips has none: 0)."""
+        return cls(fields["fixed_s"], fields["per_key_s"], fields["per_byte_s"],
+                   fields["rms_s"], fields.get("per_round_trip_s", 0.0))
 
-def fit_phase(rows: Sequence[tuple[float, float, float]]) -> PhaseFit:
+
+def fit_phase(rows: Sequence[tuple[float, float, float, float]]) -> PhaseFit:
     """The non-negative least-squares fit of ``seconds = fixed + per_key * keys + per_byte *
-    bytes`` over ``rows`` of ``(keys, bytes, seconds)``: every subset of the three terms is
-    fitted by ordinary least squares, the subsets with a negative coefficient dropped, and the
-    one with the smallest residual kept (exact for three terms)."""
+    bytes + per_round_trip * round_trips`` over ``rows`` of ``(keys, bytes, round_trips,
+    seconds)``: every subset of the four terms is fitted by ordinary least squares, the subsets
+    with a negative coefficient dropped, and the one with the smallest residual kept (exact
+    for four terms)."""
     if not rows:
         raise ValueError("no measured subtask to fit")
-    x = np.array([[1.0, k / _KEY_UNIT, b / _BYTE_UNIT] for k, b, _ in rows])
-    y = np.array([s for _, _, s in rows])
+    x = np.array([[1.0, k / _KEY_UNIT, b / _BYTE_UNIT, r] for k, b, r, _ in rows])
+    y = np.array([s for *_, s in rows])
     best: tuple[float, np.ndarray] | None = None
-    for mask in itertools.product((False, True), repeat=3):
-        cols = [i for i in range(3) if mask[i]]
-        coef = np.zeros(3)
+    for mask in itertools.product((False, True), repeat=4):
+        cols = [i for i in range(4) if mask[i]]
+        coef = np.zeros(4)
         if cols:
             solved, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
             if (solved < 0).any():
@@ -75,22 +97,38 @@ def fit_phase(rows: Sequence[tuple[float, float, float]]) -> PhaseFit:
     assert best is not None  # the empty subset always qualifies
     residual, coef = best
     return PhaseFit(float(coef[0]), float(coef[1]) / _KEY_UNIT, float(coef[2]) / _BYTE_UNIT,
-                    math.sqrt(residual / len(rows)))
+                    math.sqrt(residual / len(rows)), float(coef[3]))
+
+
+def round_trips(subtask: Mapping[str, Any], phase: str) -> float:
+    """The round trips ``phase`` of a measured ``subtask`` waited for (0 for a phase that makes
+    no request, :data:`ROUND_TRIPS_OF`)."""
+    field = ROUND_TRIPS_OF.get(phase)
+    return float(subtask.get(field, 0)) if field is not None else 0.0
 
 
 def fit(subtasks: Sequence[Mapping[str, Any]]) -> dict[str, PhaseFit]:
     """One :class:`PhaseFit` per phase over ``subtasks`` (each with ``keys``,
-    ``downloaded_bytes`` and the phases' seconds)."""
-    return {phase: fit_phase([(s["keys"], s["downloaded_bytes"], s[phase]) for s in subtasks])
+    ``downloaded_bytes``, the round trips of :data:`ROUND_TRIPS_OF` and the phases'
+    seconds)."""
+    return {phase: fit_phase([(s["keys"], s["downloaded_bytes"], round_trips(s, phase),
+                               s[phase]) for s in subtasks])
             for phase in PHASES}
 
 
-def predict(model: Mapping[str, PhaseFit], keys: float, nbytes: float) -> dict[str, float]:
-    """Each phase's seconds for a subtask of ``keys`` keys and ``nbytes`` restored bytes, and
-    their sum (``total_s``)."""
-    out = {phase: model[phase].seconds(keys, nbytes) for phase in PHASES}
+def predict(model: Mapping[str, PhaseFit], keys: float, nbytes: float,
+            trips: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Each phase's seconds for a subtask of ``keys`` keys, ``nbytes`` restored bytes and
+    ``trips`` round trips per phase (missing: 0), and their sum (``total_s``)."""
+    trips = trips or {}
+    out = {phase: model[phase].seconds(keys, nbytes, trips.get(phase, 0.0)) for phase in PHASES}
     out["total_s"] = sum(out.values())
     return out
+
+
+def measured_trips(subtask: Mapping[str, Any]) -> dict[str, float]:
+    """A measured subtask's round trips per phase, for :func:`predict`."""
+    return {phase: round_trips(subtask, phase) for phase in ROUND_TRIPS_OF}
 
 
 def held_out_error(model: Mapping[str, PhaseFit], subtasks: Sequence[Mapping[str, Any]]
@@ -99,7 +137,8 @@ def held_out_error(model: Mapping[str, PhaseFit], subtasks: Sequence[Mapping[str
     for the total, the predicted and measured seconds summed over the subtasks (the work) and
     of the slowest subtask (what a parallel rescale waits for), and ``predicted / measured -
     1``; ``within_goal`` when both totals' errors are within :data:`GOAL_ERROR`."""
-    predicted = [predict(model, s["keys"], s["downloaded_bytes"]) for s in subtasks]
+    predicted = [predict(model, s["keys"], s["downloaded_bytes"], measured_trips(s))
+                 for s in subtasks]
     out: dict[str, Any] = {}
     for phase in (*PHASES, "total_s"):
         measured = [sum(s[p] for p in PHASES) if phase == "total_s" else s[phase]
@@ -142,6 +181,10 @@ SEED_MAX_PARALLELISM = 512
 CLUSTERS = ((60, 8), (30, 8), (15, 8))
 EXECUTOR_NETWORK_BYTES_PER_S = 10e9 / 8
 GOAL_S = 120.0
+#: the library's defaults the projection's requests follow: RocksDB's SST file size after a
+#: full compaction, and the transfer threads of a restore
+_SST_BYTES = RocksDBOptions().target_file_size_base
+_THREADS = TransferOptions().threads
 
 
 def largest_subtask_key_groups(max_parallelism: int, parallelism: int) -> int:
@@ -149,7 +192,30 @@ def largest_subtask_key_groups(max_parallelism: int, parallelism: int) -> int:
     return -(-max_parallelism // parallelism)
 
 
-def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *,
+def seed_download_requests(backend: str, key_groups: int, bytes_per_key_group: float,
+                           handles: int = 2) -> int:
+    """The GETs a target subtask of ``key_groups`` key groups of ``bytes_per_key_group`` bytes
+    each makes to restore from ``handles`` old subtasks (a target of 2 key groups at 512 over
+    240 -> 480 overlaps at most 2 old subtasks), by the store's own rules
+    (docs/object-storage.md): files below the merge size share one object per snapshot and
+    subtask, read in ranged GETs of at most ``COALESCE_RANGE_BYTES``; larger files one GET
+    each. RocksDB: per old subtask one merged object (its meta file, CURRENT, MANIFEST,
+    OPTIONS), and per key group one key-group shard (with 512 key groups over 240 subtasks a
+    shard holds one key group) whose full compaction left ``ceil(bytes /
+    target_file_size_base)`` SST files, merged when under the merge size. Heap: one full
+    snapshot file per old subtask (a chain compacted to its base)."""
+    if backend == "heap":
+        return handles
+    if bytes_per_key_group < TransferOptions.DEFAULT_MERGE_FILE_SIZE:
+        # the SST files are merged too: each old subtask's share in ranged GETs
+        per_handle = key_groups * bytes_per_key_group / handles
+        return handles * max(1, math.ceil(per_handle / COALESCE_RANGE_BYTES))
+    ssts = math.ceil(bytes_per_key_group / _SST_BYTES)
+    return handles + key_groups * ssts
+
+
+def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *, backend: str,
+            upload_round_trips: float, threads: int = _THREADS,
             keys: int = SEED_KEYS, parallelism: int = SEED_TO,
             max_parallelism: int = SEED_MAX_PARALLELISM,
             clusters: Sequence[tuple[int, int]] = CLUSTERS) -> list[dict[str, Any]]:
@@ -157,14 +223,19 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *,
     the largest subtask holds ``ceil(maxP / p)`` key groups of ``keys / maxP`` keys each
     (keys spread evenly over key groups) and restores ``bytes_per_key`` bytes per key (with
     key-group shards of one key group each, at 512 key groups over 240 subtasks, a target
-    downloads only its own key groups). Per cluster of ``(executors, cores)``: the subtasks
-    run in ``executors * cores`` task slots, ``ceil(p / slots)`` after each other in a slot;
-    an executor's subtasks share its network. The time is the larger of the slots' and the
-    network's, and names the term that dominates."""
+    downloads only its own key groups); its download waits for
+    ``ceil(seed_download_requests / threads)`` round trips, its upload for
+    ``upload_round_trips`` (the most a measured target made). Per cluster of ``(executors,
+    cores)``: the subtasks run in ``executors * cores`` task slots, ``ceil(p / slots)`` after
+    each other in a slot; an executor's subtasks share its network. The time is the larger of
+    the slots' and the network's, and names the term that dominates."""
     key_groups = largest_subtask_key_groups(max_parallelism, parallelism)
     sub_keys = key_groups * keys / max_parallelism
     sub_bytes = sub_keys * bytes_per_key
-    phases = predict(model, sub_keys, sub_bytes)
+    requests = seed_download_requests(backend, key_groups, sub_bytes / key_groups)
+    trips = {"download_s": float(math.ceil(requests / threads)),
+             "upload_s": float(upload_round_trips)}
+    phases = predict(model, sub_keys, sub_bytes, trips)
     rows = []
     for executors, cores in clusters:
         slots = executors * cores
@@ -178,8 +249,10 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *,
         terms = {p: waves * phases[p] for p in PHASES}
         terms["executor_network_s"] = network_s
         # The largest value that still meets the goal on this cluster: the bytes per key at
-        # which waves x the subtask's phases reach GOAL_S (the network is checked apart).
-        fixed = sum(model[p].fixed + model[p].per_key * sub_keys for p in PHASES)
+        # which waves x the subtask's phases reach GOAL_S (the network is checked apart; the
+        # round trips are held at this value's, which more bytes per key only add to).
+        fixed = sum(model[p].fixed + model[p].per_key * sub_keys
+                    + model[p].per_round_trip * trips.get(p, 0.0) for p in PHASES)
         per_key_byte = sum(model[p].per_byte for p in PHASES) * sub_keys
         room = GOAL_S / waves - fixed
         rows.append({
@@ -188,7 +261,8 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *,
             "executors": executors, "cores_per_executor": cores, "slots": slots,
             "subtasks_per_slot": waves, "subtasks_per_executor": per_executor,
             "largest_subtask_key_groups": key_groups, "largest_subtask_keys": sub_keys,
-            "largest_subtask_bytes": sub_bytes, "largest_subtask_phases_s": phases,
+            "largest_subtask_bytes": sub_bytes, "largest_subtask_requests": requests,
+            "largest_subtask_round_trips": trips, "largest_subtask_phases_s": phases,
             "time_s": time_s, "dominant_term": max(terms, key=lambda k: terms[k]),
             "meets_goal": time_s < GOAL_S,
         })

@@ -32,6 +32,10 @@ timer for the run, :class:`PhaseClock`; nothing else changed):
   compaction where due);
 - ``upload_s``: its asynchronous part (uploads, ``_metadata``-ready handle).
 
+The download and the upload also count their requests and the round trips they wait for one
+after another (requests over the storage's transfer threads, rounded up): the model's
+per-round-trip term (:mod:`.scale_fit`).
+
 Each size, value and backend runs ``repeats`` times (alternating over the targets); each
 subtask's figures are the median. Every restore is checked (untimed): all ``N`` keys come
 back over the targets. The JSON records the commit and load average (``machine``), the
@@ -170,6 +174,7 @@ def rescale_subtask(backend: str, value: str, handles: Sequence[KeyedStateHandle
         sub = load_backend(backend).create_keyed_backend(
             _parameters(index, NEW_P, root, handles, storage))
     restore_requests = process_counts() - before
+    threads = storage.request_threads
     downloaded = storage.stats.downloaded_bytes
     with sub:
         with timed() as sync:
@@ -187,7 +192,10 @@ def rescale_subtask(backend: str, value: str, handles: Sequence[KeyedStateHandle
             "restore_s": restore.seconds, **phases, "checkpoint_s": sync.seconds,
             "upload_s": upload.seconds,
             "restore_requests": restore_requests.as_dict() if restore_requests.cells else None,
-            "upload_requests": upload_requests.as_dict() if upload_requests.cells else None}
+            "upload_requests": upload_requests.as_dict() if upload_requests.cells else None,
+            # both run their requests in one batch over the transfer threads
+            "restore_round_trips": -(-restore_requests.requests() // threads),
+            "upload_round_trips": -(-upload_requests.requests() // threads)}
 
 
 def measure_size(backend: str, keys: int, value: str, model: LatencyModel | None,
@@ -271,8 +279,11 @@ def run(keys: int = HELD_OUT_KEYS, sizes: Sequence[int] | None = None,
             "fit": {p: f.as_dict() for p, f in fitted.items()},
             "held_out": held_out,
             "held_out_within_goal": all(h["within_goal"] for h in held_out.values()),
-            "projection": {value: scale_fit.project(fitted, b)
-                           for value, b in bytes_per_key.items()},
+            "projection": {value: scale_fit.project(
+                fitted, b, backend=backend, upload_round_trips=max(
+                    s["upload_round_trips"] for m in measured if m["keys"] == keys
+                    for s in m["subtasks"]))
+                for value, b in bytes_per_key.items()},
             "projection_bytes_per_key": bytes_per_key,
         }
     return {
@@ -282,8 +293,9 @@ def run(keys: int = HELD_OUT_KEYS, sizes: Sequence[int] | None = None,
         "workload": {"training_sizes": list(sizes), "held_out_keys": keys,
                      "backends": list(backends), "values": list(values), "repeats": repeats,
                      "rescale": f"{OLD_P} -> {NEW_P}", "max_parallelism": MAX_PARALLELISM,
-                     "model": "seconds = fixed + per_key * keys + per_byte * bytes, per phase "
-                              "and target subtask; non-negative least squares",
+                     "model": "seconds = fixed + per_key * keys + per_byte * bytes + "
+                              "per_round_trip * round_trips, per phase and target subtask; "
+                              "non-negative least squares",
                      "goal": f"held-out size within {scale_fit.GOAL_ERROR:.0%} (sum over the "
                              f"targets and slowest target)"},
         "seed_job": {**scale_fit.SEED_JOB, "max_parallelism": scale_fit.SEED_MAX_PARALLELISM,

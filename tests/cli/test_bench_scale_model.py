@@ -21,15 +21,44 @@ from keyedstate.cli import main
 
 
 def test_fit_recovers_known_costs_and_never_goes_negative() -> None:
-    rows = [(k, b, 0.05 + 2e-7 * k + 3e-9 * b)
-            for k in (1_000, 50_000, 200_000) for b in (k * 10, k * 120)]
+    rows = [(k, b, r, 0.05 + 2e-7 * k + 3e-9 * b + 0.1 * r)
+            for k in (1_000, 50_000, 200_000) for b in (k * 10, k * 120) for r in (2, 3)]
     got = scale_fit.fit_phase(rows)
     assert got.fixed == pytest.approx(0.05) and got.per_key == pytest.approx(2e-7)
     assert got.per_byte == pytest.approx(3e-9) and got.rms_s < 1e-9
+    assert got.per_round_trip == pytest.approx(0.1)
+    assert scale_fit.PhaseFit.from_dict(got.as_dict()) == got
     # Falling with size is noise: no negative coefficient, the best fit without it.
-    falling = scale_fit.fit_phase([(k, 10 * k, 1.0 - k * 1e-6) for k in (1, 10, 100)])
-    assert falling.per_key == 0 and falling.per_byte == 0
+    falling = scale_fit.fit_phase([(k, 10 * k, 0, 1.0 - k * 1e-6) for k in (1, 10, 100)])
+    assert falling.per_key == 0 and falling.per_byte == 0 and falling.per_round_trip == 0
     assert falling.fixed == pytest.approx((1.0 - 1e-6 + 1.0 - 1e-5 + 1.0 - 1e-4) / 3)
+
+
+def test_a_target_with_one_more_round_trip_is_predicted_as_slower() -> None:
+    # the shape of a 3 -> 6 rescale behind 100 ms per request: the first target reads 10
+    # files on 4 threads (3 round trips), the others 8 (2)
+    subtasks = [{"keys": k, "downloaded_bytes": 12 * k, "restore_round_trips": trips,
+                 "upload_round_trips": 0, "download_s": 0.01 + 0.1 * trips + 1e-8 * 12 * k,
+                 **{p: 0.0 for p in scale_fit.PHASES if p != "download_s"}}
+                for k in (40_000, 80_000, 160_000) for trips in (3, 2, 2)]
+    model = scale_fit.fit(subtasks)
+    assert model["download_s"].per_round_trip == pytest.approx(0.1)
+    held_out = [{**s, "keys": 4 * s["keys"], "downloaded_bytes": 4 * s["downloaded_bytes"],
+                 "download_s": s["download_s"] + 1e-8 * 36 * s["keys"]}
+                for s in subtasks[-3:]]
+    error = scale_fit.held_out_error(model, held_out)
+    assert abs(error["slowest_subtask"]["error"]) < 1e-6 and error["within_goal"]
+
+
+def test_the_seed_subtasks_requests_follow_the_stores_rules() -> None:
+    mib = 1 << 20
+    # small key groups: every file merged, one ranged GET per old subtask
+    assert scale_fit.seed_download_requests("rocksdb", 2, 1 * mib) == 2
+    # 22 MB per key group: one SST each, above the merge size, plus the merged objects
+    assert scale_fit.seed_download_requests("rocksdb", 2, 22 * mib) == 4
+    # 2.2 GB per key group: 35 SST files of 64 MiB each
+    assert scale_fit.seed_download_requests("rocksdb", 2, 2200 * mib) == 2 + 2 * 35
+    assert scale_fit.seed_download_requests("heap", 2, 2200 * mib) == 2
 
 
 def test_projection_of_the_seed_job() -> None:
@@ -37,9 +66,11 @@ def test_projection_of_the_seed_job() -> None:
     assert scale_fit.largest_subtask_key_groups(512, 480) == 2
     one_second = {p: scale_fit.PhaseFit(0.0, 0.0, 0.0, 0.0) for p in scale_fit.PHASES}
     one_second["download_s"] = scale_fit.PhaseFit(1.0, 0.0, 1e-8, 0.0)
-    rows = scale_fit.project(one_second, bytes_per_key=10.0, clusters=((60, 8), (15, 8)))
+    rows = scale_fit.project(one_second, bytes_per_key=10.0, backend="heap",
+                             upload_round_trips=1, clusters=((60, 8), (15, 8)))
     keys = 2 * 1_000_000_000 / 512
     assert rows[0]["largest_subtask_keys"] == keys
+    assert rows[0]["largest_subtask_round_trips"] == {"download_s": 1.0, "upload_s": 1.0}
     assert rows[0]["largest_subtask_phases_s"]["total_s"] == pytest.approx(1 + keys * 10 * 1e-8)
     assert rows[0]["subtasks_per_slot"] == 1 and rows[1]["subtasks_per_slot"] == 4
     assert rows[1]["time_s"] == pytest.approx(4 * (1 + keys * 10 * 1e-8))
@@ -71,7 +102,7 @@ def test_tiny_scale_model_measures_fits_and_projects(tmp_path: Any) -> None:
             assert sum(s["keys"] for s in size["subtasks"]) == size["keys"]
             assert all(s["downloaded_bytes"] > 0 and s["restore_s"] > 0
                        and s["download_s"] > 0 and s["restore_requests"]
-                       for s in size["subtasks"])
+                       and s["restore_round_trips"] >= 1 for s in size["subtasks"])
         assert set(result["fit"]) == set(scale_fit.PHASES)
         assert set(result["held_out"]) == set(scale_model.VALUES)
         assert set(result["projection"]) == {*scale_model.VALUES, "bytes1024"}
