@@ -61,8 +61,14 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
 @click.option("--cold-restore", is_flag=True,
               help="remote only: measure just a restore on a worker without a copy (both "
                    "backends; docs/object-storage.md).")
+@click.option("--compare-checkpointing", is_flag=True,
+              help="growth only: at --keys, per backend, checkpoints on local disk, behind "
+                   "the latency model (default s3-standard-same-region) synchronous, and "
+                   "asynchronous, judged by the asynchronous phase's goals "
+                   "(docs/benchmarks.md).")
 def bench(name: str, keys: int | None, as_json: bool, out: str | None,
-          latency: str | None, sweep: bool, cold_restore: bool) -> None:
+          latency: str | None, sweep: bool, cold_restore: bool,
+          compare_checkpointing: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
     if sweep and name not in SWEEPS:
         raise click.BadParameter(f"benchmark {name!r} has no sweep; only "
@@ -76,6 +82,11 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None,
             raise click.BadParameter(f"benchmark {name!r} has no cold-restore measurement; "
                                      f"only remote has", param_hint="--cold-restore")
         kwargs["cold_restore"] = True
+    if compare_checkpointing:
+        if "checkpointing" not in inspect.signature(module.run).parameters:
+            raise click.BadParameter(f"benchmark {name!r} has no checkpointing comparison; "
+                                     f"only growth has", param_hint="--compare-checkpointing")
+        kwargs["checkpointing"] = module.MODES
     if latency is not None:
         from keyedstate.testing.latency import parse_latency
 
@@ -87,6 +98,11 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None,
             raise click.BadParameter(f"benchmark {name!r} has no latency model; only those "
                                      f"with checkpoints on a store take one (growth, remote, "
                                      f"scale-model)",
+                                     param_hint="--latency")
+        if compare_checkpointing and kwargs["latency"] is None:
+            raise click.BadParameter("--compare-checkpointing compares checkpoints behind a "
+                                     "latency model with local disk: give one (or leave "
+                                     "--latency out for s3-standard-same-region), not none",
                                      param_hint="--latency")
     with stderr.status(f"bench {name}") as status:
         progress: Callable[[str], None] = lambda msg: status.update(f"bench {name}: {msg}")

@@ -1,15 +1,47 @@
 """``keyedstate bench growth``'s generated batches and its output check (no Spark): the loading
 batches hold every key once, each later batch its exact number of distinct keys, and a job's
-output with a key missing, doubled or miscounted is refused."""
+output with a key missing, doubled or miscounted is refused; the command's
+``--compare-checkpointing``."""
 
 from __future__ import annotations
+
+import sys
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
-from benchmarks import growth_workload
+import benchmarks
+from benchmarks import growth, growth_checkpointing, growth_workload
+from keyedstate.cli import main
+
+
+def test_compare_checkpointing_runs_the_three_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "keyedstate_benchmarks", benchmarks)
+    monkeypatch.setitem(sys.modules, "keyedstate_benchmarks.growth", growth)
+    seen: dict[str, Any] = {}
+
+    def fake_run(keys: int = 0, latency: Any = None, checkpointing: Any = (),
+                 progress: Any = None) -> dict[str, Any]:
+        seen.update(keys=keys, latency=latency, checkpointing=checkpointing)
+        return {"benchmark": "growth"}
+
+    monkeypatch.setattr(growth, "run", fake_run)
+    result = CliRunner().invoke(main, ["bench", "growth", "--compare-checkpointing",
+                                       "--keys", "100000", "--json"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"keys": 100_000, "latency": None,
+                    "checkpointing": growth_checkpointing.MODES}
+    # a comparison with local disk needs a model to compare with
+    refused = CliRunner().invoke(main, ["bench", "growth", "--compare-checkpointing",
+                                        "--latency", "none"])
+    assert refused.exit_code == 2 and "not none" in refused.output
+    # ... and only growth has one
+    other = CliRunner().invoke(main, ["bench", "checkpoint", "--compare-checkpointing"])
+    assert other.exit_code == 2 and "only growth" in other.output
 
 
 def _output(batch: growth_workload.Batch) -> pa.Table:
