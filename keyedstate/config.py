@@ -184,7 +184,7 @@ class JobConfig:
     backend_options: dict[str, Any] = field(default_factory=dict,
                                             metadata=_key("keyedstate.backend.options"))
     #: RocksDB backend: the bound of each subtask's value cache (estimated bytes; 0: off;
-    #: None: the backend's default, 32 MiB). Set, it goes into ``backend_options`` as
+    #: None: the backend's default, 0: off). Set, it goes into ``backend_options`` as
     #: ``value_cache_size`` (overriding one there); the heap backend ignores it.
     #: docs/rocksdb-backend.md, "The value cache"
     rocksdb_value_cache_size: Bytes | None = field(
@@ -221,7 +221,7 @@ class JobConfig:
         default=False, metadata=_key("keyedstate.live-copies.background-restore"))
     #: where a snapshot's files are uploaded: false (the synchronous mode) in the subtask's
     #: task, on the batch's path; true in the background of the process, the checkpoint
-    #: completing and the sinks committing during a later batch (not over Spark Connect yet).
+    #: completing and the sinks committing during a later batch.
     #: docs/checkpoints.md, "The asynchronous phase"
     async_upload: bool = field(
         default=False, metadata=_key("keyedstate.checkpointing.async-upload"))

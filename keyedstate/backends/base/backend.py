@@ -203,7 +203,8 @@ class SnapshotResult(ABC):
     @abstractmethod
     def _materialize(self) -> KeyedStateHandle:
         """Write the files and return the handle (safe on another thread than the one
-        processing; the runtime calls it in the task)."""
+        processing; the runtime calls it in the task by default, in the process's uploader
+        thread with ``keyedstate.checkpointing.async-upload``)."""
 
     def discard(self) -> None:  # noqa: B027 - a no-op is the right default
         """Release what the synchronous part holds without writing anything."""

@@ -10,7 +10,8 @@ before it, a ``full`` snapshot deletes expired TTL entries so a restore can't re
    incremental snapshots are off, or when no snapshot was confirmed yet).
 
 Asynchronous part (:meth:`RocksDBSnapshotResult.materialize`; it reads only the hard links,
-so processing goes on meanwhile when the runtime runs it in the Python worker's uploader, with
+so processing goes on meanwhile when the runtime runs it in the process's uploader (the Python
+worker's on Spark), with
 ``keyedstate.checkpointing.async-upload``; by default the task calls it, on the batch's path:
 docs/checkpoints.md "The asynchronous phase"):
 
