@@ -233,7 +233,7 @@ def plot_scale_model(data: dict[str, Any], out: str) -> str:
     """``keyedstate bench scale-model``: per backend, the rescale's seconds summed over the
     target subtasks against the state's keys, measured (markers; the held-out size hollow) and
     the fitted model's (lines), and the phases of each measured size (stacked bars)."""
-    from .scale_fit import PHASES, PhaseFit, measured_trips, predict
+    from .scale_fit import PHASES, PhaseFit, predict_measured
 
     backends = list(data["results"])
     fig, axes = plt.subplots(2, len(backends), figsize=(6.2 * len(backends), 8.4),
@@ -248,9 +248,8 @@ def plot_scale_model(data: dict[str, Any], out: str) -> str:
             sizes = [s for s in result["sizes"] if s["value"] == value]
             keys = [s["keys"] for s in sizes]
             measured = [sum(s["sum_s"].values()) for s in sizes]
-            fitted = [sum(predict(model, t["keys"], t["downloaded_bytes"],
-                                  measured_trips(t))["total_s"]
-                          for t in s["subtasks"]) for s in sizes]
+            fitted = [sum(predict_measured(model, t)["total_s"] for t in s["subtasks"])
+                      for s in sizes]
             line = top.plot(keys, fitted, "-", label=f"{value}: model")[0]
             for k, m in zip(keys, measured):
                 top.plot([k], [m], marker, color=line.get_color(),

@@ -5,8 +5,11 @@ Each phase of one target subtask's rescale (:data:`PHASES`) is modelled as::
 
     seconds = fixed + per_key * keys + per_byte * bytes + per_round_trip * round_trips
 
-``keys`` the keys the subtask restored, ``bytes`` the state bytes it downloaded,
-``round_trips`` the store's request latencies the phase waits for one after another: its
+``keys`` the keys the subtask restored, ``bytes`` the state bytes it downloaded (for the
+download itself, the bytes per parallel stream: its requests run on ``min(requests,
+threads)`` streams of the store's per-stream bandwidth at once, so a target whose files are
+merged into one object reads them on one stream, and one whose large files are separate
+objects on up to 4), ``round_trips`` the store's request latencies the phase waits for one after another: its
 requests over the transfer threads, rounded up (:data:`ROUND_TRIPS_OF`: the download's and the
 upload's; the other phases make no request). Fitted by least squares with coefficients >= 0
 (a phase cannot get faster with more state: a negative coefficient is noise fitted as physics),
@@ -107,28 +110,46 @@ def round_trips(subtask: Mapping[str, Any], phase: str) -> float:
     return float(subtask.get(field, 0)) if field is not None else 0.0
 
 
+def phase_bytes(phase: str, nbytes: float, streams: float) -> float:
+    """The bytes term of ``phase`` for a subtask that restored ``nbytes`` bytes on ``streams``
+    parallel streams: the download's bytes per stream, every other phase's all of them."""
+    return nbytes / max(1.0, streams) if phase == "download_s" else nbytes
+
+
 def fit(subtasks: Sequence[Mapping[str, Any]]) -> dict[str, PhaseFit]:
     """One :class:`PhaseFit` per phase over ``subtasks`` (each with ``keys``,
-    ``downloaded_bytes``, the round trips of :data:`ROUND_TRIPS_OF` and the phases'
-    seconds)."""
-    return {phase: fit_phase([(s["keys"], s["downloaded_bytes"], round_trips(s, phase),
-                               s[phase]) for s in subtasks])
+    ``downloaded_bytes``, ``restore_streams``, the round trips of :data:`ROUND_TRIPS_OF` and
+    the phases' seconds; a subtask measured before the streams were recorded counts one)."""
+    return {phase: fit_phase([(s["keys"],
+                               phase_bytes(phase, s["downloaded_bytes"], _streams(s)),
+                               round_trips(s, phase), s[phase]) for s in subtasks])
             for phase in PHASES}
 
 
 def predict(model: Mapping[str, PhaseFit], keys: float, nbytes: float,
-            trips: Mapping[str, float] | None = None) -> dict[str, float]:
-    """Each phase's seconds for a subtask of ``keys`` keys, ``nbytes`` restored bytes and
-    ``trips`` round trips per phase (missing: 0), and their sum (``total_s``)."""
+            trips: Mapping[str, float] | None = None, streams: float = 1.0
+            ) -> dict[str, float]:
+    """Each phase's seconds for a subtask of ``keys`` keys and ``nbytes`` restored bytes,
+    downloaded on ``streams`` parallel streams, with ``trips`` round trips per phase (missing:
+    0), and their sum (``total_s``)."""
     trips = trips or {}
-    out = {phase: model[phase].seconds(keys, nbytes, trips.get(phase, 0.0)) for phase in PHASES}
+    out = {phase: model[phase].seconds(keys, phase_bytes(phase, nbytes, streams),
+                                       trips.get(phase, 0.0))
+           for phase in PHASES}
     out["total_s"] = sum(out.values())
     return out
 
 
-def measured_trips(subtask: Mapping[str, Any]) -> dict[str, float]:
-    """A measured subtask's round trips per phase, for :func:`predict`."""
-    return {phase: round_trips(subtask, phase) for phase in ROUND_TRIPS_OF}
+def predict_measured(model: Mapping[str, PhaseFit], subtask: Mapping[str, Any]
+                     ) -> dict[str, float]:
+    """:func:`predict` for a measured subtask: its keys, bytes, round trips and streams."""
+    return predict(model, subtask["keys"], subtask["downloaded_bytes"],
+                   {phase: round_trips(subtask, phase) for phase in ROUND_TRIPS_OF},
+                   _streams(subtask))
+
+
+def _streams(subtask: Mapping[str, Any]) -> float:
+    return float(subtask.get("restore_streams", 1))
 
 
 def held_out_error(model: Mapping[str, PhaseFit], subtasks: Sequence[Mapping[str, Any]]
@@ -137,8 +158,7 @@ def held_out_error(model: Mapping[str, PhaseFit], subtasks: Sequence[Mapping[str
     for the total, the predicted and measured seconds summed over the subtasks (the work) and
     of the slowest subtask (what a parallel rescale waits for), and ``predicted / measured -
     1``; ``within_goal`` when both totals' errors are within :data:`GOAL_ERROR`."""
-    predicted = [predict(model, s["keys"], s["downloaded_bytes"], measured_trips(s))
-                 for s in subtasks]
+    predicted = [predict_measured(model, s) for s in subtasks]
     out: dict[str, Any] = {}
     for phase in (*PHASES, "total_s"):
         measured = [sum(s[p] for p in PHASES) if phase == "total_s" else s[phase]
@@ -235,7 +255,8 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *, backend: str
     requests = seed_download_requests(backend, key_groups, sub_bytes / key_groups)
     trips = {"download_s": float(math.ceil(requests / threads)),
              "upload_s": float(upload_round_trips)}
-    phases = predict(model, sub_keys, sub_bytes, trips)
+    streams = float(min(requests, threads))
+    phases = predict(model, sub_keys, sub_bytes, trips, streams)
     rows = []
     for executors, cores in clusters:
         slots = executors * cores
@@ -253,7 +274,8 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *, backend: str
         # round trips are held at this value's, which more bytes per key only add to).
         fixed = sum(model[p].fixed + model[p].per_key * sub_keys
                     + model[p].per_round_trip * trips.get(p, 0.0) for p in PHASES)
-        per_key_byte = sum(model[p].per_byte for p in PHASES) * sub_keys
+        per_key_byte = sum(model[p].per_byte * phase_bytes(p, sub_keys, streams)
+                           for p in PHASES)
         room = GOAL_S / waves - fixed
         rows.append({
             "max_bytes_per_key_under_goal": (None if per_key_byte <= 0 or room <= 0
@@ -262,6 +284,7 @@ def project(model: Mapping[str, PhaseFit], bytes_per_key: float, *, backend: str
             "subtasks_per_slot": waves, "subtasks_per_executor": per_executor,
             "largest_subtask_key_groups": key_groups, "largest_subtask_keys": sub_keys,
             "largest_subtask_bytes": sub_bytes, "largest_subtask_requests": requests,
+            "largest_subtask_streams": streams,
             "largest_subtask_round_trips": trips, "largest_subtask_phases_s": phases,
             "time_s": time_s, "dominant_term": max(terms, key=lambda k: terms[k]),
             "meets_goal": time_s < GOAL_S,

@@ -34,7 +34,8 @@ timer for the run, :class:`PhaseClock`; nothing else changed):
 
 The download and the upload also count their requests and the round trips they wait for one
 after another (requests over the storage's transfer threads, rounded up): the model's
-per-round-trip term (:mod:`.scale_fit`).
+per-round-trip term; and the download its parallel streams (``min(requests, threads)``), over
+which its bytes are shared (:mod:`.scale_fit`).
 
 Each size, value and backend runs ``repeats`` times (alternating over the targets); each
 subtask's figures are the median. Every restore is checked (untimed): all ``N`` keys come
@@ -195,7 +196,9 @@ def rescale_subtask(backend: str, value: str, handles: Sequence[KeyedStateHandle
             "upload_requests": upload_requests.as_dict() if upload_requests.cells else None,
             # both run their requests in one batch over the transfer threads
             "restore_round_trips": -(-restore_requests.requests() // threads),
-            "upload_round_trips": -(-upload_requests.requests() // threads)}
+            "upload_round_trips": -(-upload_requests.requests() // threads),
+            # ... on this many streams at once, each at the store's per-stream bandwidth
+            "restore_streams": max(1, min(restore_requests.requests(), threads))}
 
 
 def measure_size(backend: str, keys: int, value: str, model: LatencyModel | None,

@@ -36,16 +36,19 @@ def test_fit_recovers_known_costs_and_never_goes_negative() -> None:
 
 def test_a_target_with_one_more_round_trip_is_predicted_as_slower() -> None:
     # the shape of a 3 -> 6 rescale behind 100 ms per request: the first target reads 10
-    # files on 4 threads (3 round trips), the others 8 (2)
+    # files on 4 threads (3 round trips), the others 8 (2); the bytes shared by the streams,
+    # one file merged (1 stream) or several objects (4 streams)
     subtasks = [{"keys": k, "downloaded_bytes": 12 * k, "restore_round_trips": trips,
-                 "upload_round_trips": 0, "download_s": 0.01 + 0.1 * trips + 1e-8 * 12 * k,
+                 "restore_streams": streams, "upload_round_trips": 0,
+                 "download_s": 0.01 + 0.1 * trips + 1e-8 * 12 * k / streams,
                  **{p: 0.0 for p in scale_fit.PHASES if p != "download_s"}}
-                for k in (40_000, 80_000, 160_000) for trips in (3, 2, 2)]
+                for k in (40_000, 80_000, 160_000) for trips in (3, 2, 2) for streams in (1, 4)]
     model = scale_fit.fit(subtasks)
     assert model["download_s"].per_round_trip == pytest.approx(0.1)
+    assert model["download_s"].per_byte == pytest.approx(1e-8)
     held_out = [{**s, "keys": 4 * s["keys"], "downloaded_bytes": 4 * s["downloaded_bytes"],
-                 "download_s": s["download_s"] + 1e-8 * 36 * s["keys"]}
-                for s in subtasks[-3:]]
+                 "download_s": s["download_s"] + 1e-8 * 36 * s["keys"] / s["restore_streams"]}
+                for s in subtasks[-6:]]
     error = scale_fit.held_out_error(model, held_out)
     assert abs(error["slowest_subtask"]["error"]) < 1e-6 and error["within_goal"]
 
@@ -70,14 +73,18 @@ def test_projection_of_the_seed_job() -> None:
                              upload_round_trips=1, clusters=((60, 8), (15, 8)))
     keys = 2 * 1_000_000_000 / 512
     assert rows[0]["largest_subtask_keys"] == keys
+    # the heap reads one file of each of its 2 old subtasks: 2 GETs in 1 round trip, 2 streams
     assert rows[0]["largest_subtask_round_trips"] == {"download_s": 1.0, "upload_s": 1.0}
-    assert rows[0]["largest_subtask_phases_s"]["total_s"] == pytest.approx(1 + keys * 10 * 1e-8)
+    assert rows[0]["largest_subtask_streams"] == 2
+    download = 1 + keys * 10 * 1e-8 / 2
+    assert rows[0]["largest_subtask_phases_s"]["total_s"] == pytest.approx(download)
     assert rows[0]["subtasks_per_slot"] == 1 and rows[1]["subtasks_per_slot"] == 4
-    assert rows[1]["time_s"] == pytest.approx(4 * (1 + keys * 10 * 1e-8))
+    assert rows[1]["time_s"] == pytest.approx(4 * download)
     assert rows[0]["dominant_term"] == "download_s" and rows[0]["meets_goal"]
-    # the largest value that still meets the goal: 1 s fixed + bytes at 1e-8 s each, in 120 s
-    assert rows[0]["max_bytes_per_key_under_goal"] == pytest.approx(119 / (1e-8 * keys))
-    assert rows[1]["max_bytes_per_key_under_goal"] == pytest.approx(29 / (1e-8 * keys))
+    # the largest value that still meets the goal: 1 s fixed + bytes at 1e-8 s each on each
+    # of 2 streams, in 120 s
+    assert rows[0]["max_bytes_per_key_under_goal"] == pytest.approx(119 / (1e-8 * keys / 2))
+    assert rows[1]["max_bytes_per_key_under_goal"] == pytest.approx(29 / (1e-8 * keys / 2))
 
 
 def test_phase_clock_puts_the_backends_functions_back() -> None:
@@ -102,7 +109,8 @@ def test_tiny_scale_model_measures_fits_and_projects(tmp_path: Any) -> None:
             assert sum(s["keys"] for s in size["subtasks"]) == size["keys"]
             assert all(s["downloaded_bytes"] > 0 and s["restore_s"] > 0
                        and s["download_s"] > 0 and s["restore_requests"]
-                       and s["restore_round_trips"] >= 1 for s in size["subtasks"])
+                       and s["restore_round_trips"] >= 1 and s["restore_streams"] >= 1
+                       for s in size["subtasks"])
         assert set(result["fit"]) == set(scale_fit.PHASES)
         assert set(result["held_out"]) == set(scale_model.VALUES)
         assert set(result["projection"]) == {*scale_model.VALUES, "bytes1024"}
