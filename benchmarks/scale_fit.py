@@ -9,9 +9,9 @@ Each phase of one target subtask's rescale (:data:`PHASES`) is modelled as::
 download itself, the bytes per parallel stream: its requests run on ``min(requests,
 threads)`` streams of the store's per-stream bandwidth at once, so a target whose files are
 merged into one object reads them on one stream, and one whose large files are separate
-objects on up to 4), ``round_trips`` the store's request latencies the phase waits for one after another: its
-requests over the transfer threads, rounded up (:data:`ROUND_TRIPS_OF`: the download's and the
-upload's; the other phases make no request). Fitted by least squares with coefficients >= 0
+objects on up to 4), ``round_trips`` the store's request latencies the phase waits for one
+after another: its requests over the transfer threads, rounded up (:data:`ROUND_TRIPS_OF`:
+the download's and the upload's; the other phases make no request). Fitted by least squares with coefficients >= 0
 (a phase cannot get faster with more state: a negative coefficient is noise fitted as physics),
 over every target subtask of the training sizes; two value sizes in the training set keep
 ``per_key`` and ``per_byte`` apart (with one, bytes per key is a constant and the two are the
