@@ -175,7 +175,9 @@ def rescale_subtask(backend: str, value: str, handles: Sequence[KeyedStateHandle
         sub = load_backend(backend).create_keyed_backend(
             _parameters(index, NEW_P, root, handles, storage))
     restore_requests = process_counts() - before
-    threads = storage.request_threads
+    # the restore's downloads and the snapshot's uploads both run on the transfer pool, on a
+    # local directory too (request_threads is 1 there: it is for the driver's small requests)
+    threads = storage.transfer.threads
     downloaded = storage.stats.downloaded_bytes
     with sub:
         with timed() as sync:
