@@ -317,7 +317,7 @@ class CheckpointCoordinator:
             found = listed.get(old.checkpoint_id)
             if gone.get(old.checkpoint_id) and found is not None:
                 delete_quietly(self.storage, [p for p in found if p != old.metadata_path],
-                                     f"subsumed checkpoint {old.checkpoint_id}")
+                               f"subsumed checkpoint {old.checkpoint_id}")
             else:  # as without a listing: the folder, _metadata and all
                 delete_dir_quietly(self.storage, checkpoint_dir_name(old.checkpoint_id))
         lowest = self.store.lowest_retained_id
@@ -335,7 +335,7 @@ class CheckpointCoordinator:
             self._abort(self._pending[older_id], f"subsumed by checkpoint {checkpoint_id}")
         referenced = {f.path for f in metadata.files()}
         delete_quietly(self.storage, [p for p in written if p not in referenced],
-                             f"unreferenced by checkpoint {checkpoint_id}")
+                       f"unreferenced by checkpoint {checkpoint_id}")
         # A completed id is above every aborted one: their tombstones have done their job.
         for aborted_id in sorted(i for i in self._tombstones if i < checkpoint_id):
             self._tombstones.discard(aborted_id)
@@ -368,7 +368,7 @@ class CheckpointCoordinator:
         # Step 3. Delete them, then chk-<N>/ (its private files; no _metadata unless Step 3 of
         # complete failed ambiguously, and then it must go too).
         delete_quietly(self.storage, (p for p in written if p not in self.registry),
-                             f"aborted checkpoint {checkpoint_id}")
+                       f"aborted checkpoint {checkpoint_id}")
         delete_dir_quietly(self.storage, checkpoint_dir_name(checkpoint_id))
         # Step 4. Its tombstone: a restarted job's next id is still above this one.
         self._leave_tombstone(checkpoint_id)
@@ -594,7 +594,7 @@ class CheckpointCoordinator:
         if cleanup_orphans:
             protected = set(self.registry) | self._not_owned_paths
             delete_quietly(self.storage, (p for p in shared if p not in protected),
-                                 "referenced by no retained checkpoint")
+                           "referenced by no retained checkpoint")
         # Step 7. Never reuse an id that names a directory or file already written.
         self._next_id = max([highest_used_id(storage, shared, dir_ids),
                              *(m.checkpoint_id for m in not_owned)]) + 1
