@@ -2,10 +2,13 @@
 are still being uploaded (docs/checkpoints.md, "The asynchronous phase").
 
 The loop (:mod:`keyedstate.runtime.loop`) adds an :class:`InFlight` after each batch's tasks
-and completes them in order, oldest first (:meth:`InFlightCheckpoints.complete_oldest`): wait
-for every subtask's acknowledgement (:mod:`keyedstate.runtime.uploads`), put the handles into
-the reports, complete the checkpoint as the synchronous mode does
-(:func:`~keyedstate.runtime.batch.complete_batch`) and drop its acknowledgements. What the job
+and completes them in order, oldest first (:meth:`InFlightCheckpoints.complete_oldest`), on a
+thread of its own beside the next batch's tasks (:class:`Beside`, its outcome a
+:class:`Completion`): wait for every subtask's acknowledgement
+(:mod:`keyedstate.runtime.uploads`), put the handles into the reports, complete the
+checkpoint as the synchronous mode does (:func:`~keyedstate.runtime.batch.complete_batch`)
+and drop its acknowledgements (those of the checkpoint the next batch restores from one batch
+later). What the job
 returns to when one fails is a :class:`Committed` point: the last completed checkpoint's (or
 the job's start's) restore source, watermark, batch id and drain flag.
 
@@ -19,9 +22,10 @@ the job reads the records back (:func:`recorded_flights`) and completes them
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import msgspec
@@ -32,6 +36,7 @@ from keyedstate.checkpoint.coordinator import (
     PendingCheckpoint,
 )
 from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, MIN_WATERMARK, WATERMARK
+from keyedstate.checkpoint.stats import BatchStats
 from keyedstate.config import JobConfig
 from keyedstate.errors import CheckpointError, CheckpointProtocolError
 from keyedstate.runtime.batch import complete_batch
@@ -130,6 +135,48 @@ class InFlight(Generic[ContextT]):
                    may_be_committed=True)
 
 
+@dataclass
+class Completion:
+    """What completing checkpoints in flight did (:meth:`~keyedstate.runtime.loop.BatchLoop.
+    _completion`): the statistics of the batches whose output it committed, in order, and
+    where it stopped, if it did (at most one of the two is set)."""
+
+    done: list[BatchStats] = field(default_factory=list)
+    #: the oldest checkpoint in flight failed to complete: every one in flight is discarded
+    failed: BaseException | None = None
+    #: a completed checkpoint's sink commit failed: it stays first, committed next time
+    commit_failed: BaseException | None = None
+
+
+class Beside:
+    """``work`` (completing checkpoints in flight) run on a thread of its own, made by
+    ``thread`` (the engine's kind), while the batch thread runs a batch's tasks; :meth:`join`
+    waits for it and returns its :class:`Completion`."""
+
+    def __init__(self, work: Callable[[], Completion],
+                 thread: Callable[[Callable[[], None]], threading.Thread]) -> None:
+        self._work = work
+        self._completion: Completion | None = None
+        self._error: BaseException | None = None
+        self.thread = thread(self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._completion = self._work()
+        except BaseException as exc:  # noqa: BLE001 - raised on the batch thread by join()
+            self._error = exc
+
+    def join(self) -> Completion:
+        """Wait for the work to end; its completion (what the work raised, if anything,
+        is raised here)."""
+        self.thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._completion is not None
+        return self._completion
+
+
 def record_flight(storage: CheckpointStorage, flight: InFlight, start_id: str) -> None:
     """Write ``flight``'s record (:func:`~keyedstate.storage.layout.flight_record_file`,
     beside its acknowledgements: deleted with them once it completes, or with ``chk-<N>/``
@@ -207,6 +254,8 @@ class InFlightCheckpoints(Generic[ContextT]):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         self._flights: deque[InFlight[ContextT]] = deque()
+        #: completed checkpoints whose acknowledgements are not deleted yet (``keep_acks``)
+        self._kept_acks: list[InFlight[ContextT]] = []
 
     def __len__(self) -> int:
         return len(self._flights)
@@ -220,16 +269,21 @@ class InFlightCheckpoints(Generic[ContextT]):
     def complete_oldest(self, coordinator: CheckpointCoordinator, *,
                         wait: Callable[[InFlight[ContextT]], None], config: JobConfig,
                         key_columns: Sequence[str], lineage: Mapping[str, str], function: str,
-                        extra: Mapping[str, str]
+                        extra: Mapping[str, str], keep_acks: bool = False
                         ) -> tuple[InFlight[ContextT], CompletedCheckpoint,
                                    list[SubtaskReport]]:
         """Complete the oldest checkpoint in flight: ``wait`` for its uploads (the engine's
         way), read its acknowledgements, complete it (``_metadata``, registry, subsumption)
-        and drop the acknowledgements. Returns it, the completed checkpoint and its reports
-        with handles. On failure it stays the oldest in flight (the caller discards)."""
+        and drop the acknowledgements, with those kept before (:meth:`delete_kept_acks`).
+        ``keep_acks``: keep its own until then instead, because a batch running meanwhile may
+        restore from them (its plan's restore source is this checkpoint in flight). Returns
+        it, the completed checkpoint and its reports with handles. On failure it stays the
+        oldest in flight (the caller discards)."""
         flight = self._flights[0]
-        wait(flight)
         storage = coordinator.storage
+        # Before the completion subsumes their checkpoint (and deletes its folder).
+        self.delete_kept_acks(storage)
+        wait(flight)
         reports = acknowledged_reports(storage, flight)
         completed, ordered, _ = complete_batch(
             coordinator, flight.pending, reports, parallelism=config.parallelism,
@@ -238,19 +292,17 @@ class InFlightCheckpoints(Generic[ContextT]):
             key_columns=key_columns, lineage=lineage, config=config, function=function,
             extra=extra)
         self._flights.popleft()
-        # Away from a local disk the files are known: one bulk delete, no listing first.
-        known = [ack_file(flight.checkpoint_id, r.subtask) for r in flight.reports]
-        if flight.recorded:
-            known.append(flight_record_file(flight.checkpoint_id))
-        try:
-            if storage.is_local:
-                storage.delete_dir(acks_dir(flight.checkpoint_id))
-            else:
-                storage.delete_many(known)
-        except OSError as exc:  # the checkpoint is complete: gc finds the leftover
-            log.warning("could not delete %s: %s", storage.url_of(acks_dir(flight.checkpoint_id)),
-                        exc)
+        if keep_acks:
+            self._kept_acks.append(flight)
+        else:
+            _delete_acks(storage, [flight])
         return flight, completed, ordered
+
+    def delete_kept_acks(self, storage: CheckpointStorage) -> None:
+        """Delete the acknowledgements of the completed checkpoints whose
+        :meth:`complete_oldest` kept them: no batch planned since restores from them."""
+        kept, self._kept_acks = self._kept_acks, []
+        _delete_acks(storage, kept)
 
     def discard(self, coordinator: CheckpointCoordinator, reason: str) -> list[int]:
         """Abort every checkpoint in flight, once this process's uploads of the job ended
@@ -270,6 +322,28 @@ class InFlightCheckpoints(Generic[ContextT]):
                             "`keyedstate gc` will find it", flight.batch_id, exc)
         self._flights.clear()
         return discarded
+
+
+def _delete_acks(storage: CheckpointStorage, flights: Sequence[InFlight]) -> None:
+    """Delete the acknowledgements (and flight records) of completed ``flights``. Away from a
+    local disk the files are known: one bulk delete, no listing first. A failure is logged:
+    the checkpoints are complete, and ``keyedstate gc`` finds the leftovers."""
+    if not flights:
+        return
+    known = []
+    for flight in flights:
+        known += [ack_file(flight.checkpoint_id, r.subtask) for r in flight.reports]
+        if flight.recorded:
+            known.append(flight_record_file(flight.checkpoint_id))
+    try:
+        if storage.is_local:
+            for flight in flights:
+                storage.delete_dir(acks_dir(flight.checkpoint_id))
+        else:
+            storage.delete_many(known)
+    except OSError as exc:
+        log.warning("could not delete the acknowledgements of checkpoints %s: %s",
+                    [f.checkpoint_id for f in flights], exc)
 
 
 def adopt_recorded(storage: CheckpointStorage, start_id: str, context: ContextT, *,

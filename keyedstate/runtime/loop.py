@@ -29,11 +29,12 @@ one); a crash between 4 and 6 is repaired by committing again (idempotent by bat
 The asynchronous mode (``keyedstate.checkpointing.async-upload``, :meth:`BatchLoop.
 _run_batch_async`; docs/checkpoints.md, "The asynchronous phase") runs steps 1-3, adds the
 checkpoint to those in flight (:mod:`keyedstate.runtime.inflight`) and advances on it (step 5;
-the next batch's subtasks reuse their copies at it, or restore from its acknowledgements);
-then it runs steps 4, 6 and 7 for the oldest checkpoints in flight, in order, until at most
-``max-concurrent-checkpoints`` are left. A failure there discards every checkpoint in flight
-and sets the loop back to the last completed one (:class:`~keyedstate.errors.
-CheckpointDiscardedError`). An engine whose loop runs in a process that may end with
+the next batch's subtasks reuse their copies at it, or restore from its acknowledgements).
+Steps 4 and 6 of the oldest checkpoints in flight, in order, run on a driver thread of their
+own beside the next batch's step 3, until at most ``max-concurrent-checkpoints`` are left
+with that batch's; their step 7 follows on the batch thread. A failure there discards every
+checkpoint in flight, with the batch that ran beside it, and sets the loop back to the last
+completed one (:class:`~keyedstate.errors.CheckpointDiscardedError`). An engine whose loop runs in a process that may end with
 checkpoints in flight (Spark Connect: the driver's copy in the server) records each in storage
 (:meth:`BatchLoop._records_in_flight`); its loop in another process completes them once that
 one ended (:meth:`BatchLoop._take_over_in_flight`).
@@ -42,6 +43,7 @@ one ended (:meth:`BatchLoop._take_over_in_flight`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -71,7 +73,9 @@ from keyedstate.runtime.failures import find_task_failure
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.identity import function_name
 from keyedstate.runtime.inflight import (
+    Beside,
     Committed,
+    Completion,
     ContextT,
     InFlight,
     InFlightCheckpoints,
@@ -131,6 +135,8 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
     _committed: Committed
     #: completed checkpoints (asynchronous mode) whose sink commit failed, to retry first
     _to_commit: deque[tuple[InFlight[ContextT], CompletedCheckpoint, list[SubtaskReport]]]
+    #: the thread completing checkpoints beside the running batch's tasks, None otherwise
+    _beside: threading.Thread | None = None
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -313,17 +319,31 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
 
     def _run_batch_async(self, batch: BatchT, batch_id: int, *, started: float,
                          drain: bool = False, context: ContextT) -> list[BatchStats]:
-        """Batch ``batch_id`` in the asynchronous mode: steps 1-3, its checkpoint in flight,
-        step 5 on it; then steps 4, 6 and 7 of the oldest checkpoints in flight until at most
-        ``max-concurrent-checkpoints`` are left (none after a drain). Returns the statistics
-        of the batches completed meanwhile. A failed batch aborts its own checkpoint and
-        completes those in flight before raising: the job is then at the last one completed.
-        Raises :class:`CheckpointDiscardedError` when a checkpoint in flight fails."""
+        """Batch ``batch_id`` in the asynchronous mode. Steps 1-2; steps 4 and 6 of the oldest
+        checkpoints in flight on a driver thread *beside* step 3 (:meth:`_completion`), until
+        at most ``max-concurrent-checkpoints`` - 1 are left; step 3 (the subtasks end after
+        the synchronous phase); step 7 of the batches completed beside it; its checkpoint in
+        flight and step 5 on it; after a drain, steps 4, 6 and 7 of every one in flight.
+        Returns the statistics of the batches completed meanwhile. A failed batch aborts its
+        own checkpoint and completes those in flight before raising: the job is then at the
+        last one completed. Raises :class:`CheckpointDiscardedError` when a checkpoint in
+        flight fails (this batch is discarded with it: it ran on its state)."""
         # Step 1. Trigger.
         pending = self.coordinator.trigger({BATCH_ID: str(batch_id)})
         # Step 2. Plan.
         tasks = self._tasks(batch)
         plan = self._plan(batch_id, pending.checkpoint_id, drain=drain, spark_tasks=tasks)
+        # Steps 4 and 6 beside step 3, as Flink's JobManager completes a checkpoint while the
+        # tasks go on: the tasks run on the state of the checkpoints in flight and need none
+        # of them complete. Until the thread is joined, only it touches the coordinator, the
+        # loop's committed point and the sinks. The subtasks that restore from the newest
+        # checkpoint in flight read its acknowledgements: they are kept until the next batch.
+        source = plan.restore
+        restoring = source.checkpoint_id if source is not None and source.pending else None
+        beside = Beside(lambda: self._completion(self.config.max_concurrent_checkpoints - 1,
+                                                 keep_acks_of=restoring),
+                        lambda run: self._completion_thread(run, context))
+        self._beside = beside.thread
         try:
             # Step 3. Execute: the subtasks end after the synchronous phase.
             reports = ordered_reports(decode_reports(self._execute(plan, batch)),
@@ -335,18 +355,26 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                 # process may end (Spark Connect's server ends it with the query).
                 record_flight(self.storage, flight, self.start_id)
         except BaseException as exc:
+            completion = beside.join()
             # Its subtasks that succeeded upload in the background: abort once they are done.
             wait_for_checkpoint(self.storage.url, pending.checkpoint_id)
             self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
-            self._complete_in_flight(0)  # raises CheckpointDiscardedError if one fails
+            # A failed sink commit stays first: the completion below commits it again.
+            completion.commit_failed = None
+            self._settled(completion)  # raises CheckpointDiscardedError if one failed
+            self._complete_in_flight(0)  # the same
             failure = self._failure(exc, batch_id) if isinstance(exc, Exception) else None
             if failure is not None:
                 raise failure from exc
             raise
+        finally:
+            self._beside = None
+        completion = beside.join()
         # Step 5. Advance, on the checkpoint in flight.
         self._advance_in_flight(flight)
-        # Steps 4, 6, 7 of the oldest, within the bound.
-        return self._complete_in_flight(0 if drain else self.config.max_concurrent_checkpoints)
+        # Step 7 of those completed beside; a failed one discards this batch too.
+        done = self._settled(completion)
+        return done + self._complete_in_flight(0) if drain else done
 
     def _advance_in_flight(self, flight: InFlight[ContextT]) -> None:
         """Step 5 on a checkpoint in flight: add it to those in flight, and move the
@@ -363,18 +391,39 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
 
     def _complete_in_flight(self, leave: int) -> list[BatchStats]:
         """Complete checkpoints in flight, oldest first, and commit their output, until at
-        most ``leave`` are left; their statistics. A failed completion discards every one in
-        flight; a failed sink commit (the checkpoint is complete) raises and is retried
-        first by the next call, so output is committed in batch order, once."""
-        done = self._commit_completed()
+        most ``leave`` are left (:meth:`_completion`), on this thread; their statistics
+        (:meth:`_settled`: a failed completion discards every one in flight; a failed sink
+        commit raises and is retried first by the next call, so output is committed in batch
+        order, once)."""
+        return self._settled(self._completion(leave))
+
+    def _completion(self, leave: int, *, keep_acks_of: int | None = None) -> Completion:
+        """Steps 4 and 6 of the checkpoints in flight, oldest first, until at most ``leave``
+        are left: the completed ones whose sink commit failed before first. Stops at the
+        first failure and says which (:class:`~keyedstate.runtime.inflight.Completion`);
+        raises nothing, calls no engine hook but the sink commit: it may run on a thread of
+        its own (:meth:`_run_batch_async`), while the batch thread runs the next batch's
+        tasks. ``keep_acks_of``: the checkpoint in flight whose acknowledgements those tasks
+        may read (kept until the next call)."""
+        completion = Completion()
+        try:
+            self._commit_completed(completion.done)
+        except BaseException as exc:
+            completion.commit_failed = exc
+            return completion
+        if keep_acks_of is None:
+            self._in_flight.delete_kept_acks(self.storage)
         while len(self._in_flight) > leave:
+            oldest = next(iter(self._in_flight)).checkpoint_id
             try:
                 flight, completed, reports = self._in_flight.complete_oldest(
                     self.coordinator, wait=self._wait_for_uploads, config=self.config,
                     key_columns=self.key_columns, lineage=self.lineage,
-                    function=function_name(self.function), extra=self._checkpoint_properties())
+                    function=function_name(self.function), extra=self._checkpoint_properties(),
+                    keep_acks=oldest == keep_acks_of)
             except BaseException as exc:
-                self._discard_in_flight(exc)
+                completion.failed = exc
+                return completion
             props = completed.metadata.properties
             watermark = int(props.get(WATERMARK, MIN_WATERMARK))
             base = RestoreSource.of(self.storage, completed.metadata, own=True)
@@ -382,10 +431,28 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                     and self.base.checkpoint_id == completed.checkpoint_id:
                 self.base = base
             self._committed = Committed(base, True, watermark, flight.batch_id, flight.drain)
-            # Step 6, after the checkpoint completed; then step 7.
+            # Step 6, after the checkpoint completed.
             self._to_commit.append((flight, completed, reports))
-            done += self._commit_completed()
-        return done
+            try:
+                self._commit_completed(completion.done)
+            except BaseException as exc:
+                completion.commit_failed = exc
+                return completion
+        return completion
+
+    def _settled(self, completion: Completion) -> list[BatchStats]:
+        """Step 7 of the batches ``completion`` committed (the engine's :meth:`_completed`,
+        on this thread, before anything is raised: none of them is lost), then its failure:
+        a checkpoint in flight that failed discards every one in flight
+        (:meth:`_discard_in_flight` raises :class:`CheckpointDiscardedError`), a failed sink
+        commit is raised. Returns the statistics."""
+        for stats in completion.done:
+            self._completed(stats)
+        if completion.failed is not None:
+            self._discard_in_flight(completion.failed)
+        if completion.commit_failed is not None:
+            raise completion.commit_failed
+        return completion.done
 
     def _take_over_in_flight(self, context: ContextT) -> list[BatchStats]:
         """Complete the checkpoints in flight that this job's loop in another process
@@ -424,10 +491,10 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         # Step 3.
         return self._complete_in_flight(0)
 
-    def _commit_completed(self) -> list[BatchStats]:
-        """Step 6 and 7 of the completed checkpoints whose output is not committed yet, in
-        order; one whose commit fails stays first (the error is raised)."""
-        done: list[BatchStats] = []
+    def _commit_completed(self, done: list[BatchStats]) -> None:
+        """Step 6 of the completed checkpoints whose output is not committed yet, in order,
+        each one's statistics added to ``done`` as soon as it is; one whose commit fails stays
+        first (the error is raised)."""
         while self._to_commit:
             flight, completed, reports = self._to_commit[0]
             fresh, flight.may_be_committed = not flight.may_be_committed, True
@@ -438,8 +505,19 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                                 duration_s=time.perf_counter() - flight.started)
             stats.spark_tasks = flight.tasks or 0
             done.append(stats)
-            self._completed(stats)
-        return done
+
+    def _completion_thread(self, run: Callable[[], None], context: ContextT
+                           ) -> threading.Thread:
+        """The thread that completes checkpoints beside a batch's tasks, not started; it runs
+        ``run`` (the engine's kind of thread: Spark's carries the batch thread's job
+        properties; ``context``: what the sink commits get)."""
+        return threading.Thread(target=run, name="keyedstate-completion", daemon=True)
+
+    def _on_completion_thread(self) -> bool:
+        """Whether the caller runs on the thread completing checkpoints beside a batch's
+        tasks (:meth:`_run_batch_async`): it works for the batch thread, which waits for it
+        before it touches the coordinator again."""
+        return self._beside is not None and threading.current_thread() is self._beside
 
     def _discard_in_flight(self, exc: BaseException) -> NoReturn:
         """A checkpoint in flight failed: abort it and every later one, close the job's live

@@ -28,6 +28,7 @@ import json
 import logging
 import threading
 import time
+from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -280,6 +281,17 @@ class KeyedJobDriver(SparkJobStart):
     def _completed(self, stats: BatchStats) -> None:
         self._record(stats)
 
+    def _completion_thread(self, run: Callable[[], None], context: Session
+                           ) -> threading.Thread:
+        # Spark's inheritable thread: the batch thread's job properties (the query's job
+        # group, its SQL execution) and Spark Connect's tags go with it, so that a sink's
+        # Spark job runs as one of the batch's.
+        from pyspark import InheritableThread
+
+        # (typed for the classic session only; under Spark Connect it takes Connect's)
+        return InheritableThread(run, session=context,  # type: ignore[arg-type]
+                                 name="keyedstate-completion", daemon=True)
+
     def _wait_for_uploads(self, flight: InFlight[Session]) -> None:
         """The subtasks' Python workers upload in their own processes: poll for their
         acknowledgements (``execution.checkpointing.timeout``)."""
@@ -427,7 +439,10 @@ class KeyedJobDriver(SparkJobStart):
         fmt = SnapshotFormat(str(format).lower())
         # Step 1.
         check_savepoint_target(CheckpointStorage(target, self.config.storage_options))
-        with self._lock:
+        # A sink's commit on the thread completing checkpoints beside a batch's tasks works
+        # for the batch thread, which holds the lock and waits for it before it touches the
+        # coordinator again: taking the lock there would wait for ever.
+        with nullcontext() if self._on_completion_thread() else self._lock:
             latest = self.coordinator.latest_completed
             if latest is None:
                 raise NoCheckpointError(

@@ -8,6 +8,7 @@ No timed assertions: the order of events (which batch a call completes) and the 
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,8 @@ def faulty_job(tmp_path: Path, backend: str, plan: FaultPlan) -> LocalJob:
 
 # Batch 3 is checkpoint 4 (ids start at 1, no aborts before it). A fault in a worker's upload
 # fails batch 4's subtask that waits for it before its own snapshot (batch 4 never gets in
-# flight); a fault in the driver's completion comes after batch 4's tasks (both discarded).
+# flight); a fault in the driver's completion, beside batch 4's tasks, discards both (batch 4
+# ran on checkpoint 4's state).
 IN_THE_WORKER = [("CheckpointDiscardedError", [3], 2)]
 IN_THE_DRIVER = [("CheckpointDiscardedError", [3, 4], 2)]
 STEPS = {
@@ -284,6 +286,74 @@ def test_a_subtask_without_its_live_copy_restores_from_the_acknowledgement(tmp_p
     how = {b: [(s.reused, s.restored) for s in subtasks or []] for b, subtasks in by_batch.items()}
     assert how[2] == [(False, True), (False, True)]  # restored, from checkpoint 2's acks
     assert how[3] == [(True, False), (True, False)]  # reused again
+
+
+class BesideJob(LocalJob):
+    """A local job that looks, when a batch's subtasks are about to run, at what the
+    completion beside them did (it waits for it first): the batch the latest completed
+    checkpoint covers and the batches whose output was delivered. On batch ``release_at`` it
+    then closes the live copies, so that the subtasks restore."""
+
+    release_at: int | None = None
+
+    def _execute(self, plan: Any, batch: Any) -> list[Any]:
+        assert self._beside is not None and self._beside is not threading.current_thread()
+        self._beside.join()
+        delivered = self._delivered.get("main")
+        self.seen.append((plan.batch_id, completed_batch(self), sorted(
+            {r["batch_id"] for r in delivered.to_pylist()} if delivered is not None else [])))
+        if plan.batch_id == self.release_at:
+            wait_for_job(self.storage.url)
+            release_live(self.storage.url, self.start_id)
+        return super()._execute(plan, batch)
+
+
+def beside_job(cfg: Any) -> BesideJob:
+    job = BesideJob(IdleCounts(), key_columns=["user_id"], input_schema=INPUT,
+                    output_schema=COUNT_SCHEMA, side_outputs={"idle": IDLE_SCHEMA}, config=cfg)
+    job.seen = []
+    return job
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_checkpoint_in_flight_completes_beside_the_next_batchs_tasks(tmp_path, backend):
+    """Checkpoint N (batch N-1) completes, and its output is committed, on a thread of its
+    own while batch N's subtasks run (as Flink's JobManager completes a checkpoint while the
+    tasks go on), not after them: when batch N's subtasks start, that thread may already have
+    done it all. The output equals the synchronous mode's."""
+    data = batches(4)
+    expected_rows, _ = synchronous_run(tmp_path, data, backend)
+    with beside_job(config(tmp_path / "async", backend=backend, async_upload=True)) as job:
+        outputs = [job.process_batch(t) for t in data]
+        outputs.append(job.drain())
+        # The drain is batch 4.
+        assert job.seen == [(0, None, []), (1, 0, [0]), (2, 1, [1]), (3, 2, [2]), (4, 3, [3])]
+    assert rows(outputs) == expected_rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_subtask_restores_from_a_checkpoint_completed_beside_it(tmp_path, backend):
+    """Batch 2's subtasks have no live copy and restore from checkpoint 3 (batch 1), which
+    was in flight when the batch was planned and completes beside them, before they read
+    its acknowledgements: these are kept until the next batch, so the subtasks restore from
+    them (never from an older state); the next batch's completion deletes them."""
+    data = batches(4)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True, num_retained=10)
+    with beside_job(cfg) as job:
+        job.release_at = 2
+        outputs = [job.process_batch(t) for t in data]
+        outputs.append(job.flush())
+        assert job.seen[2] == (2, 1, [1])  # checkpoint 2 was complete when they restored
+        assert latest_state(job) == expected_state
+        by_batch = {int(c.metadata.properties[BATCH_ID]): subtask_stats_of(c.metadata)
+                    for c in job.coordinator.retained}
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
+    how = {b: [(s.reused, s.restored) for s in subtasks or []] for b, subtasks in by_batch.items()}
+    assert how[2] == [(False, True), (False, True)]
+    assert how[3] == [(True, False), (True, False)]
+    assert not [p for p in job.storage.list_files() if f"/{ACKS_DIR}/" in p]
 
 
 class FailInBatch(IdleCounts):

@@ -53,6 +53,10 @@ class CountingJob(LocalJob):
     subtasks: RequestCounts = RequestCounts()
 
     def _execute(self, plan: BatchPlan, batch: Any) -> list[Any]:
+        if self._beside is not None:
+            # The asynchronous mode completes checkpoints beside the subtasks: let it end
+            # first, so that the counts of this process tell the two apart.
+            self._beside.join()
         before = process_counts()
         try:
             return super()._execute(plan, batch)

@@ -8,19 +8,26 @@ positions."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from typing import Any
 
 import pytest
 
+from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.config import JobConfig
 from keyedstate.errors import CheckpointDiscardedError, KeyedStateError
+from keyedstate.spark.api import key_by
 from keyedstate.spark.offsets import OffsetLog
+from keyedstate.spark.sinks import StagedOutput
 from keyedstate.testing.faults import FaultPlan
-from tests.spark.jobs import RunningTotals
-from tests.spark.test_exactly_once import start
-from tests.spark.test_job import check_against_pandas, run_job, write_files
+from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
+from tests.spark.test_exactly_once import BatchFiles, SavepointInSink, start
+from tests.spark.test_job import SCHEMA, check_against_pandas, run_job, write_files
 
 pytestmark = pytest.mark.spark
 
@@ -183,3 +190,60 @@ def test_stop_with_drain_and_savepoint_waits_for_the_checkpoints_in_flight(spark
     assert [s.batch_id for s in query.stats if s.checkpoint_id >= 0] == [0, 1, 2, 3]
     props = resolve_snapshot(savepoint).metadata.properties
     assert (props[BATCH_ID], props[DRAINED]) == ("3", "true")
+
+
+class BesideSink(SavepointInSink):
+    """:class:`SavepointInSink` (a savepoint from inside the commit of batch ``batch_id``)
+    that records, for each commit, the thread it ran on, the Spark job group it runs its
+    Spark jobs in, and a Spark job's result."""
+
+    def __init__(self, path: str, batch_id: int, target: str) -> None:
+        super().__init__(path, batch_id, target)
+        self.commits: list[tuple[int, str, str | None, int]] = []
+
+    def commit(self, spark: Any, batch_id: int, staged: StagedOutput) -> None:
+        group = spark.sparkContext.getLocalProperty("spark.jobGroup.id")
+        self.commits.append((batch_id, threading.current_thread().name, group,
+                             spark.range(3).count()))
+        super().commit(spark, batch_id, staged)
+
+
+def test_sink_commits_beside_the_next_batch_run_as_its_jobs_and_may_take_a_savepoint(
+        spark, tmp_path):
+    """Batch 0's and batch 1's sink commits run on the driver's completion thread beside
+    batches 1's and 2's tasks. There a sink's Spark job runs in the query's job group (the
+    batch thread's job properties go with the thread, so stopping the query cancels it), and
+    a savepoint taken from inside batch 1's commit neither waits for the batch thread (which
+    holds the batch lock and waits for the commit) nor commits again: it carries batch 1 and
+    its output, and a job restored from it in a new location goes on after batch 1."""
+    root = str(tmp_path)
+    out = os.path.join(root, "out")
+    write_files(os.path.join(root, "input"), 3)
+    sink = BesideSink(out, 1, os.path.join(root, "sp"))
+    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA).sink(sink)
+    driver = job.driver(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2,
+                                  async_upload=True), os.path.join(root, "spark"))
+    sink.driver = driver
+    query = (events.writeStream.foreachBatch(driver.process_batch)
+             .option("checkpointLocation", os.path.join(root, "spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    driver.flush()  # batch 2's checkpoint, in flight when the query ended, on this thread
+    run_id = str(query.runId)
+    assert [c[:3] for c in sink.commits] == [
+        (0, "keyedstate-completion", run_id), (1, "keyedstate-completion", run_id),
+        (2, threading.current_thread().name, None)]
+    assert all(c[3] == 3 for c in sink.commits)
+    check_against_pandas(root)
+    carried = resolve_snapshot(os.path.join(root, "sp")).metadata.properties
+    assert carried["batch_id"] == "1" and "staged" in carried
+    shutil.rmtree(out)
+    write_files(os.path.join(root, "input"), 1, first=3)
+    restored = start(spark, root, ckpt="ckpt-2", location="spark-2",
+                     restore_path=os.path.join(root, "sp"), sink=BatchFiles(out),
+                     async_upload=True)
+    restored.stop()
+    assert [s.batch_id for s in restored.stats if s.checkpoint_id >= 0] == [2, 3]
+    assert sorted(os.listdir(out)) == ["batch-1.parquet", "batch-2.parquet", "batch-3.parquet"]
