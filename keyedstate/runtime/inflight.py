@@ -41,10 +41,11 @@ from keyedstate.config import JobConfig
 from keyedstate.errors import CheckpointError, CheckpointProtocolError
 from keyedstate.runtime.batch import complete_batch
 from keyedstate.runtime.subtask import RestoreSource
-from keyedstate.runtime.uploads import read_ack, wait_for_job
+from keyedstate.runtime.uploads import wait_for_job
 from keyedstate.runtime.wire import (
     WIRE_VERSION,
     FlightRecord,
+    SubtaskAck,
     SubtaskReport,
     decode_flight,
     encode_flight,
@@ -58,7 +59,6 @@ from keyedstate.storage.layout import (
     flight_record_file,
     staging_dir,
 )
-from keyedstate.storage.transfer import parallel_map
 
 log = logging.getLogger("keyedstate")
 
@@ -150,8 +150,8 @@ class Completion:
 
 class Beside:
     """``work`` (completing checkpoints in flight) run on a thread of its own, made by
-    ``thread`` (the engine's kind), while the batch thread runs a batch's tasks; :meth:`join`
-    waits for it and returns its :class:`Completion`."""
+    ``thread`` (the engine's kind), while the batch thread runs a batch's tasks:
+    :meth:`start` starts it, :meth:`join` waits for it and returns its :class:`Completion`."""
 
     def __init__(self, work: Callable[[], Completion],
                  thread: Callable[[Callable[[], None]], threading.Thread]) -> None:
@@ -159,6 +159,8 @@ class Beside:
         self._completion: Completion | None = None
         self._error: BaseException | None = None
         self.thread = thread(self._run)
+
+    def start(self) -> None:
         self.thread.start()
 
     def _run(self) -> None:
@@ -218,15 +220,12 @@ def ordered_reports(reports: Sequence[SubtaskReport], parallelism: int, batch_id
     return ordered
 
 
-def acknowledged_reports(storage: CheckpointStorage, flight: InFlight
+def acknowledged_reports(flight: InFlight, acks: Sequence[SubtaskAck | None]
                          ) -> list[SubtaskReport]:
     """``flight``'s reports with each subtask's handle and upload figures from its
-    acknowledgement. Raises :class:`CheckpointError` for a missing or failed one, or one of
-    another snapshot than the report's. The acknowledgements are read in parallel (the
-    storage's transfer threads): on an object store each read is a round trip the driver's
-    batch waits for."""
-    acks = parallel_map(lambda r: read_ack(storage, flight.checkpoint_id, r.subtask),
-                        flight.reports, storage.request_threads)
+    acknowledgement in ``acks`` (in subtask order, None: not written). Raises
+    :class:`CheckpointError` for a missing or failed one, or one of another snapshot than
+    the report's."""
     reports = []
     for report, ack in zip(flight.reports, acks):
         if ack is None or ack.handle is None:
@@ -267,13 +266,15 @@ class InFlightCheckpoints(Generic[ContextT]):
         self._flights.append(flight)
 
     def complete_oldest(self, coordinator: CheckpointCoordinator, *,
-                        wait: Callable[[InFlight[ContextT]], None], config: JobConfig,
+                        acks: Callable[[InFlight[ContextT]], Sequence[SubtaskAck | None]],
+                        config: JobConfig,
                         key_columns: Sequence[str], lineage: Mapping[str, str], function: str,
                         extra: Mapping[str, str], keep_acks: bool = False
                         ) -> tuple[InFlight[ContextT], CompletedCheckpoint,
                                    list[SubtaskReport]]:
-        """Complete the oldest checkpoint in flight: ``wait`` for its uploads (the engine's
-        way), read its acknowledgements, complete it (``_metadata``, registry, subsumption)
+        """Complete the oldest checkpoint in flight: its ``acks`` once written (the engine's
+        way: waiting for its uploads, reading them), complete it (``_metadata``, registry,
+        subsumption)
         and drop the acknowledgements, with those kept before (:meth:`delete_kept_acks`).
         ``keep_acks``: keep its own until then instead, because a batch running meanwhile may
         restore from them (its plan's restore source is this checkpoint in flight). Returns
@@ -283,8 +284,7 @@ class InFlightCheckpoints(Generic[ContextT]):
         storage = coordinator.storage
         # Before the completion subsumes their checkpoint (and deletes its folder).
         self.delete_kept_acks(storage)
-        wait(flight)
-        reports = acknowledged_reports(storage, flight)
+        reports = acknowledged_reports(flight, acks(flight))
         completed, ordered, _ = complete_batch(
             coordinator, flight.pending, reports, parallelism=config.parallelism,
             batch_id=flight.batch_id, watermark=flight.watermark,

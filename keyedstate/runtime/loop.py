@@ -86,10 +86,11 @@ from keyedstate.runtime.inflight import (
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.startup import JobStart, start_configured_job
 from keyedstate.runtime.subtask import BatchPlan, RestoreSource
-from keyedstate.runtime.uploads import wait_for_checkpoint
-from keyedstate.runtime.wire import SubtaskReport, decode_reports
+from keyedstate.runtime.uploads import read_ack, wait_for_checkpoint
+from keyedstate.runtime.wire import SubtaskAck, SubtaskReport, decode_reports
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import SnapshotFormat
+from keyedstate.storage.transfer import parallel_map
 
 log = logging.getLogger("keyedstate")
 
@@ -225,10 +226,14 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         call (its discard raises) loses none of the batches completed before it."""
         return None
 
-    def _wait_for_uploads(self, flight: InFlight[ContextT]) -> None:
-        """Wait until ``flight``'s acknowledgements are written (or will never be): the
-        local runtime's subtasks upload in this process."""
+    def _acknowledgements(self, flight: InFlight[ContextT]) -> list[SubtaskAck | None]:
+        """``flight``'s acknowledgements in subtask order (None: not written), once written
+        or never to be: the local runtime's subtasks upload in this process, so it waits for
+        them, then reads them in parallel."""
         wait_for_checkpoint(self.storage.url, flight.checkpoint_id)
+        storage = self.storage
+        return parallel_map(lambda r: read_ack(storage, flight.checkpoint_id, r.subtask),
+                            flight.reports, storage.request_threads)
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -343,7 +348,9 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         beside = Beside(lambda: self._completion(self.config.max_concurrent_checkpoints - 1,
                                                  keep_acks_of=restoring),
                         lambda run: self._completion_thread(run, context))
+        # Known before it starts: a sink's commit there asks whether it runs on it.
         self._beside = beside.thread
+        beside.start()
         try:
             # Step 3. Execute: the subtasks end after the synchronous phase.
             reports = ordered_reports(decode_reports(self._execute(plan, batch)),
@@ -355,7 +362,7 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                 # process may end (Spark Connect's server ends it with the query).
                 record_flight(self.storage, flight, self.start_id)
         except BaseException as exc:
-            completion = beside.join()
+            completion = self._joined(beside)
             # Its subtasks that succeeded upload in the background: abort once they are done.
             wait_for_checkpoint(self.storage.url, pending.checkpoint_id)
             self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
@@ -367,9 +374,7 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
             if failure is not None:
                 raise failure from exc
             raise
-        finally:
-            self._beside = None
-        completion = beside.join()
+        completion = self._joined(beside)
         # Step 5. Advance, on the checkpoint in flight.
         self._advance_in_flight(flight)
         # Step 7 of those completed beside; a failed one discards this batch too.
@@ -417,7 +422,7 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
             oldest = next(iter(self._in_flight)).checkpoint_id
             try:
                 flight, completed, reports = self._in_flight.complete_oldest(
-                    self.coordinator, wait=self._wait_for_uploads, config=self.config,
+                    self.coordinator, acks=self._acknowledgements, config=self.config,
                     key_columns=self.key_columns, lineage=self.lineage,
                     function=function_name(self.function), extra=self._checkpoint_properties(),
                     keep_acks=oldest == keep_acks_of)
@@ -439,6 +444,13 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                 completion.commit_failed = exc
                 return completion
         return completion
+
+    def _joined(self, beside: Beside) -> Completion:
+        """Wait for the completion beside a batch's tasks to end; its outcome."""
+        try:
+            return beside.join()
+        finally:
+            self._beside = None
 
     def _settled(self, completion: Completion) -> list[BatchStats]:
         """Step 7 of the batches ``completion`` committed (the engine's :meth:`_completed`,

@@ -70,8 +70,7 @@ from keyedstate.runtime.live_copies import (
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.runtime.output import Emitter, rows_to_table
 from keyedstate.runtime.uploads import (
-    await_acks,
-    read_ack,
+    fetch_acks,
     submit,
     wait_for,
     wait_for_subtask,
@@ -277,10 +276,10 @@ def _acknowledged(plan: BatchPlan, src: RestoreSource, index: int) -> RestoreSou
     """``src`` (a checkpoint in flight) with subtask ``index``'s handle from its
     acknowledgement, once this process's upload of it (if it made it) is done. Without the
     acknowledgement the subtask fails: a state older than the checkpoint would be wrong."""
-    if wait_for(plan.job_id, index, src.checkpoint_id) is None:
-        # Uploaded by another process (Spark placed the subtask elsewhere): poll for it.
-        await_acks(src.storage, src.checkpoint_id, [index], plan.ack_timeout_s)
-    ack = read_ack(src.storage, src.checkpoint_id, index)
+    # This process's upload of it ends first; one by another process (Spark placed the
+    # subtask elsewhere) is read at once, or polled for until written.
+    wait_for(plan.job_id, index, src.checkpoint_id)
+    ack, = fetch_acks(src.storage, src.checkpoint_id, [index], plan.ack_timeout_s)
     if ack is None or ack.handle is None:
         why = "is not written" if ack is None else f"says the upload failed: {ack.error}"
         raise CheckpointError(

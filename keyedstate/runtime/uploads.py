@@ -33,6 +33,7 @@ from keyedstate.runtime.wire import WIRE_VERSION, SubtaskAck, decode_ack, encode
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle
 from keyedstate.storage.layout import ack_file, acks_dir
+from keyedstate.storage.transfer import parallel_map
 
 log = logging.getLogger("keyedstate")
 
@@ -204,6 +205,25 @@ def await_acks(storage: CheckpointStorage, checkpoint_id: int, subtasks: Sequenc
                 f"worker lost, or its uploads slower than that)")
         time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, _MAX_POLL_S)
+
+
+def fetch_acks(storage: CheckpointStorage, checkpoint_id: int, subtasks: Sequence[int],
+               timeout_s: float) -> list[SubtaskAck | None]:
+    """The acknowledgements of ``subtasks`` of ``checkpoint_id``, in their order, written by any
+    process: read at once, one GET each in parallel (the storage's small-request threads: the
+    uploads have usually ended, and a listing first would be one more round trip); those not
+    written yet are polled for (:func:`await_acks`, raising after ``timeout_s``) and read
+    then. None for one that vanished in between (the caller reports it missing)."""
+    def read(index: int) -> SubtaskAck | None:
+        return read_ack(storage, checkpoint_id, index)
+
+    acks = parallel_map(read, subtasks, storage.request_threads)
+    missing = [i for i, ack in zip(subtasks, acks) if ack is None]
+    if not missing:
+        return acks
+    await_acks(storage, checkpoint_id, missing, timeout_s)
+    found = dict(zip(missing, parallel_map(read, missing, storage.request_threads)))
+    return [ack if ack is not None else found[i] for i, ack in zip(subtasks, acks)]
 
 
 def read_ack(storage: CheckpointStorage, checkpoint_id: int, index: int) -> SubtaskAck | None:

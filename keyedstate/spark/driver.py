@@ -63,8 +63,8 @@ from keyedstate.runtime.inflight import InFlight
 from keyedstate.runtime.local_aggregation import check_local_aggregation
 from keyedstate.runtime.loop import write_savepoint
 from keyedstate.runtime.subtask import BatchPlan
-from keyedstate.runtime.uploads import await_acks
-from keyedstate.runtime.wire import REPORT_DDL
+from keyedstate.runtime.uploads import fetch_acks
+from keyedstate.runtime.wire import REPORT_DDL, SubtaskAck
 from keyedstate.spark.carry import carry
 from keyedstate.spark.connect import is_connect, task_slots, unsupported
 from keyedstate.spark.driver_start import SparkJobStart
@@ -292,11 +292,12 @@ class KeyedJobDriver(SparkJobStart):
         return InheritableThread(run, session=context,  # type: ignore[arg-type]
                                  name="keyedstate-completion", daemon=True)
 
-    def _wait_for_uploads(self, flight: InFlight[Session]) -> None:
-        """The subtasks' Python workers upload in their own processes: poll for their
-        acknowledgements (``execution.checkpointing.timeout``)."""
-        await_acks(self.storage, flight.checkpoint_id, range(self.config.parallelism),
-                   self.config.checkpoint_timeout.total_seconds())
+    def _acknowledgements(self, flight: InFlight[Session]) -> list[SubtaskAck | None]:
+        """The subtasks' Python workers upload in their own processes: read their
+        acknowledgements, polling for those not written yet
+        (``execution.checkpointing.timeout``)."""
+        return fetch_acks(self.storage, flight.checkpoint_id, range(self.config.parallelism),
+                          self.config.checkpoint_timeout.total_seconds())
 
     def flush(self) -> None:
         """Complete the checkpoints in flight (the asynchronous mode) and commit their
