@@ -70,6 +70,7 @@ from keyedstate.runtime.live_copies import (
 from keyedstate.runtime.local_aggregation import local_aggregation_of, split_aggregated
 from keyedstate.runtime.output import Emitter, rows_to_table
 from keyedstate.runtime.uploads import (
+    StagedFile,
     fetch_acks,
     submit,
     wait_for,
@@ -330,10 +331,21 @@ def _restored(plan: BatchPlan, index: int) -> KeyedStateBackend:
     ))
 
 
-def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table) -> str | None:
+def _stage(plan: BatchPlan, index: int, name: str, table: pa.Table,
+           deferred: list[StagedFile]) -> str | None:
+    """Stage ``table`` (output ``name`` of subtask ``index``) as one Parquet file under the
+    batch's staging folder; its path, None for no rows. The asynchronous mode only encodes it
+    here and adds it to ``deferred``: the process's uploader writes it before the subtask's
+    acknowledgement (:mod:`keyedstate.runtime.uploads`), so the task ends without the round
+    trip, and the driver reads it only after the checkpoint completed."""
     if table.num_rows == 0:
         return None
     relative = f"{staging_dir(plan.batch_id)}/{name}/part-{index:05d}-{uuid.uuid4().hex}.parquet"
+    if plan.async_upload:
+        encoded = pa.BufferOutputStream()
+        pq.write_table(table, encoded)
+        deferred.append(StagedFile(relative, encoded.getvalue().to_pybytes()))
+        return relative
     storage = plan.storage
     path = storage.path(relative)
 
@@ -487,8 +499,9 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
         # Step 5. Stage outputs (invisible until the driver commits).
         step = "staging the output failed with"
         staged: dict[str, str] = {}
+        deferred: list[StagedFile] = []
         main = out.main_output(plan.output_schema)
-        if (path := _stage(plan, index, "main", main)) is not None:
+        if (path := _stage(plan, index, "main", main, deferred)) is not None:
             staged["main"] = path
         for tag, rows in ctx.side_outputs.items():
             schema = plan.side_output_schemas.get(tag)
@@ -496,7 +509,8 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                 raise OutputSchemaError(
                     f"side output {tag!r} is not declared on the job; declared: "
                     f"{sorted(plan.side_output_schemas)}")
-            if (path := _stage(plan, index, tag, rows_to_table(rows, schema, tag))) is not None:
+            if (path := _stage(plan, index, tag, rows_to_table(rows, schema, tag),
+                               deferred)) is not None:
                 staged[tag] = path
         # Step 6. Snapshot: both phases here, or the synchronous one and the upload handed to
         # the process's uploader (runtime.uploads).
@@ -521,7 +535,7 @@ def _run_subtask(plan: BatchPlan, index: int, batches: Iterator[pa.RecordBatch]
                group=plan.largest_group)
     if handle is None:
         submit(job_id=plan.job_id, checkpoint_id=plan.checkpoint_id, index=index, token=token,
-               storage=plan.storage, result=result)
+               storage=plan.storage, result=result, staged=deferred)
     # Step 7. Report (runtime.wire).
     return report_batch(SubtaskReport(
         version=WIRE_VERSION, subtask=index, token=token, handle=handle, staged=staged,

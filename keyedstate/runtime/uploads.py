@@ -2,10 +2,11 @@
 
 In the asynchronous mode (``keyedstate.checkpointing.async-upload``; docs/checkpoints.md, "The
 asynchronous phase") a subtask ends its task after the synchronous phase of its snapshot and
-hands the :class:`~keyedstate.backends.base.backend.SnapshotResult` to :func:`submit`. One
-thread per process runs the uploads in the order handed (first in, first out: a subtask's
-checkpoints upload in order; the transfer pool inside ``materialize`` stays the only
-parallelism), and after each writes the subtask's acknowledgement,
+hands the :class:`~keyedstate.backends.base.backend.SnapshotResult` to :func:`submit`, with
+its batch's staged output encoded (:class:`StagedFile`). One thread per process runs the
+uploads in the order handed (first in, first out: a subtask's checkpoints upload in order;
+the transfer pool inside ``materialize`` stays the only parallelism): the staged files first,
+then the snapshot's, and after each writes the subtask's acknowledgement,
 :func:`~keyedstate.storage.layout.ack_file` (a :class:`~keyedstate.runtime.wire.SubtaskAck`:
 the handle once the files are durable, or the failure as text): the driver's only way to learn
 that the files are durable, since the task has ended.
@@ -38,6 +39,15 @@ from keyedstate.storage.transfer import parallel_map
 log = logging.getLogger("keyedstate")
 
 
+@dataclass(frozen=True)
+class StagedFile:
+    """A subtask's staged output file, encoded in its task and written by the uploader."""
+
+    #: its path below the checkpoint storage's root
+    relative: str
+    data: bytes
+
+
 @dataclass
 class Upload:
     """One snapshot handed to the uploader: subtask ``index`` of checkpoint
@@ -50,6 +60,8 @@ class Upload:
     storage: CheckpointStorage
     #: the snapshot to materialize (dropped once done: it holds the frozen state)
     result: SnapshotResult | None
+    #: the batch's staged output, written before the snapshot's files (dropped once done)
+    staged: Sequence[StagedFile] = ()
     done: threading.Event = field(default_factory=threading.Event)
     #: the handle, once the files are durable and the ack written
     handle: KeyedStateHandle | None = None
@@ -117,8 +129,11 @@ def _upload(upload: Upload) -> None:
     it failed); never raises (what failed is the upload's ``error``)."""
     started = time.perf_counter()
     result, upload.result = upload.result, None
+    staged, upload.staged = upload.staged, ()
     try:
         assert result is not None, "an upload runs once"
+        storage = upload.storage
+        parallel_map(lambda f: _write_staged(storage, f), staged, storage.request_threads)
         handle: KeyedStateHandle | None = result.materialize()
         ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=upload.checkpoint_id,
                          subtask=upload.index, token=upload.token, handle=handle,
@@ -141,11 +156,22 @@ def _upload(upload: Upload) -> None:
         upload.done.set()
 
 
+def _write_staged(storage: CheckpointStorage, staged: StagedFile) -> None:
+    path = storage.path(staged.relative)
+
+    def write() -> None:
+        storage.ensure_parent(path)
+        storage.fs.pipe_file(path, staged.data)
+
+    storage.call(f"staging output {storage.url_of(staged.relative)}", write)
+
+
 def submit(*, job_id: str, checkpoint_id: int, index: int, token: str,
-           storage: CheckpointStorage, result: SnapshotResult) -> Upload:
-    """Hand ``result`` (subtask ``index``'s snapshot of checkpoint ``checkpoint_id``) to this
-    process's uploader; returns at once."""
-    upload = Upload(job_id, checkpoint_id, index, token, storage, result)
+           storage: CheckpointStorage, result: SnapshotResult,
+           staged: Sequence[StagedFile] = ()) -> Upload:
+    """Hand ``result`` (subtask ``index``'s snapshot of checkpoint ``checkpoint_id``) and
+    the batch's ``staged`` output to this process's uploader; returns at once."""
+    upload = Upload(job_id, checkpoint_id, index, token, storage, result, staged)
     _the_uploader().add(upload)
     return upload
 
