@@ -274,8 +274,8 @@ class InFlightCheckpoints(Generic[ContextT]):
                                    list[SubtaskReport]]:
         """Complete the oldest checkpoint in flight: its ``acks`` once written (the engine's
         way: waiting for its uploads, reading them), complete it (``_metadata``, registry,
-        subsumption)
-        and drop the acknowledgements, with those kept before (:meth:`delete_kept_acks`).
+        subsumption) and drop the acknowledgements, with those kept before
+        (:meth:`delete_kept_acks`).
         ``keep_acks``: keep its own until then instead, because a batch running meanwhile may
         restore from them (its plan's restore source is this checkpoint in flight). Returns
         it, the completed checkpoint and its reports with handles. On failure it stays the

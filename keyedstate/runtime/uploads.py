@@ -5,8 +5,8 @@ asynchronous phase") a subtask ends its task after the synchronous phase of its 
 hands the :class:`~keyedstate.backends.base.backend.SnapshotResult` to :func:`submit`, with
 its batch's staged output encoded (:class:`StagedFile`). One thread per process runs the
 uploads in the order handed (first in, first out: a subtask's checkpoints upload in order;
-the transfer pool inside ``materialize`` stays the only parallelism): the staged files first,
-then the snapshot's, and after each writes the subtask's acknowledgement,
+the transfer pool inside ``materialize`` stays the only parallelism): the snapshot's files,
+then the staged ones, and after each writes the subtask's acknowledgement,
 :func:`~keyedstate.storage.layout.ack_file` (a :class:`~keyedstate.runtime.wire.SubtaskAck`:
 the handle once the files are durable, or the failure as text): the driver's only way to learn
 that the files are durable, since the task has ended.
@@ -60,7 +60,7 @@ class Upload:
     storage: CheckpointStorage
     #: the snapshot to materialize (dropped once done: it holds the frozen state)
     result: SnapshotResult | None
-    #: the batch's staged output, written before the snapshot's files (dropped once done)
+    #: the batch's staged output, written after the snapshot's files (dropped once done)
     staged: Sequence[StagedFile] = ()
     done: threading.Event = field(default_factory=threading.Event)
     #: the handle, once the files are durable and the ack written
@@ -132,9 +132,10 @@ def _upload(upload: Upload) -> None:
     staged, upload.staged = upload.staged, ()
     try:
         assert result is not None, "an upload runs once"
+        handle: KeyedStateHandle | None = result.materialize()
+        # After it: exactly one of materialize and discard runs, whatever fails.
         storage = upload.storage
         parallel_map(lambda f: _write_staged(storage, f), staged, storage.request_threads)
-        handle: KeyedStateHandle | None = result.materialize()
         ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=upload.checkpoint_id,
                          subtask=upload.index, token=upload.token, handle=handle,
                          async_s=time.perf_counter() - started)

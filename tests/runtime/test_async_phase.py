@@ -130,7 +130,7 @@ def faulty_job(tmp_path: Path, backend: str, plan: FaultPlan) -> LocalJob:
 IN_THE_WORKER = [("CheckpointDiscardedError", [3], 2)]
 IN_THE_DRIVER = [("CheckpointDiscardedError", [3, 4], 2)]
 STEPS = {
-    # The uploader's first write: the batch's staged output (written off the task).
+    # After the upload, before the ack: the batch's staged output (written off the task).
     "staging": ("write", "staging/batch-3/", IN_THE_WORKER),
     # Before the upload: its first file is refused.
     "upload": ("write", "/shared/chk-4-", IN_THE_WORKER),

@@ -140,7 +140,7 @@ def test_a_crash_before_the_first_checkpoint_completed_is_rewound(spark, tmp_pat
 #: completed, only fails its sink commit (the restart commits it, then runs batch 2 on).
 STEPS = {
     "upload": ("/shared/chk-2-", True),                # in the worker, before the ack
-    "staging": ("staging/batch-1/", True),            # the uploader's first write
+    "staging": ("staging/batch-1/", True),            # the uploader, after the upload
     "ack-write": ("chk-2/_acks/subtask-1", True),      # after the upload: no ack ever comes
     "metadata": ("chk-2/_metadata", True),             # the driver's commit point
     "sink-commit": ("commits/batch-1-", False),        # its marker, after the sinks committed
