@@ -265,6 +265,13 @@ def test_close_leaves_the_checkpoint_in_flight_incomplete(tmp_path, backend):
     assert rows(outputs) == expected_rows
 
 
+def reused_or_restored(job: LocalJob) -> dict[int, list[tuple[bool, bool]]]:
+    """Per batch of the retained checkpoints, each subtask's (reused its copy, restored)."""
+    return {int(c.metadata.properties[BATCH_ID]): [(s.reused, s.restored)
+                                                   for s in subtask_stats_of(c.metadata) or []]
+            for c in job.coordinator.retained}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_subtask_without_its_live_copy_restores_from_the_acknowledgement(tmp_path, backend):
     """Batch 2 runs while checkpoint 2 (batch 1) is in flight and no live copy is left (a
@@ -281,11 +288,9 @@ def test_a_subtask_without_its_live_copy_restores_from_the_acknowledgement(tmp_p
         outputs += [job.process_batch(t) for t in data[2:]]
         outputs.append(job.flush())
         assert latest_state(job) == expected_state
-        by_batch = {int(c.metadata.properties[BATCH_ID]): subtask_stats_of(c.metadata)
-                    for c in job.coordinator.retained}
+        how = reused_or_restored(job)
         outputs.append(job.drain())
     assert rows(outputs) == expected_rows
-    how = {b: [(s.reused, s.restored) for s in subtasks or []] for b, subtasks in by_batch.items()}
     assert how[2] == [(False, True), (False, True)]  # restored, from checkpoint 2's acks
     assert how[3] == [(True, False), (True, False)]  # reused again
 
@@ -348,11 +353,9 @@ def test_a_subtask_restores_from_a_checkpoint_completed_beside_it(tmp_path, back
         outputs.append(job.flush())
         assert job.seen[2] == (2, 1, [1])  # checkpoint 2 was complete when they restored
         assert latest_state(job) == expected_state
-        by_batch = {int(c.metadata.properties[BATCH_ID]): subtask_stats_of(c.metadata)
-                    for c in job.coordinator.retained}
+        how = reused_or_restored(job)
         outputs.append(job.drain())
     assert rows(outputs) == expected_rows
-    how = {b: [(s.reused, s.restored) for s in subtasks or []] for b, subtasks in by_batch.items()}
     assert how[2] == [(False, True), (False, True)]
     assert how[3] == [(True, False), (True, False)]
     assert not [p for p in job.storage.list_files() if f"/{ACKS_DIR}/" in p]

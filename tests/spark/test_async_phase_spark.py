@@ -20,15 +20,13 @@ from typing import Any
 import pytest
 
 from keyedstate.checkpoint.resolve import resolve_snapshot
-from keyedstate.config import JobConfig
 from keyedstate.errors import CheckpointDiscardedError, KeyedStateError
-from keyedstate.spark.api import key_by
 from keyedstate.spark.offsets import OffsetLog
 from keyedstate.spark.sinks import StagedOutput
 from keyedstate.testing.faults import FaultPlan
-from tests.spark.jobs import COUNT_SCHEMA, RunningTotals
-from tests.spark.test_exactly_once import BatchFiles, SavepointInSink, start
-from tests.spark.test_job import SCHEMA, check_against_pandas, run_job, write_files
+from tests.spark.jobs import RunningTotals
+from tests.spark.test_exactly_once import BatchFiles, SavepointInSink, run_with_driver, start
+from tests.spark.test_job import check_against_pandas, run_job, write_files
 
 pytestmark = pytest.mark.spark
 
@@ -231,17 +229,8 @@ def test_sink_commits_beside_the_next_batch_run_as_its_jobs_and_may_take_a_savep
     out = os.path.join(root, "out")
     write_files(os.path.join(root, "input"), 3)
     sink = BesideSink(out, 1, os.path.join(root, "sp"))
-    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-              .parquet(os.path.join(root, "input")))
-    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA).sink(sink)
-    driver = job.driver(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2,
-                                  async_upload=True), os.path.join(root, "spark"))
-    sink.driver = driver
-    query = (events.writeStream.foreachBatch(driver.process_batch)
-             .option("checkpointLocation", os.path.join(root, "spark"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
-    driver.flush()  # batch 2's checkpoint, in flight when the query ended, on this thread
+    query = run_with_driver(spark, root, sink, async_upload=True)
+    sink.driver.flush()  # batch 2's checkpoint, in flight when the query ended, on this thread
     run_id = str(query.runId)
     assert [c[:3] for c in sink.commits] == [
         (0, "keyedstate-completion", run_id), (1, "keyedstate-completion", run_id),

@@ -247,22 +247,29 @@ class SavepointInSink(BatchFiles):
         super().commit(spark, batch_id, staged)
 
 
+def run_with_driver(spark: Any, root: str, sink: SavepointInSink, **config: Any) -> Any:
+    """A RunningTotals job over ``root/input`` into ``sink``, whose ``driver`` it sets, with
+    the driver's ``foreachBatch`` started by hand; returns the query once it ended."""
+    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(os.path.join(root, "input")))
+    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA).sink(sink)
+    sink.driver = job.driver(
+        JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2, **config),
+        os.path.join(root, "spark"))
+    query = (events.writeStream.foreachBatch(sink.driver.process_batch)
+             .option("checkpointLocation", os.path.join(root, "spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return query
+
+
 def test_savepoint_from_inside_a_sink_commit_carries_the_batch_and_the_commit_goes_on(
         spark, tmp_path):
     root = str(tmp_path)
     out = os.path.join(root, "out")
     write_files(os.path.join(root, "input"), 2)
     sink = SavepointInSink(out, 1, os.path.join(root, "sp"))
-    events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
-              .parquet(os.path.join(root, "input")))
-    job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA).sink(sink)
-    driver = job.driver(JobConfig(checkpoint_dir=os.path.join(root, "ckpt"), parallelism=2),
-                        os.path.join(root, "spark"))
-    sink.driver = driver
-    query = (events.writeStream.foreachBatch(driver.process_batch)
-             .option("checkpointLocation", os.path.join(root, "spark"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination()  # the commit the savepoint interrupted finished
+    run_with_driver(spark, root, sink)  # the commit the savepoint interrupted finished
     check_against_pandas(root)
     # The savepoint covers batch 1, whose commit was under way: it carries the output.
     carried = resolve_snapshot(os.path.join(root, "sp")).metadata.properties
