@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import rocksdict
 
-from keyedstate.backends.rocksdb.instance import RocksDBInstance
+from keyedstate.backends.rocksdb.instance import RocksDBInstance, StateBinding
 from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import TIMESTAMP, TS_BYTES, namespace_part
 from keyedstate.backends.rocksdb.native import CLOSED, prefix_upper_bound, rocksdb_error, scan
@@ -43,6 +43,10 @@ class RocksDBState(State):
     current key's instance, rebound on that same path (a key change), so routing costs
     nothing more per access. Every method computes the key (``_key()``) before it touches
     ``_cf``, ``_handle`` or a batch, so the binding is always the current key's.
+
+    Its binding to every instance is built once (:meth:`RocksDBInstance.binding`; a
+    registered state's column families never change, ``drop_state`` refuses it): with random
+    keys most key changes change the instance, and a rebinding is then one tuple unpacking.
     """
 
     def __init__(self, context: RocksDBKeyContext, descriptor: StateDescriptor,
@@ -50,6 +54,9 @@ class RocksDBState(State):
         self._context = context
         self.descriptor = descriptor
         self.name = descriptor.name
+        #: each instance's binding, by instance index (the instances' order)
+        self._bindings = [inst.binding(self.name) for inst in context.instances]
+        self._inst: RocksDBInstance = instance
         self._bind(instance)
         self._ser = descriptor.value_serializer.serialize
         self._check = descriptor.value_serializer.to_plain
@@ -80,21 +87,20 @@ class RocksDBState(State):
                 f"on the keyed backend first"
             )
         context = self._context
-        if context.sharded and context.current_instance is not self._inst:
-            self._bind(context.current_instance)
+        if context.sharded:
+            instance = context.current_instance
+            if instance is not self._inst:
+                # _bind inlined: with random keys this runs on most key changes
+                (self._inst, self._cf, self._handle, self._get, self._put,
+                 self._delete) = self._bindings[instance.index]
         self._kp = kp
         self._full = kp + self._ns_part
         return self._full
 
     def _bind(self, instance: RocksDBInstance) -> None:
         """Use ``instance``'s column family (a closed backend's stand-in raises)."""
-        self._inst = instance
-        cf = instance.cf(self.name)
-        self._cf = cf
-        self._handle = instance.handles.get(self.name)
-        self._get = cf.get
-        self._put = cf.put
-        self._delete = cf.delete
+        (self._inst, self._cf, self._handle, self._get, self._put,
+         self._delete) = self._bindings[instance.index]
 
     def set_current_namespace(self, namespace: Any) -> None:
         self._ns_part = namespace_part(serialize_namespace(namespace))
@@ -282,9 +288,10 @@ class RocksDBState(State):
     def close(self) -> None:
         """Drop every native reference so the DB can close (later use raises BackendError)."""
         self._cleanup = None
-        self._get = self._put = self._delete = CLOSED.get
-        self._cf = CLOSED
-        self._handle = None
+        self._bindings = [StateBinding(b.instance, CLOSED, None, CLOSED.get, CLOSED.get,
+                                       CLOSED.get)
+                          for b in self._bindings]
+        self._bind(self._inst)
 
 
 def _closed_cache(*_: Any) -> Any:
@@ -328,7 +335,7 @@ class RocksDBCachedState(RocksDBState):
         self._dirty = cache.dirty
         #: each instance's column family ``get`` (by instance index), for a miss
         self._gets: list[Callable[[bytes], bytes | None]] = [
-            inst.cf(self.name).get for inst in context.instances]
+            binding.get for binding in self._bindings]
         serializer = self.descriptor.value_serializer
         #: entries hold decoded values (immutable ones), else serialized bytes
         self._decoded = decodes_immutable(serializer)

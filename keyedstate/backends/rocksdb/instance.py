@@ -3,7 +3,7 @@ snapshot strategy (hence its own incremental base)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import rocksdict
 
@@ -11,6 +11,18 @@ from keyedstate.backends.rocksdb.native import CLOSED, native
 from keyedstate.backends.rocksdb.options import RocksDBOptions
 from keyedstate.backends.rocksdb.snapshot import RocksDBIncrementalSnapshotStrategy
 from keyedstate.keygroups import KeyGroupRange
+
+
+class StateBinding(NamedTuple):
+    """What a state binds of one instance: the column family of the state and the bound
+    methods its per-key calls make (``RocksDBState._bind``)."""
+
+    instance: RocksDBInstance
+    cf: rocksdict.Rdict
+    handle: rocksdict.ColumnFamily | None
+    get: Callable[[bytes], bytes | None]
+    put: Callable[[bytes, bytes], None]
+    delete: Callable[[bytes], None]
 
 
 class RocksDBInstance:
@@ -82,6 +94,11 @@ class RocksDBInstance:
     def cf(self, name: str) -> rocksdict.Rdict:
         """The open column family ``name``; a stand-in raising ``BackendError`` once closed."""
         return self.cfs.get(name, CLOSED)
+
+    def binding(self, name: str) -> StateBinding:
+        """The binding of state ``name`` to this instance (once closed: stand-ins that raise)."""
+        cf = self.cf(name)
+        return StateBinding(self, cf, self.handles.get(name), cf.get, cf.put, cf.delete)
 
     def close(self) -> None:
         """Close the DB (every state must have dropped its references first)."""

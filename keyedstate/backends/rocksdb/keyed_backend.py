@@ -184,6 +184,22 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.current_instance = self._instance_of[offset]
         self.key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
 
+    def set_current_batch_key(self, keys: BatchKeys, index: int) -> None:
+        # _set_current's body once more, not a call to it: the per-key runtime loop calls this
+        # for every key of a batch, and the call saved is about a fifth of a key change.
+        key_group = keys.key_groups[index]
+        key_groups = self.key_group_range
+        offset = key_group - key_groups.start
+        if offset < 0 or key_group > key_groups.end:
+            super()._set_current(keys.keys[index], keys.key_bytes[index], key_group)  # raises
+        key_bytes = keys.key_bytes[index]
+        self.current_key = keys.keys[index]
+        self.current_key_bytes = key_bytes
+        self.current_key_group = key_group
+        if self.sharded:
+            self.current_instance = self._instance_of[offset]
+        self.key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
+
     def clear_current_key(self) -> None:
         super().clear_current_key()
         self.key_prefix = None
