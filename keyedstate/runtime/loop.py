@@ -368,11 +368,18 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
             self.coordinator.abort(pending, f"batch {batch_id} failed: {exc}")
             # A failed sink commit stays first: the completion below commits it again.
             completion.commit_failed = None
-            self._settled(completion)  # raises CheckpointDiscardedError if one failed
-            self._complete_in_flight(0)  # the same
+            # A listener's error waits: the checkpoints in flight are settled first.
+            hook_error = self._record_completed(completion.done)
+            try:
+                self._resolve(completion)  # raises CheckpointDiscardedError if one failed
+                self._complete_in_flight(0)  # the same
+            except BaseException as later:
+                _noted(later, hook_error)
+                raise
             failure = self._failure(exc, batch_id) if isinstance(exc, Exception) else None
             if failure is not None:
-                raise failure from exc
+                raise _noted(failure, hook_error) from exc
+            _noted(exc, hook_error)
             raise
         completion = self._joined(beside)
         # Step 5. Advance, on the checkpoint in flight.
@@ -453,18 +460,41 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
             self._beside = None
 
     def _settled(self, completion: Completion) -> list[BatchStats]:
-        """Step 7 of the batches ``completion`` committed (the engine's :meth:`_completed`,
-        on this thread, before anything is raised: none of them is lost), then its failure:
-        a checkpoint in flight that failed discards every one in flight
-        (:meth:`_discard_in_flight` raises :class:`CheckpointDiscardedError`), a failed sink
-        commit is raised. Returns the statistics."""
-        for stats in completion.done:
-            self._completed(stats)
+        """Step 7 of the batches ``completion`` committed (:meth:`_record_completed`, on this
+        thread, before anything is raised: none of them is lost), then its failure
+        (:meth:`_resolve`), then the first error step 7 raised (a listener's). Returns the
+        statistics."""
+        hook_error = self._record_completed(completion.done)
+        try:
+            self._resolve(completion)
+        except BaseException as exc:
+            _noted(exc, hook_error)
+            raise
+        if hook_error is not None:
+            raise hook_error
+        return completion.done
+
+    def _record_completed(self, done: list[BatchStats]) -> Exception | None:
+        """The engine's :meth:`_completed` on each of ``done``, every one even if one raises
+        (a user's listener); the first error, which the caller raises only once the
+        checkpoints in flight are settled: a listener that raises must not keep a failed
+        checkpoint from being discarded, nor the next from completing."""
+        first: Exception | None = None
+        for stats in done:
+            try:
+                self._completed(stats)
+            except Exception as exc:  # noqa: BLE001 - raised by the caller, after the settling
+                first = first or exc
+        return first
+
+    def _resolve(self, completion: Completion) -> None:
+        """Raise ``completion``'s failure: a checkpoint in flight that failed discards every
+        one in flight (:meth:`_discard_in_flight` raises :class:`CheckpointDiscardedError`), a
+        failed sink commit is raised as it is."""
         if completion.failed is not None:
             self._discard_in_flight(completion.failed)
         if completion.commit_failed is not None:
             raise completion.commit_failed
-        return completion.done
 
     def _take_over_in_flight(self, context: ContextT) -> list[BatchStats]:
         """Complete the checkpoints in flight that this job's loop in another process
@@ -600,6 +630,14 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
                results: list[SubtaskReport], started: float) -> BatchStats:
         return batch_stats(results, completed, watermark=self.watermark,
                            duration_s=time.perf_counter() - started)
+
+
+def _noted(exc: BaseException, also: BaseException | None) -> BaseException:
+    """``exc``, with a note naming ``also`` (a listener's error raised in the same call, which
+    ``exc`` takes precedence over) if there is one."""
+    if also is not None:
+        exc.add_note(f"a batch listener also failed in this call: {also!r}")
+    return exc
 
 
 def is_transient_failure(exc: BaseException) -> bool:

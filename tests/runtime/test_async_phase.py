@@ -434,3 +434,94 @@ def test_checkpoints_left_in_flight_are_completed_by_the_jobs_other_copy(tmp_pat
         assert (completed_batch(client), client.last_batch_id) == (5, 5)
         assert not [p for p in client.storage.list_files() if f"/{ACKS_DIR}/" in p]
         assert client._take_over_in_flight(None) == []  # nothing is left in flight
+
+
+class ListenerFails(LocalJob):
+    """A local job whose step 7 (:meth:`~keyedstate.runtime.loop.BatchLoop._completed`, where
+    the Spark driver calls the user's batch listeners) raises once, on batch
+    ``listener_fails_on``'s statistics."""
+
+    listener_fails_on: int | None = None
+
+    def _completed(self, stats: Any) -> None:
+        super()._completed(stats)
+        if stats.batch_id == self.listener_fails_on:
+            self.listener_fails_on = None
+            raise RuntimeError(f"the listener failed on batch {stats.batch_id}")
+
+
+def listener_job(tmp_path: Path, backend: str, plan: FaultPlan, fails_on: int,
+                 **changes: Any) -> ListenerFails:
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
+                 checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
+                 storage_options=plan.storage_options("file"), transfer_attempts=1, **changes)
+    job = ListenerFails(IdleCounts(), key_columns=["user_id"], input_schema=INPUT,
+                        output_schema=COUNT_SCHEMA, side_outputs={"idle": IDLE_SCHEMA},
+                        config=cfg)
+    job.listener_fails_on = fails_on
+    return job
+
+
+def notes(exc: BaseException) -> str:
+    return " ".join(getattr(exc, "__notes__", []))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_listener_raising_beside_a_failed_batch_leaves_nothing_in_flight(tmp_path, backend):
+    """Two checkpoints in flight; batch 3 fails (its subtasks wait for checkpoint 3's upload,
+    refused) in the call that completed checkpoint 2 beside it, whose listener raises. The
+    listener's error waits until checkpoint 3 is discarded: the call raises
+    :class:`CheckpointDiscardedError` naming the listener's error, nothing is left in flight
+    half done, and the job goes on from batch 1 with the synchronous mode's output."""
+    data = batches(6)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "denied", match="/shared/chk-3-")
+    with listener_job(tmp_path, backend, plan, 1, max_concurrent_checkpoints=2) as job:
+        outputs = [job.process_batch(t) for t in data[:3]]
+        with pytest.raises(CheckpointDiscardedError) as failed:
+            job.process_batch(data[3])
+        assert plan.fired()
+        assert failed.value.discarded_batches == [2]
+        assert "the listener failed on batch 1" in notes(failed.value)
+        assert job.last_batch_id == completed_batch(job) == 1
+        outputs.append(job.last_outputs)  # batch 1's, committed by the failed call
+        wait_for_job(job.storage.url)
+        leftovers = [p for p in job.storage.list_files() if p.startswith(("chk-3/", "chk-4/"))]
+        assert sorted(leftovers) == ["chk-3/_aborted", "chk-4/_aborted"]
+        outputs += [job.process_batch(t) for t in data[2:]]
+        outputs.append(job.flush())
+        assert latest_state(job) == expected_state
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_listener_raising_beside_a_failed_completion_lets_it_discard(tmp_path, backend):
+    """Batch 3's sink commit fails once (the call for batch 4 raises it); the call for batch
+    5 commits it, whose listener raises, then fails to complete checkpoint 5 (its
+    ``_metadata`` refused) beside batch 5's tasks. The discard comes first: the call raises
+    :class:`CheckpointDiscardedError` for batches 4 and 5 naming the listener's error, and
+    batches 4 on sent again give the synchronous mode's output and state."""
+    data = batches(7)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("read", "denied", match="staging/batch-3/")
+    plan.add("write", "denied", match="chk-5/_metadata")
+    with listener_job(tmp_path, backend, plan, 3) as job:
+        outputs = [job.process_batch(t) for t in data[:4]]
+        with pytest.raises(KeyedStateError):
+            job.process_batch(data[4])  # batch 3's sink commit failed; batch 4 is in flight
+        outputs.append(job.last_outputs)
+        with pytest.raises(CheckpointDiscardedError) as failed:
+            job.process_batch(data[5])
+        assert len(plan.fired()) == 2
+        assert failed.value.discarded_batches == [4, 5]
+        assert "the listener failed on batch 3" in notes(failed.value)
+        assert job.last_batch_id == completed_batch(job) == 3
+        outputs.append(job.last_outputs)  # batch 3's, committed by the failed call
+        outputs += [job.process_batch(t) for t in data[4:]]
+        outputs.append(job.flush())
+        assert latest_state(job) == expected_state
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
