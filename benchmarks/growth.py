@@ -103,7 +103,8 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
-from typing import Any, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -149,13 +150,29 @@ def _median_or_none(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def with_options(config: Any, options: Mapping[str, str]) -> Any:
+    """``config`` (a :class:`~keyedstate.config.JobConfig`) with ``options`` (dotted keys to
+    values in their string form, as ``--job-option`` gives them) set, parsed as
+    :meth:`~keyedstate.config.JobConfig.from_mapping` parses them."""
+    if not options:
+        return config
+    from keyedstate.config import JobConfig
+
+    parsed = JobConfig.from_mapping({"execution.checkpointing.dir": config.checkpoint_dir,
+                                     **options})
+    fields = JobConfig.keys()
+    return replace(config, **{fields[k]: getattr(parsed, fields[k]) for k in options})
+
+
 def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
             workload: Sequence[Batch], root: str, parallelism: int, name: str,
-            async_upload: bool = False) -> tuple[list[dict[str, Any]], float]:
+            async_upload: bool = False, job_options: Mapping[str, str] | None = None
+            ) -> tuple[list[dict[str, Any]], float]:
     """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
     of the store: ``store(root, name)`` gives it; with ``async_upload``, in the asynchronous
-    mode, one checkpoint in flight) and verify every batch's output; returns each batch's
-    figures (module docstring) and the query's wall seconds."""
+    mode, one checkpoint in flight; ``job_options``, dotted keys, set last) and verify every
+    batch's output; returns each batch's figures (module docstring) and the query's wall
+    seconds."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
@@ -165,10 +182,13 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
     sink = VerifiedCounts(workload)
     job = key_by(events, "user_id").process(KeyedCount(), OUTPUT_DDL).sink(sink)
     started = time.perf_counter()
-    query = job.start(JobConfig(checkpoint_dir=location.url("ckpt"), parallelism=parallelism,
-                                backend=backend, storage_options=location.options,
-                                local_dir=os.path.join(root, "local"),
-                                async_upload=async_upload, max_concurrent_checkpoints=1),
+    config = with_options(JobConfig(checkpoint_dir=location.url("ckpt"),
+                                    parallelism=parallelism, backend=backend,
+                                    storage_options=location.options,
+                                    local_dir=os.path.join(root, "local"),
+                                    async_upload=async_upload, max_concurrent_checkpoints=1),
+                          job_options or {})
+    query = job.start(config,
                       spark_checkpoint_location=os.path.join(root, "spark"),
                       trigger={"availableNow": True})
     try:
@@ -230,7 +250,8 @@ def _epoch(timestamp: str) -> float:
 
 def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
             workload: Sequence[Batch], root: str, parallelism: int,
-            mode: Checkpointing | None = None) -> dict[str, Any]:
+            mode: Checkpointing | None = None, job_options: Mapping[str, str] | None = None
+            ) -> dict[str, Any]:
     """:func:`run_job` for ``backend`` at ``keys`` keys (checkpointing as ``mode`` says, if
     given), and the summary of its measured batches: median, p90 and max seconds (also the
     median of the batches where every subtask reused its live copy and of those where one
@@ -238,7 +259,8 @@ def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, key
     load_before = os.getloadavg()[0]
     name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "")
     per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism, name,
-                                async_upload=mode is not None and mode.async_upload)
+                                async_upload=mode is not None and mode.async_upload,
+                                job_options=job_options)
     measured = [b for b in per_batch if b["phase"] == MEASURED]
     seconds = [b["trigger_s"] for b in measured]
     largest = max(measured, key=lambda b: b["uploaded_bytes"])
@@ -293,8 +315,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         load_batch_keys: int = 1_000_000, backends: Sequence[str] = BACKENDS,
         session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
         progress: Callable[[str], None] | None = None, spark: Any = None, store: str = "s3",
-        latency: str | LatencyModel | None = None, checkpointing: Sequence[str] = ()
-        ) -> dict[str, Any]:
+        latency: str | LatencyModel | None = None, checkpointing: Sequence[str] = (),
+        job_options: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
     (module docstring); fails if any batch's output differs from the generated data's. First,
     a throw-away run of the small state's loading batches and ``session_warm_up_batches``
@@ -308,7 +330,11 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     ``latency-sync``, ``latency-async``; ``--compare-checkpointing`` runs all three): the job
     runs at ``keys`` only (``small_keys`` <= ``keys`` is the session warm-up's state), once
     per mode on each backend, behind ``latency`` (default :data:`COMPARE_MODEL`), and the
-    goals are those of :func:`.growth_checkpointing.compute_goals`."""
+    goals are those of :func:`.growth_checkpointing.compute_goals`.
+
+    ``job_options``: settings (dotted keys, values in their string form) of every job's
+    configuration, set after the benchmark's own (``--job-option``); the JSON's workload
+    records them."""
     from keyedstate.spark.session import local_session
 
     model = latency_model(latency)
@@ -377,7 +403,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                 say(f"warming up the session: {len(first)} throw-away batches")
                 per_batch, wall_s = run_job(spark, location_of(chosen[0]), backends[0], first,
                                             os.path.join(root, "session-warm-up"), parallelism,
-                                            "session-warm-up")
+                                            "session-warm-up", job_options=job_options)
                 warm_up.update(batches=len(per_batch), wall_s=wall_s,
                                trigger_s=[b["trigger_s"] for b in per_batch])
             # A stopped job's live copies stay in the Python workers a while: the heap
@@ -391,7 +417,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                             f"{warm_up_batches} warm-up + {batches} measured batches")
                         results.append(run_one(spark, location_of(mode), backend, size,
                                                workload, os.path.join(root, named),
-                                               parallelism, mode))
+                                               parallelism, mode, job_options=job_options))
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:
@@ -407,6 +433,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                      "distinct_keys_per_batch": distinct_keys, "load_batch_keys": load_batch_keys,
                      "session_warm_up_batches": session_warm_up_batches,
                      "parallelism": parallelism, "backends": list(backends),
+                     "job_options": dict(job_options or {}),
                      "function": "throughput.KeyedCount (process_key, bigint ValueState)",
                      "storage": describe_store(store, model),
                      "store": store,
@@ -523,6 +550,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="at --keys only, per backend: checkpoints on local disk, behind "
                              "the latency model, and behind it in the asynchronous mode, "
                              "judged by the asynchronous phase's goals")
+    parser.add_argument("--job-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of every job's configuration (dotted key, e.g. "
+                             "keyedstate.live-copies.background-restore=true); repeatable")
     parser.add_argument("--small-keys", type=int, default=SMALL_KEYS,
                         help="the small state's keys (default: %(default)s)")
     parser.add_argument("--events-per-batch", type=int, default=200_000)
@@ -558,6 +588,7 @@ def main(argv: list[str] | None = None) -> None:
                  load_batch_keys=args.load_batch_keys,
                  session_warm_up_batches=args.session_warm_up_batches,
                  checkpointing=MODES if args.compare_checkpointing else (),
+                 job_options=dict(o.split("=", 1) for o in args.job_option),
                  progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.out:
