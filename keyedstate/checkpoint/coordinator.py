@@ -513,7 +513,7 @@ class CheckpointCoordinator:
         complete checkpoint is logged and noted in :attr:`recovery_notes`, as for a corrupt one.
         ``in_flight``: ids of checkpoints in flight that another coordinator of this job
         triggered and that this one is to complete (:meth:`adopt`; the asynchronous mode's
-        take-over, :meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`): their
+        take-over, :meth:`~keyedstate.runtime.async_loop.AsyncBatchLoop._take_over_in_flight`): their
         ``chk-<N>/`` are kept (pass ``cleanup_orphans=False`` too: their shared files are
         referenced by no retained checkpoint yet).
         """

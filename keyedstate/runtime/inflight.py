@@ -16,7 +16,7 @@ A loop that may end without completing its checkpoints in flight (the driver's c
 Connect server, whose process ends with the query) records each in storage
 (:func:`record_flight`, a :class:`~keyedstate.runtime.wire.FlightRecord`); another process of
 the job reads the records back (:func:`recorded_flights`) and completes them
-(:meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`).
+(:meth:`~keyedstate.runtime.async_loop.AsyncBatchLoop._take_over_in_flight`).
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ class InFlight(Generic[ContextT]):
 
 @dataclass
 class Completion:
-    """What completing checkpoints in flight did (:meth:`~keyedstate.runtime.loop.BatchLoop.
-    _completion`): the statistics of the batches whose output it committed, in order, and
-    where it stopped, if it did (at most one of the two is set)."""
+    """What completing checkpoints in flight did (:meth:`~keyedstate.runtime.async_loop.
+    AsyncBatchLoop._completion`): the statistics of the batches whose output it committed, in
+    order, and where it stopped, if it did (at most one of the two is set)."""
 
     done: list[BatchStats] = field(default_factory=list)
     #: the oldest checkpoint in flight failed to complete: every one in flight is discarded

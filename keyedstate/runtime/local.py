@@ -36,7 +36,8 @@ from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
-from keyedstate.runtime.loop import BatchLoop, write_savepoint
+from keyedstate.runtime.async_loop import AsyncBatchLoop
+from keyedstate.runtime.loop import write_savepoint
 from keyedstate.runtime.startup import open_coordinator, start_job
 from keyedstate.runtime.subtask import BatchPlan, process_group
 from keyedstate.runtime.uploads import wait_for_job
@@ -226,7 +227,7 @@ class LocalKeyedOperator:
         self.close()
 
 
-class LocalJob(BatchLoop[pa.Table, None]):
+class LocalJob(AsyncBatchLoop[pa.Table, None]):
     """A keyed job run in this process: the same :class:`KeyedProcessFunction` and
     :class:`~keyedstate.config.JobConfig` as on Spark, without Java (a user tests the job they
     run on Spark, a demo runs anywhere).

@@ -308,7 +308,7 @@ class KeyedJobDriver(SparkJobStart):
 
         The client's driver of a Spark Connect job completes those the server's copy recorded
         and left when the query stopped
-        (:meth:`~keyedstate.runtime.loop.BatchLoop._take_over_in_flight`), its sinks
+        (:meth:`~keyedstate.runtime.async_loop.AsyncBatchLoop._take_over_in_flight`), its sinks
         committing here, with this client's session; refused
         (:class:`~keyedstate.errors.SparkConnectUnsupportedError`) while the query runs. Not
         when Spark's log shows a batch planned and not done (:meth:`_unfinished_batch`: the

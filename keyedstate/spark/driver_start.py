@@ -13,7 +13,7 @@ from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
 from keyedstate.runtime.batch import ResumePoint, output_pending
-from keyedstate.runtime.loop import BatchLoop
+from keyedstate.runtime.async_loop import AsyncBatchLoop
 from keyedstate.runtime.startup import JobStart
 from keyedstate.runtime.subtask import RestoreSource
 from keyedstate.spark.carry import output_committed
@@ -28,11 +28,11 @@ if TYPE_CHECKING:  # the job (api) builds its driver
     from keyedstate.spark.pyspark_types import Session  # noqa: F401
 
 
-class SparkJobStart(BatchLoop["DataFrame", "Session"]):
+class SparkJobStart(AsyncBatchLoop["DataFrame", "Session"]):
     """The start-up of the Spark engine of the batch loop (module docstring); its subclass
     :class:`~keyedstate.spark.driver.KeyedJobDriver` sets :attr:`job` and
-    :attr:`spark_checkpoint_location` (besides what :class:`~keyedstate.runtime.loop.
-    BatchLoop` needs) and calls :meth:`_open`."""
+    :attr:`spark_checkpoint_location` (besides what :class:`~keyedstate.runtime.async_loop.
+    AsyncBatchLoop` needs) and calls :meth:`_open`."""
 
     job: KeyedProcessJob
     #: where Spark keeps the source offsets: batch ids are comparable only within it

@@ -437,7 +437,7 @@ def test_checkpoints_left_in_flight_are_completed_by_the_jobs_other_copy(tmp_pat
 
 
 class ListenerFails(LocalJob):
-    """A local job whose step 7 (:meth:`~keyedstate.runtime.loop.BatchLoop._completed`, where
+    """A local job whose step 7 (:meth:`~keyedstate.runtime.async_loop.AsyncBatchLoop._completed`, where
     the Spark driver calls the user's batch listeners) raises once, on batch
     ``listener_fails_on``'s statistics."""
 
