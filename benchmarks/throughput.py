@@ -341,7 +341,8 @@ def _input(spark: Any, root: str, paths: Sequence[str]) -> Any:
             .parquet(directory))
 
 
-def _start_spark(system: str, events: Any, root: str, sink: BatchCheck) -> Any:
+def _start_spark(system: str, events: Any, root: str, sink: BatchCheck,
+                 trigger: Mapping[str, Any] | None = None) -> Any:
     grouped = events.groupBy("user_id")
     if system == BUILTIN_AGG:
         out = grouped.count()
@@ -354,7 +355,7 @@ def _start_spark(system: str, events: Any, root: str, sink: BatchCheck) -> Any:
         raise ValueError(f"unknown system {system!r}; known: {SYSTEMS}")
     return (out.writeStream.outputMode("update").foreachBatch(sink)
             .option("checkpointLocation", os.path.join(root, "spark"))
-            .trigger(availableNow=True).start())
+            .trigger(**(trigger or {"availableNow": True})).start())
 
 
 def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any],
@@ -379,49 +380,60 @@ def _keyedstate_breakdown(per_batch: list[list[dict[str, Any]]], stats: list[Any
     return out
 
 
-def _run_keyedstate(system: str, events: Any, root: str, sink: BatchCheck,
-                    parallelism: int, job_options: Mapping[str, Any] | None = None
-                    ) -> tuple[Any, dict[str, Any]]:
+class _KeyedstateRecorder:
+    """What a keyedstate system's run records beside Spark's progress: the sink's time per
+    batch and each batch's per-subtask statistics (BatchStats keeps only maxima of some)."""
+
+    def __init__(self, sink: BatchCheck) -> None:
+        self.sink = sink
+        self.sink_s: list[float] = []
+        self.per_batch: list[list[dict[str, Any]]] = []
+
+    def timed_sink(self, df: Any, batch_id: int) -> None:
+        start = time.perf_counter()
+        self.sink(df, batch_id)
+        self.sink_s.append(time.perf_counter() - start)
+
+    def wrap_driver(self, job: Any) -> None:
+        """Record the subtasks' own figures of each batch as the job's driver collects them."""
+        per_batch = self.per_batch
+        make_driver = job.driver
+
+        def driver(*args: Any, **kwargs: Any) -> Any:
+            d = make_driver(*args, **kwargs)
+            original = d._stats
+
+            def stats(batch_id: int, completed: Any, results: list[Any], started: float) -> Any:
+                per_batch.append([msgspec.structs.asdict(r.figures) for r in results])
+                return original(batch_id, completed, results, started)
+
+            d._stats = stats
+            return d
+
+        job.driver = driver
+
+    def breakdown(self, query: Any) -> dict[str, Any]:
+        stats = [s for s in query.stats if s.checkpoint_id >= 0]
+        return {"keyedstate": _keyedstate_breakdown(self.per_batch, stats, self.sink_s)}
+
+
+def _start_keyedstate(system: str, events: Any, root: str, recorder: _KeyedstateRecorder,
+                      parallelism: int, trigger: Mapping[str, Any],
+                      job_options: Mapping[str, Any] | None = None) -> Any:
+    """Start a keyedstate system's job; its query (:class:`~keyedstate.spark.query`'s)."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
     backend, function_class = KEYEDSTATE_SYSTEMS[system]
-    sink_s: list[float] = []
-
-    def timed_sink(df: Any, batch_id: int) -> None:
-        start = time.perf_counter()
-        sink(df, batch_id)
-        sink_s.append(time.perf_counter() - start)
-
     function = function_class()
-    job = key_by(events, "user_id").process(function, OUTPUT_DDL).sink(timed_sink)
-    # The per-subtask statistics (process_s, ...) reach the driver but BatchStats keeps only
-    # maxima of some: keep the subtasks' own figures too.
-    per_batch: list[list[dict[str, Any]]] = []
-    make_driver = job.driver
-
-    def driver(*args: Any, **kwargs: Any) -> Any:
-        d = make_driver(*args, **kwargs)
-        original = d._stats
-
-        def stats(batch_id: int, completed: Any, results: list[Any], started: float) -> Any:
-            per_batch.append([msgspec.structs.asdict(r.figures) for r in results])
-            return original(batch_id, completed, results, started)
-
-        d._stats = stats  # type: ignore[method-assign]
-        return d
-
-    job.driver = driver  # type: ignore[method-assign]
-    query = job.start(JobConfig.from_mapping({
-                          "execution.checkpointing.dir": os.path.join(root, "ckpt"),
-                          "parallelism.default": parallelism, "state.backend.type": backend,
-                          **(job_options or {})}),
-                      spark_checkpoint_location=os.path.join(root, "spark"),
-                      trigger={"availableNow": True})
-    query.await_termination()
-    query.stop()
-    stats = [s for s in query.stats if s.checkpoint_id >= 0]
-    return query.query, {"keyedstate": _keyedstate_breakdown(per_batch, stats, sink_s)}
+    job = key_by(events, "user_id").process(function, OUTPUT_DDL).sink(recorder.timed_sink)
+    recorder.wrap_driver(job)
+    return job.start(JobConfig.from_mapping({
+                         "execution.checkpointing.dir": os.path.join(root, "ckpt"),
+                         "parallelism.default": parallelism, "state.backend.type": backend,
+                         **(job_options or {})}),
+                     spark_checkpoint_location=os.path.join(root, "spark"),
+                     trigger=dict(trigger))
 
 
 def _state_store_of(progress: Any) -> str | None:
@@ -433,6 +445,133 @@ def _state_store_of(progress: Any) -> str | None:
     return "rocksdb" if any(k.startswith("rocksdb") for k in metrics) else "hdfs"
 
 
+#: how every system runs in :func:`run_system`: each available file, one batch each, then stop
+AVAILABLE_NOW: dict[str, Any] = {"availableNow": True}
+
+
+class SystemRun:
+    """One system of the benchmark in a Spark session: its input folder (``root``/input),
+    its query with its sink, the checks of its output and the timings of its batches.
+
+    :meth:`start` starts the query over the files its input folder holds (``paths`` linked
+    there by :meth:`add`); :meth:`finish` stops it (after an ``availableNow`` query ended by
+    itself) and :meth:`result` verifies every batch's output against ``expected`` and reports
+    the batches' times (Spark's ``triggerExecution``)."""
+
+    def __init__(self, spark: Any, system: str, expected: Sequence[tuple[int, int, int]],
+                 root: str, events_per_batch: int, parallelism: int,
+                 state_store: str = "rocksdb",
+                 job_options: Mapping[str, Any] | None = None) -> None:
+        if system not in SYSTEMS:
+            raise ValueError(f"unknown system {system!r}; known: {SYSTEMS}")
+        os.makedirs(root)
+        self.spark, self.system, self.root = spark, system, root
+        self.expected = list(expected)
+        self.events_per_batch, self.parallelism = events_per_batch, parallelism
+        self.state_store, self.job_options = state_store, job_options
+        self.sink = BatchCheck()
+        self.handoff = Handoff(parallelism, plan=HANDOFF_PLANS.get(system))
+        self.recorder = _KeyedstateRecorder(self.sink)
+        self.job: Any = None  # keyedstate's query (its systems only)
+        self.query: Any = None  # Spark's streaming query
+        self.extra: dict[str, Any] = {}
+        self.input_dir = os.path.join(root, "input")
+        self.started = 0.0
+        self.load_before = 0.0
+        self.wall_s = 0.0
+
+    def add(self, paths: Sequence[str]) -> None:
+        """Hard links to ``paths`` in the input folder (same inode, same modification time):
+        the file source lists them at its next trigger."""
+        os.makedirs(self.input_dir, exist_ok=True)
+        for path in paths:
+            os.link(path, os.path.join(self.input_dir, os.path.basename(path)))
+
+    def start(self, trigger: Mapping[str, Any] = AVAILABLE_NOW) -> None:
+        """Start the system's query with Spark's ``trigger`` (keyword arguments of
+        ``DataStreamWriter.trigger``)."""
+        self.add([])
+        # A count reads the key only. Spark's own aggregation prunes the other columns by
+        # itself; a Python function gets what it is given, so every system is given the
+        # columns it reads, as a user who cares about speed writes it.
+        events = (self.spark.readStream.schema(INPUT_DDL).option("maxFilesPerTrigger", 1)
+                  .parquet(self.input_dir).select(*COLUMNS_READ))
+        self.load_before = os.getloadavg()[0]
+        self.started = time.perf_counter()
+        if self.system in KEYEDSTATE_SYSTEMS:
+            self.job = _start_keyedstate(self.system, events, self.root, self.recorder,
+                                         self.parallelism, trigger, self.job_options)
+            self.query = self.job.query
+        elif self.system in HANDOFFS:
+            self.query = (events.writeStream.foreachBatch(self.handoff)
+                          .option("checkpointLocation", os.path.join(self.root, "spark"))
+                          .trigger(**trigger).start())
+        else:
+            self.spark.conf.set(PROVIDER_CONF, PROVIDERS[self.state_store])
+            self.query = _start_spark(self.system, events, self.root, self.sink, trigger)
+
+    def await_termination(self) -> None:
+        """Wait for an ``availableNow`` query to end (a failed batch raises its error)."""
+        if self.job is not None:
+            self.job.await_termination()
+        else:
+            self.query.awaitTermination()
+
+    def finish(self) -> None:
+        """Stop the query (a failed one raises its error) and take the wall time."""
+        if self.job is not None:
+            self.job.stop()
+            self.extra = self.recorder.breakdown(self.job)
+        else:
+            self.query.stop()
+            if self.system not in HANDOFFS and self.query.exception() is not None:
+                raise RuntimeError(f"{self.system}: the query failed: {self.query.exception()}")
+        self.wall_s = time.perf_counter() - self.started
+
+    def data_progress(self) -> list[Any]:
+        """Spark's progress of the batches that read input, oldest first."""
+        return [p for p in self.query.recentProgress if p.numInputRows > 0]
+
+    def result(self, progress: Sequence[Any]) -> dict[str, Any]:
+        """Verify the output of every batch and report the system's figures, with
+        ``progress`` Spark's progress of the batches that read input, oldest first."""
+        system, events_per_batch = self.system, self.events_per_batch
+        batches = len(self.expected)
+        if system in HANDOFFS:
+            self.handoff.verify(system, events_per_batch, batches)
+        else:
+            self.sink.verify(system, self.expected)
+        if [p.numInputRows for p in progress] != [events_per_batch] * batches:
+            raise AssertionError(f"{system}: expected {batches} batches of {events_per_batch} "
+                                 f"rows, got {[p.numInputRows for p in progress]}")
+        seconds = [p.durationMs["triggerExecution"] / 1000 for p in progress]
+        later = seconds[1:]
+        result = {
+            "system": system,
+            # Steady state: the median batch of those that update existing keys (the first one
+            # only creates state); the median, because the machine is shared.
+            "events_per_s": events_per_batch / statistics.median(later),
+            "events_per_s_mean": events_per_batch * len(later) / sum(later),
+            "events_per_s_all_batches": events_per_batch * len(seconds) / sum(seconds),
+            "seconds_per_batch": seconds,
+            "batches": len(seconds),
+            "wall_s": self.wall_s,
+            "load_average_1m": [round(self.load_before, 2), round(os.getloadavg()[0], 2)],
+            "verified": True,
+        }
+        if system not in KEYEDSTATE_SYSTEMS and system not in HANDOFFS:
+            result["state_store"] = _state_store_of(progress[-1])
+            if result["state_store"] != self.state_store:
+                raise AssertionError(f"{system} ran with the {result['state_store']} state "
+                                     f"store, not {self.state_store}: the provider switch did "
+                                     f"not take")
+        extra = self.extra
+        for batch, trigger_s in zip(extra.get("keyedstate", []), seconds):
+            batch["trigger_s"] = trigger_s  # the driver's part is driver_s; the rest is Spark's
+        result.update(extra)
+        return result
+
+
 def run_system(spark: Any, system: str, paths: Sequence[str],
                expected: Sequence[tuple[int, int, int]], root: str, events_per_batch: int,
                parallelism: int, state_store: str = "rocksdb",
@@ -440,64 +579,13 @@ def run_system(spark: Any, system: str, paths: Sequence[str],
     """Run one system over ``paths`` (one batch each), verify it, and time it. Spark's own
     stateful operators run with ``state_store`` ("rocksdb" or "hdfs"); keyedstate's with
     ``job_options`` (dotted keys) added to their configuration."""
-    os.makedirs(root)
-    # A count reads the key only. Spark's own aggregation prunes the other columns by
-    # itself; a Python function gets what it is given, so every system is given the
-    # columns it reads, as a user who cares about speed writes it.
-    events = _input(spark, root, paths).select(*COLUMNS_READ)
-    sink = BatchCheck()
-    handoff = Handoff(parallelism, plan=HANDOFF_PLANS.get(system))
-    extra: dict[str, Any] = {}
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    if system in KEYEDSTATE_SYSTEMS:
-        query, extra = _run_keyedstate(system, events, root, sink, parallelism, job_options)
-    elif system in HANDOFFS:
-        query = (events.writeStream.foreachBatch(handoff)
-                 .option("checkpointLocation", os.path.join(root, "spark"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        query.stop()
-    else:
-        spark.conf.set(PROVIDER_CONF, PROVIDERS[state_store])
-        query = _start_spark(system, events, root, sink)
-        query.awaitTermination()
-        query.stop()
-        if query.exception() is not None:
-            raise RuntimeError(f"{system}: the query failed: {query.exception()}")
-    wall_s = time.perf_counter() - started
-    if system in HANDOFFS:
-        handoff.verify(system, events_per_batch, len(paths))
-    else:
-        sink.verify(system, expected)
-    progress = [p for p in query.recentProgress if p.numInputRows > 0]
-    if [p.numInputRows for p in progress] != [events_per_batch] * len(paths):
-        raise AssertionError(f"{system}: expected {len(paths)} batches of {events_per_batch} "
-                             f"rows, got {[p.numInputRows for p in progress]}")
-    seconds = [p.durationMs["triggerExecution"] / 1000 for p in progress]
-    later = seconds[1:]
-    result = {
-        "system": system,
-        # Steady state: the median batch of those that update existing keys (the first one
-        # only creates state); the median, because the machine is shared.
-        "events_per_s": events_per_batch / statistics.median(later),
-        "events_per_s_mean": events_per_batch * len(later) / sum(later),
-        "events_per_s_all_batches": events_per_batch * len(seconds) / sum(seconds),
-        "seconds_per_batch": seconds,
-        "batches": len(seconds),
-        "wall_s": wall_s,
-        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "verified": True,
-    }
-    if system not in KEYEDSTATE_SYSTEMS and system not in HANDOFFS:
-        result["state_store"] = _state_store_of(progress[-1])
-        if result["state_store"] != state_store:
-            raise AssertionError(f"{system} ran with the {result['state_store']} state store, "
-                                 f"not {state_store}: the provider switch did not take")
-    for batch, trigger_s in zip(extra.get("keyedstate", []), seconds):
-        batch["trigger_s"] = trigger_s  # the driver's part is driver_s; the rest is Spark's
-    result.update(extra)
-    return result
+    runner = SystemRun(spark, system, expected, root, events_per_batch, parallelism,
+                       state_store, job_options)
+    runner.add(paths)
+    runner.start(AVAILABLE_NOW)
+    runner.await_termination()
+    runner.finish()
+    return runner.result(runner.data_progress())
 
 
 # --------------------------------------------------------------------------------------------
