@@ -479,6 +479,7 @@ class SystemRun:
         self.started = 0.0
         self.load_before = 0.0
         self.wall_s = 0.0
+        self.finished = False
 
     def add(self, paths: Sequence[str]) -> None:
         """Hard links to ``paths`` in the input folder (same inode, same modification time):
@@ -518,7 +519,12 @@ class SystemRun:
             self.query.awaitTermination()
 
     def finish(self) -> None:
-        """Stop the query (a failed one raises its error) and take the wall time."""
+        """Stop the query (a failed one raises its error) and take the wall time (from the
+        start; in the interleaved mode that spans the other systems' turns). Once: later
+        calls do nothing."""
+        if self.finished:
+            return
+        self.finished = True
         if self.job is not None:
             self.job.stop()
             self.extra = self.recorder.breakdown(self.job)
@@ -631,17 +637,29 @@ def _warm_up(spark: Any, paths: Sequence[str], root: str, parallelism: int,
 
 def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8,
         baseline_batches: int = 3, parallelism: int = 2, master: str = "local[2]",
-        systems: Sequence[str] = SYSTEMS, state_store: str = "rocksdb",
+        systems: Sequence[str] | None = None, state_store: str = "rocksdb",
         progress: Callable[[str], None] | None = None, spark: Any = None,
-        job_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        job_options: Mapping[str, Any] | None = None, interleave: bool = False
+        ) -> dict[str, Any]:
     """Run every system in ``systems`` over the same generated batches; ``batches`` each,
     except the Spark Python baselines (``baseline_batches``). Spark's stateful operators use
     ``state_store`` ("rocksdb" or "hdfs"; transformWithStateInPandas needs "rocksdb").
     ``job_options``: settings (dotted keys) added to every keyedstate system's configuration,
     e.g. ``{"keyedstate.backend.rocksdb.value-cache-size": "1 mb"}`` (the state 10x the
-    cache). Fails if any system's output differs from the generated data's counts."""
+    cache). Fails if any system's output differs from the generated data's counts.
+
+    The systems run one after another, each over all its batches (``systems`` None: all of
+    :data:`SYSTEMS`); with ``interleave``, batch by batch in turns, each round one batch of
+    each in a rotating order, each system keeping its query and state across rounds
+    (:mod:`.throughput_interleave`; ``systems`` None: the floors and keyedstate's six
+    systems), and the state overheads are also compared round by round (the JSON's
+    ``rounds`` and ``round_overheads``)."""
     from keyedstate.spark.session import local_session
 
+    from . import throughput_interleave
+
+    if systems is None:
+        systems = throughput_interleave.OVERHEAD_SYSTEMS if interleave else SYSTEMS
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {list(SYSTEMS)}")
@@ -654,9 +672,12 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
         raise ValueError(f"state_store must be one of {sorted(PROVIDERS)}, got {state_store!r}")
     if state_store != "rocksdb" and TRANSFORM_WITH_STATE_IN_PANDAS in systems:
         raise ValueError(f"{TRANSFORM_WITH_STATE_IN_PANDAS} needs the rocksdb state store")
+    if len(set(systems)) != len(systems):
+        raise ValueError(f"systems must not repeat one: {list(systems)}")
     say = progress or (lambda msg: None)
     own_session = spark is None
-    results = []
+    results: list[dict[str, Any]] = []
+    rounds: list[dict[str, Any]] = []
     started = time.perf_counter()
     with workdir("throughput") as root:
         say(f"generating {max(batches, baseline_batches)} batches of {events_per_batch:,} "
@@ -670,7 +691,12 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
         try:
             say("warming up the JVM and the Python workers")
             _warm_up(spark, paths, os.path.join(root, "warm-up"), parallelism, state_store)
-            for system in systems:
+            if interleave:
+                results, rounds = throughput_interleave.run_rounds(
+                    spark, systems, paths[:batches], expected[:batches],
+                    os.path.join(root, "interleaved"), events_per_batch, parallelism,
+                    baseline_batches, state_store, job_options, say)
+            for system in () if interleave else systems:
                 n = baseline_batches if system in PYTHON_BASELINES else batches
                 say(f"{system}: {n} batches")
                 results.append(run_system(spark, system, paths[:n], expected[:n],
@@ -681,8 +707,14 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
                 spark.stop()
     overheads = state_overheads(results)
     goals = {**compute_goals(results), **overhead_goals(overheads)}
+    interleaved: dict[str, Any] = {}
+    if interleave:
+        per_round = throughput_interleave.round_overheads(rounds)
+        goals.update(throughput_interleave.round_goals(per_round))
+        interleaved = {"rounds": rounds, "round_overheads": per_round}
     return {
         "benchmark": "throughput",
+        "mode": "interleaved" if interleave else "sequential",
         "machine": {**machine(), "master": master, "spark": spark_version(),
                     "shuffle_partitions": parallelism},
         "workload": {"keys": keys, "events_per_batch": events_per_batch, "batches": batches,
@@ -691,12 +723,16 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
                      "job_options": dict(job_options or {}),
                      "timing": "seconds_per_batch: Spark's triggerExecution of each micro-batch; "
                                "events_per_s: events_per_batch / the median of the batches "
-                               "after the first"},
+                               "after the first",
+                     "order": ("interleaved: batch by batch in turns, the order rotating "
+                               "each round" if interleave
+                               else "sequential: each system over all its batches, in turn")},
         "total_s": time.perf_counter() - started,
         "results": results,
         "state_overheads": overheads,
         "goals": goals,
         "goals_met": all(g["met"] for g in goals.values()),
+        **interleaved,
     }
 
 

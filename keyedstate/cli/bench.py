@@ -66,9 +66,15 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
                    "the latency model (default s3-standard-same-region) synchronous, and "
                    "asynchronous, judged by the asynchronous phase's goals "
                    "(docs/benchmarks.md).")
+@click.option("--interleave", is_flag=True,
+              help="throughput only: run the floors and the systems compared batch by batch "
+                   "in turns in one Spark session (each round one batch of each, the order "
+                   "rotating, every query and its state kept across rounds), so that the "
+                   "machine's load drifts under all alike, and compare RocksDB's state "
+                   "overhead with the heap's round by round (docs/benchmarks-spark.md).")
 def bench(name: str, keys: int | None, as_json: bool, out: str | None,
           latency: str | None, sweep: bool, cold_restore: bool,
-          compare_checkpointing: bool) -> None:
+          compare_checkpointing: bool, interleave: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
     if sweep and name not in SWEEPS:
         raise click.BadParameter(f"benchmark {name!r} has no sweep; only "
@@ -87,6 +93,12 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None,
             raise click.BadParameter(f"benchmark {name!r} has no checkpointing comparison; "
                                      f"only growth has", param_hint="--compare-checkpointing")
         kwargs["checkpointing"] = module.MODES
+    if interleave:
+        if "interleave" not in inspect.signature(module.run).parameters:
+            raise click.BadParameter(f"benchmark {name!r}{' --sweep' if sweep else ''} has no "
+                                     f"interleaved mode; only throughput has",
+                                     param_hint="--interleave")
+        kwargs["interleave"] = True
     if latency is not None:
         from keyedstate.testing.latency import parse_latency
 

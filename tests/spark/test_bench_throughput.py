@@ -115,3 +115,79 @@ def test_sweep_runs_a_tiny_grid_and_draws_its_figure(spark: Any, tmp_path: Any) 
                                                   by="keys")] == [20, 40, 60]
     png = plot.plot_throughput_sweep(figures, str(tmp_path))
     assert os.path.getsize(png) > 0
+
+
+def test_interleaved_run_takes_turns_and_checks_every_output(spark: Any) -> None:
+    """The floor and both per-key systems run batch by batch in turns, each keeping its
+    query and state across rounds: every output is checked as in the sequential mode, each
+    round's times are recorded in its rotating order, and the overheads are compared round by
+    round."""
+    from benchmarks import throughput_interleave
+
+    systems = [throughput.ARROW_HANDOFF, throughput.KEYEDSTATE_ROCKSDB,
+               throughput.KEYEDSTATE_HEAP]
+    figures = throughput.run(keys=50, events_per_batch=400, batches=3, parallelism=2,
+                             systems=systems, spark=spark, interleave=True)
+    json.dumps(figures)  # all of it is JSON
+    assert figures["mode"] == "interleaved"
+    assert {"commit", "load_average"} <= set(figures["machine"])
+    results = {r["system"]: r for r in figures["results"]}
+    assert all(results[s]["verified"] and results[s]["batches"] == 3 for s in systems)
+    # Both keyedstate systems kept one job: three checkpoints each, none restored.
+    assert [len(results[s]["keyedstate"]) for s in systems[1:]] == [3, 3]
+    rounds = figures["rounds"]
+    assert [r["order"] for r in rounds] == [throughput_interleave.round_order(systems, r)
+                                            for r in range(3)]
+    assert len({r["order"][0] for r in rounds}) == 3  # none always goes first
+    for r, rnd in enumerate(rounds):
+        assert {s: results[s]["seconds_per_batch"][r] for s in systems} == rnd["seconds"]
+    per_key = figures["round_overheads"]["per-key"]
+    assert [x["round"] for x in per_key["rounds"]] == [1, 2]
+    assert per_key["floor"] == throughput.ARROW_HANDOFF
+    assert f"{throughput.KEYEDSTATE_ROCKSDB} overhead <= 1.2x {throughput.KEYEDSTATE_HEAP}'s, " \
+        "round by round" in figures["goals"]
+    assert set(figures["state_overheads"]) == set(systems[1:])  # the medians' too
+
+
+def test_interleaved_run_fails_on_an_output_that_differs(spark: Any, tmp_path: Any) -> None:
+    from benchmarks import throughput_interleave
+
+    paths, expected = throughput.write_batches(str(tmp_path / "data"), 2, 400, 50)
+    wrong = [expected[0], (expected[1][0], expected[1][1] + 1, expected[1][2])]
+    with pytest.raises(AssertionError, match=f"{throughput.KEYEDSTATE_HEAP}: per-batch"):
+        throughput_interleave.run_rounds(
+            spark, [throughput.ARROW_HANDOFF, throughput.KEYEDSTATE_HEAP], paths, wrong,
+            str(tmp_path / "run"), 400, 2, baseline_batches=2)
+
+
+def test_round_order_rotates_through_every_order_of_three() -> None:
+    from benchmarks import throughput_interleave
+
+    orders = [tuple(throughput_interleave.round_order("abc", r)) for r in range(6)]
+    assert len(set(orders)) == 6
+
+
+def test_round_overheads_compare_each_round_with_its_own_floor() -> None:
+    from benchmarks import throughput_interleave
+
+    floor, rocksdb, heap = (throughput.ARROW_HANDOFF, throughput.KEYEDSTATE_ROCKSDB,
+                            throughput.KEYEDSTATE_HEAP)
+    rounds: list[dict[str, Any]] = [
+        {"round": 0, "seconds": {floor: 9.0, rocksdb: 9.0, heap: 9.0}},
+        # the machine slows down: every system's batch takes longer, the overheads don't
+        {"round": 1, "seconds": {floor: 1.0, rocksdb: 1.55, heap: 1.5}},
+        {"round": 2, "seconds": {floor: 2.0, rocksdb: 2.5, heap: 2.4}},
+        {"round": 3, "seconds": {floor: 3.0, rocksdb: 3.55, heap: 3.5}}]
+    per_key = throughput_interleave.round_overheads(rounds)["per-key"]
+    assert [x["ratio"] for x in per_key["rounds"]] == pytest.approx([1.1, 1.25, 1.1])
+    assert per_key["median_ratio"] == pytest.approx(1.1)
+    assert per_key["ratio_of_medians"] == pytest.approx(0.55 / 0.5)
+    assert (per_key["min_ratio"], per_key["max_ratio"]) == pytest.approx((1.1, 1.25))
+    goal = throughput_interleave.round_goals({"per-key": per_key})
+    assert list(goal.values())[0]["met"]
+    # A round whose heap is no slower than its floor judges nothing; most such: no ratio.
+    rounds[2]["seconds"][heap] = 2.0
+    rounds[3]["seconds"][heap] = 2.9
+    per_key = throughput_interleave.round_overheads(rounds)["per-key"]
+    assert per_key["judged_rounds"] == 1 and per_key["median_ratio"] is None
+    assert not list(throughput_interleave.round_goals({"per-key": per_key}).values())[0]["met"]
