@@ -207,6 +207,10 @@ class KeySerializer:
     def serialize(self, key: Any) -> bytes:
         """The canonical stored form of ``key``; raises :class:`SerializationError` on a type
         mismatch."""
+        if self.arrow_types is not None and self._single and not isinstance(key, tuple):
+            # A scalar key of a one-column key with known types: serialize_many's bytes,
+            # without the column list (a per-key ``set_current_key`` calls this).
+            return self._encoder.encode(self._encs[0](key))
         return self._encode(self._plain(key))
 
     def serialize_with_key_group(self, key: Any, max_parallelism: int) -> tuple[bytes, int]:

@@ -337,3 +337,26 @@ def test_serialize_many_gives_the_bytes_of_serialize(types, keys):
     serializer = KeySerializer(types)
     assert serializer.serialize_many(keys) == [KeySerializer(types).serialize(k) for k in keys]
     assert serializer.serialize_many([]) == []
+
+
+@given(typed_keys())
+@settings(max_examples=budget(200), deadline=None)
+def test_serialize_of_a_scalar_key_is_the_column_path_s_bytes(typed_key):
+    """``serialize``'s shortcut for a scalar key gives the bytes of the checked column path,
+    of ``serialize_many``, and of the same key as a 1-tuple (and a named one)."""
+    from collections import namedtuple
+
+    types, key = typed_key
+    ks = KeySerializer(types)
+    data = ks.serialize(key)
+    assert data == ks._encode(ks._plain(key)) == ks.serialize_many([key])[0]
+    if len(types) == 1:
+        one = namedtuple("One", "k")
+        assert ks.serialize((key,)) == data == ks.serialize(one(key))
+
+
+def test_serialize_shortcut_checks_the_key_and_infers_types_first():
+    ks = KeySerializer()  # types inferred from the first key, then fixed
+    assert ks.serialize("a") == KeySerializer(["string"]).serialize("a")
+    with pytest.raises(SerializationError, match="string"):
+        ks.serialize(5)
