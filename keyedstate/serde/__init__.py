@@ -34,6 +34,7 @@ from keyedstate.serde.serializers import (
     ArrowTypeSerializer,
     PickleSerializer,
     TypeSerializer,
+    one_call_codec,
     serializer_for,
 )
 from keyedstate.serde.type_strings import serializer_from_string, type_from_string
@@ -52,6 +53,7 @@ __all__ = [
     "datetime_to_micros",
     "deserialize_namespace",
     "micros_to_datetime",
+    "one_call_codec",
     "parse_type",
     "serialize_namespace",
     "serializer_for",

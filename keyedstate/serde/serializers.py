@@ -7,13 +7,13 @@ import datetime as _dt
 import decimal
 import pickle
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import pyarrow as pa
 
 from keyedstate.errors import SerializationError
-from keyedstate.serde.converters import converters
+from keyedstate.serde.converters import _INT_BOUNDS, _identity, converters
 from keyedstate.serde.ddl import TypeLike, parse_type
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -135,6 +135,55 @@ class PickleSerializer(TypeSerializer):
 
     def __repr__(self) -> str:
         return "PickleSerializer()"
+
+
+#: the scalar types whose encoder passes a value of exactly one Python type as it is, by
+#: predicate (integers also need their bounds)
+_PASSED_AS_IS: tuple[tuple[Callable[[pa.DataType], bool], type], ...] = (
+    (pa.types.is_floating, float), (pa.types.is_string, str), (pa.types.is_large_string, str),
+    (pa.types.is_binary, bytes), (pa.types.is_large_binary, bytes), (pa.types.is_boolean, bool))
+
+
+def one_call_codec(serializer: TypeSerializer
+                   ) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """``serializer``'s ``serialize`` and ``deserialize`` as functions of one Python call each
+    on the common path, for a per-key state access: the same bytes, the same values, the same
+    errors (a value off the common path goes through ``serializer.serialize`` itself).
+
+    For an :class:`ArrowTypeSerializer` of an integer, floating, string, binary or boolean
+    type, a value of exactly its plain Python type (an int within the type's bounds) is
+    MessagePack-encoded directly (its encoder would return it as it is), and stored bytes are
+    decoded without the identity decoder's call; any other serializer's own methods."""
+    if type(serializer) is not ArrowTypeSerializer or serializer._dec is not _identity:
+        return serializer.serialize, serializer.deserialize
+    t, slow, encode = serializer.arrow_type, serializer.serialize, _ENCODER.encode
+    type_string = serializer.type_string
+    ser: Callable[[Any], bytes] = slow
+    if pa.types.is_integer(t):
+        bound = _INT_BOUNDS[t.bit_width]
+        lo, hi = (-bound, bound) if pa.types.is_signed_integer(t) else (0, 2 * bound)
+
+        def ser_int(value: Any) -> bytes:
+            if type(value) is int and lo <= value < hi:
+                return encode(value)
+            return slow(value)
+
+        ser = ser_int
+    else:
+        exact = next((py for is_type, py in _PASSED_AS_IS if is_type(t)), None)
+        if exact is not None:
+            def ser_exact(value: Any) -> bytes:
+                return encode(value) if type(value) is exact else slow(value)
+
+            ser = ser_exact
+
+    def deser(data: bytes) -> Any:
+        try:
+            return _decode(data)
+        except (msgspec.DecodeError, TypeError, ValueError, ArithmeticError) as exc:
+            raise SerializationError(f"stored bytes are not a {type_string}: {exc}") from exc
+
+    return ser, deser
 
 
 def serializer_for(type_: TypeLike | None) -> TypeSerializer:

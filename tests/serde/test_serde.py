@@ -485,3 +485,48 @@ def test_a_namespace_round_trips_or_is_refused(namespace):
 def test_corrupt_namespace_bytes_are_a_serialization_error(data):
     with pytest.raises(SerializationError):
         deserialize_namespace(data)
+
+
+_CODEC_VALUES = [0, 1, -1, 127, 128, -129, (1 << 31) - 1, 1 << 31, -(1 << 31) - 1, (1 << 63) - 1,
+                 1 << 63, -(1 << 63), -(1 << 63) - 1, 255, 256, True, False, None, 1.5, -0.0,
+                 float("inf"), "", "s", "é" * 40, b"", b"\x00b", bytearray(b"ab"),
+                 decimal.Decimal("1.5"), [1, 2], dt.date(2026, 1, 2)]
+
+
+@pytest.mark.parametrize("ddl", ["tinyint", "smallint", "int", "bigint", "float", "double",
+                                 "string", "binary", "boolean", "date", "decimal(10,2)",
+                                 "array<bigint>"])
+def test_one_call_codec_is_the_serializer_s_bytes_values_and_errors(ddl):
+    """The per-key path's codec: for every value, the serializer's own bytes or its own error
+    (type and message); every stored bytes decode to the serializer's value or its error."""
+    import numpy as np
+
+    from keyedstate.serde import one_call_codec
+
+    serializer = ArrowTypeSerializer(ddl)
+    ser, deser = one_call_codec(serializer)
+    for value in [*_CODEC_VALUES, np.int64(7), np.int8(-3)]:
+        try:
+            expected: object = serializer.serialize(value)
+        except Exception as exc:  # noqa: BLE001 - compared below
+            expected = (type(exc), str(exc))
+        try:
+            got: object = ser(value)
+        except Exception as exc:  # noqa: BLE001
+            got = (type(exc), str(exc))
+        assert got == expected, value
+        if isinstance(got, bytes):
+            assert deser(got) == serializer.deserialize(got)
+    for raw in (b"", b"\xc1", b"\x92\x01"):
+        with pytest.raises(SerializationError) as want:
+            serializer.deserialize(raw)
+        with pytest.raises(SerializationError) as have:
+            deser(raw)
+        assert str(have.value) == str(want.value)
+
+
+def test_one_call_codec_of_other_serializers_is_their_own_methods():
+    from keyedstate.serde import one_call_codec
+
+    pickled = PickleSerializer()
+    assert one_call_codec(pickled) == (pickled.serialize, pickled.deserialize)

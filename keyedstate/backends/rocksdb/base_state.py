@@ -21,7 +21,7 @@ from keyedstate.backends.rocksdb.value_cache import (
     exact_types,
 )
 from keyedstate.errors import ConfigurationError, KeyedStateError, UserFunctionError
-from keyedstate.serde import serialize_namespace
+from keyedstate.serde import one_call_codec, serialize_namespace
 from keyedstate.state.api import State
 from keyedstate.state.batch_keys import BatchKeys
 from keyedstate.state.descriptors import StateDescriptor, StateTtlConfig, TtlUpdateType
@@ -58,9 +58,9 @@ class RocksDBState(State):
         self._bindings = [inst.binding(self.name) for inst in context.instances]
         self._inst: RocksDBInstance = instance
         self._bind(instance)
-        self._ser = descriptor.value_serializer.serialize
+        # One Python call per value on the per-key path (same bytes as the serializer's own)
+        self._ser, self._deser = one_call_codec(descriptor.value_serializer)
         self._check = descriptor.value_serializer.to_plain
-        self._deser = descriptor.value_serializer.deserialize
         self._what = f"accessing state {descriptor.name!r}"
         self._ns_part = namespace_part(serialize_namespace(None))
         self._kp: object = _UNSET

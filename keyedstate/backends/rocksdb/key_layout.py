@@ -65,13 +65,13 @@ def pack_timestamp(timestamp_ms: int) -> bytes:
 
 #: ``varint(n)`` for every ``n`` below 128, built once: most keys and namespaces are that short,
 #: and a tuple lookup costs less than building the byte (the key prefix is built per key).
-_SHORT = tuple(bytes((n,)) for n in range(0x80))
+SHORT_VARINTS = tuple(bytes((n,)) for n in range(0x80))
 
 
 def varint(n: int) -> bytes:
     """Unsigned LEB128: one byte below 128, as most keys and namespaces are."""
     if n < 0x80:
-        return _SHORT[n]
+        return SHORT_VARINTS[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -95,7 +95,7 @@ def read_varint(data: bytes, pos: int) -> tuple[int, int]:
 def length_prefixed(data: bytes) -> bytes:
     """``[varint len][data]``: how a key and a namespace are written."""
     n = len(data)
-    return (_SHORT[n] if n < 0x80 else varint(n)) + data
+    return (SHORT_VARINTS[n] if n < 0x80 else varint(n)) + data
 
 
 def read_length_prefixed(raw: bytes, pos: int) -> tuple[bytes, int]:
@@ -113,7 +113,7 @@ def key_prefix(key_group_bytes: bytes, key_bytes: bytes) -> bytes:
     """``[key group][varint len][key]``: the part every state shares for one key, built on every
     key change (:func:`length_prefixed`, inlined: this is the per-key path)."""
     n = len(key_bytes)
-    return key_group_bytes + (_SHORT[n] if n < 0x80 else varint(n)) + key_bytes
+    return key_group_bytes + (SHORT_VARINTS[n] if n < 0x80 else varint(n)) + key_bytes
 
 
 def namespace_part(namespace_bytes: bytes) -> bytes:

@@ -28,11 +28,13 @@ from keyedstate.backends.rocksdb.base_state import RocksDBState
 from keyedstate.backends.rocksdb.instance import RocksDBInstance, rolling_compaction
 from keyedstate.backends.rocksdb.key_layout import (
     SEQUENCE,
+    SHORT_VARINTS,
     TS_BYTES,
     key_prefix,
     pack_timestamp,
     state_key,
     unpack_timestamp,
+    varint,
 )
 from keyedstate.backends.rocksdb.native import CLOSED, column_family_batch, native
 from keyedstate.backends.rocksdb.options import RocksDBOptions
@@ -182,7 +184,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if self.sharded:
             # Set before the new prefix object: states rebind when they see the prefix change.
             self.current_instance = self._instance_of[offset]
-        self.key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
+        # key_prefix() inlined: no call on the per-key path
+        n = len(key_bytes)
+        self.key_prefix = (self._kg_bytes[offset] + (SHORT_VARINTS[n] if n < 0x80 else varint(n))
+                           + key_bytes)
 
     def set_current_batch_key(self, keys: BatchKeys, index: int) -> None:
         # _set_current's body once more, not a call to it: the per-key runtime loop calls this
@@ -198,7 +203,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.current_key_group = key_group
         if self.sharded:
             self.current_instance = self._instance_of[offset]
-        self.key_prefix = key_prefix(self._kg_bytes[offset], key_bytes)
+        n = len(key_bytes)
+        self.key_prefix = (self._kg_bytes[offset] + (SHORT_VARINTS[n] if n < 0x80 else varint(n))
+                           + key_bytes)
 
     def clear_current_key(self) -> None:
         super().clear_current_key()

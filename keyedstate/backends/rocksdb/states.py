@@ -56,8 +56,22 @@ class RocksDBValueState(_ValueSteps):
     # The hot path: the key check is inlined (no _key() call) and TTL costs one branch.
 
     def value(self) -> Any:
-        kp = self._context.key_prefix
-        key = self._full if kp is self._kp else self._rekey(kp)
+        context = self._context
+        kp = context.key_prefix
+        if kp is self._kp:
+            key = self._full
+        elif kp is None:
+            key = self._rekey(kp)  # raises: no current key
+        else:
+            # RocksDBState._rekey inlined: the first access after a key change, on every key
+            # of the per-key path
+            if context.sharded:
+                instance = context.current_instance
+                if instance is not self._inst:
+                    (self._inst, self._cf, self._handle, self._get, self._put,
+                     self._delete) = self._bindings[instance.index]
+            self._kp = kp
+            self._full = key = kp + self._ns_part
         if self._ttl is None:
             try:
                 raw = self._get(key)
