@@ -26,6 +26,7 @@ from keyedstate.config import JobConfig, RestoreMode, parse_restore_mode
 from keyedstate.errors import ConfigurationError, JobDrainedError, NoCheckpointError
 from keyedstate.keygroups import KeyGroupRange, check_parallelism, operator_index_for_key_group
 from keyedstate.keys import KeySerializer
+from keyedstate.runtime.async_loop import AsyncBatchLoop
 from keyedstate.runtime.batch import (
     MAIN_OUTPUT,
     read_staged,
@@ -36,7 +37,6 @@ from keyedstate.runtime.failures import batch_failure
 from keyedstate.runtime.function import KeyedProcessFunction
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local_aggregation import aggregate_table, check_local_aggregation
-from keyedstate.runtime.async_loop import AsyncBatchLoop
 from keyedstate.runtime.loop import write_savepoint
 from keyedstate.runtime.startup import open_coordinator, start_job
 from keyedstate.runtime.subtask import BatchPlan, process_group

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, DRAINED, RESTORED_FROM
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
-from keyedstate.runtime.batch import ResumePoint, output_pending
 from keyedstate.runtime.async_loop import AsyncBatchLoop
+from keyedstate.runtime.batch import ResumePoint, output_pending
 from keyedstate.runtime.startup import JobStart
 from keyedstate.runtime.subtask import RestoreSource
 from keyedstate.spark.carry import output_committed
