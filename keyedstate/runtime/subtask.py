@@ -41,7 +41,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -219,13 +219,16 @@ def _drop_states(plan: BatchPlan, backend: KeyedStateBackend) -> None:
         raise
 
 
-def restorer(plan: BatchPlan) -> Callable[[int, CheckpointMetadata], KeyedStateBackend]:
+def restorer(plan: BatchPlan
+             ) -> Callable[[int, int, Sequence[KeyedStateHandle]], KeyedStateBackend]:
     """For the background catch-up (:mod:`keyedstate.runtime.live_copies`) of a copy whose
-    backend can't catch up (RocksDB): subtask ``index``'s backend restored from ``metadata``,
-    a later checkpoint of ``plan``'s job at the same parallelism, exactly as step 1 restores
-    it."""
-    def restore(index: int, metadata: CheckpointMetadata) -> KeyedStateBackend:
-        src = RestoreSource.of(plan.storage, metadata, own=False)
+    backend can't catch up (RocksDB): subtask ``index``'s backend restored from ``handles``
+    of checkpoint ``checkpoint_id``, a later checkpoint of ``plan``'s job at the same
+    parallelism (a committed one's handles, or the subtask's acknowledged one of a checkpoint
+    in flight), exactly as step 1 restores it."""
+    def restore(index: int, checkpoint_id: int, handles: Sequence[KeyedStateHandle]
+                ) -> KeyedStateBackend:
+        src = RestoreSource(checkpoint_id, plan.storage, list(handles), plan.parallelism, None)
         backend = _restored(replace(plan, restore=src), index)
         _drop_states(plan, backend)
         return backend

@@ -32,12 +32,14 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         yield from process_subtask(plan, subtasks[0], checked)
     else:
         yield from process_group(plan, subtasks, checked)
-    if plan.background_catch_up and not plan.async_upload:
+    if plan.background_catch_up:
         # The worker idles until its next task: its copies of the job's other subtasks are
-        # brought to this batch's checkpoint meanwhile, once the driver commits it. (The
-        # asynchronous mode commits it during the next batch: not built there yet.)
+        # brought to this batch's checkpoint meanwhile, once the driver commits it; in the
+        # asynchronous mode, which completes it only beside the next batch's tasks (planned on
+        # it in flight), once every subtask acknowledged its upload of it.
         catch_up_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,
-                               restorer(plan) if plan.background_restore else None)
+                               restorer(plan) if plan.background_restore else None,
+                               in_flight=plan.parallelism if plan.async_upload else None)
 
 
 def routed_to(batch_id: int, subtasks: range, batches: Iterator[pa.RecordBatch]

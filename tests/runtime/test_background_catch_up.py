@@ -1,9 +1,10 @@
 """A worker catches its stale live copies up in the background once the checkpoint its task
 wrote is committed (``runtime.live_copies.catch_up_in_background``), so that a later task of
 that subtask there reuses its copy; the next task stops the thread first and never sees a copy
-half caught up; a catch-up that fails closes the copy. Driven as ``tests/runtime/test_catch_up.py``
-drives a stale copy: the local runtime, a copy moved out of ``LIVE`` and back standing for
-another worker."""
+half caught up; a catch-up that fails closes the copy. In the asynchronous mode the thread
+brings the copies to the checkpoint in flight, from its subtasks' acknowledgements. Driven as
+``tests/runtime/test_catch_up.py`` drives a stale copy: the local runtime, a copy moved out of
+``LIVE`` and back standing for another worker."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+import msgspec
 import pytest
 
 import keyedstate.runtime.live_copies as live_copies
@@ -20,6 +22,9 @@ import keyedstate.runtime.subtask as runtime
 from keyedstate.backends.heap.backend import HeapKeyedStateBackend
 from keyedstate.checkpoint.properties import TOKENS
 from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.runtime.uploads import read_ack, wait_for_job
+from keyedstate.runtime.wire import decode_ack, encode_ack
+from keyedstate.storage.layout import ACKS_DIR, ack_file
 from tests.runtime.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
 from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 
@@ -212,7 +217,7 @@ def test_a_failed_background_restore_leaves_no_copy(tmp_path, stale_rocksdb_copy
     job = stale_rocksdb_copy["job"]
     checkpoint_id, _ = _committed(tmp_path)
 
-    def failing(index: int, metadata: Any) -> Any:
+    def failing(index: int, checkpoint_id: int, handles: Any) -> Any:
         raise OSError("injected: the store is unreachable")
 
     live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage, checkpoint_id, failing)
@@ -281,3 +286,143 @@ def test_a_later_start_never_uses_an_earlier_starts_copies(tmp_path, backend):
         assert all(s.reused for s in _latest_subtasks(tmp_path))
         outputs.append(second.drain())
     assert rows(outputs) == reference(tmp_path, data, backend)
+
+
+# -- the asynchronous mode: brought to the checkpoint in flight, from its acknowledgements ----
+
+
+def _in_flight(job: Any) -> int:
+    """The checkpoint in flight after a batch of an asynchronous job (bound 1), once this
+    process's uploads of it wrote their acknowledgements; its ``_metadata`` is not written."""
+    wait_for_job(job.storage.url)
+    acked = [int(p.split("chk-")[1].split("/")[0]) for p in job.storage.list_files()
+             if f"/{ACKS_DIR}/" in p]
+    checkpoint_id = max(acked)
+    assert job.latest_checkpoint.metadata.checkpoint_id < checkpoint_id
+    assert not job.storage.exists(job.storage.metadata_path(checkpoint_id))
+    return checkpoint_id
+
+
+def _ack_tokens(job: Any, checkpoint_id: int) -> list[str]:
+    acks = [read_ack(job.storage, checkpoint_id, i) for i in range(2)]
+    assert all(a is not None and a.handle is not None for a in acks)
+    return [a.token for a in acks]  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def stale_async_copy(tmp_path: Any) -> Iterator[dict[str, Any]]:
+    """A heap job at p=2 in the asynchronous mode whose worker 'A' holds subtask 0's copy at
+    checkpoint 1 while checkpoint 3 is in flight (acknowledged, not completed)."""
+    data = [_every_key(5000), *batches(4, users=5000)]
+    with new_job(config(tmp_path, backend="heap", async_upload=True)) as job:
+        outputs = [job.process_batch(data[0])]
+        stale = _take_live(job.storage.url, 0)
+        outputs.append(job.process_batch(data[1]))
+        outputs.append(job.process_batch(data[2]))
+        checkpoint_id = _in_flight(job)
+        _hand_back(job.storage.url, 0, stale)
+        yield {"job": job, "data": data, "outputs": outputs, "stale": stale,
+               "checkpoint_id": checkpoint_id}
+        live_copies.stop_background_catch_up()
+
+
+def _finish_async(tmp_path: Any, copy: dict[str, Any], backend: str) -> Any:
+    """Run the next batch, complete its checkpoint, drain, check every output against the
+    reference; the statistics of the first subtask in that batch."""
+    job, data, outputs = copy["job"], copy["data"], copy["outputs"]
+    outputs.append(job.process_batch(data[len(outputs)]))
+    outputs.append(job.flush())
+    first = _latest_subtasks(tmp_path)[0]
+    outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data[:len(outputs) - 2], backend)
+    return first
+
+
+def test_a_stale_copy_is_caught_up_to_the_checkpoint_in_flight(tmp_path, stale_async_copy):
+    """The asynchronous mode: the thread waits for the acks (not the ``_metadata``, which is
+    written only during the next batch), catches the copy up from its subtask's ack, and
+    gives it the ack's token: the next batch, planned on the checkpoint in flight, reuses it."""
+    job, stale = stale_async_copy["job"], stale_async_copy["stale"]
+    checkpoint_id = stale_async_copy["checkpoint_id"]
+    tokens = _ack_tokens(job, checkpoint_id)
+    assert stale.token != tokens[0]
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage,
+                                       checkpoint_id, in_flight=2)
+    _finish_background()
+    assert not job.storage.exists(job.storage.metadata_path(checkpoint_id))
+    assert live_copies.LIVE[(job.storage.url, 0)] is stale and stale.token == tokens[0]
+    assert stale.caught_up_s > 0
+    first = _finish_async(tmp_path, stale_async_copy, "heap")
+    assert first.reused and not first.caught_up and not first.restored
+    assert first.background_catch_up_ms and first.background_catch_up_ms > 0
+
+
+def test_an_ack_reporting_a_failed_upload_leaves_the_copies_alone(tmp_path, stale_async_copy,
+                                                                  monkeypatch):
+    """One subtask's upload failed (its ack says so): the checkpoint will fail, so the thread
+    touches no copy, not even the one whose own ack is fine; it ends by itself."""
+    job, stale = stale_async_copy["job"], stale_async_copy["stale"]
+    checkpoint_id, token = stale_async_copy["checkpoint_id"], stale.token
+    relative = ack_file(checkpoint_id, 1)
+    original = job.storage.read(relative)
+    failed = msgspec.structs.replace(decode_ack(original, relative), handle=None,
+                                     error="OSError: injected: the upload failed")
+    job.storage.write(relative, encode_ack(failed))
+    touched: list[int] = []
+    monkeypatch.setattr(HeapKeyedStateBackend, "catch_up",
+                        lambda self, *args: touched.append(self.subtask_index) or True)
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage,
+                                       checkpoint_id, in_flight=2)
+    _finish_background()
+    assert touched == [] and stale.token == token
+    assert live_copies.LIVE[(job.storage.url, 0)] is stale
+    monkeypatch.undo()
+    job.storage.write(relative, original)  # the upload did succeed: the job goes on
+    first = _finish_async(tmp_path, stale_async_copy, "heap")
+    assert first.caught_up and not first.reused  # on the task's path, as without the thread
+
+
+def test_the_thread_waiting_for_acks_stops_at_once(tmp_path, stale_async_copy):
+    """Acks still missing (the checkpoint after the one in flight, never written): the thread
+    polls; the next task's stop returns well within a second and the copy is untouched."""
+    job, stale = stale_async_copy["job"], stale_async_copy["stale"]
+    token = stale.token
+    live_copies.catch_up_in_background(job.storage.url, job.start_id, job.storage,
+                                       stale_async_copy["checkpoint_id"] + 1, in_flight=2)
+    time.sleep(1.5)  # long enough for the polls to slow down
+    background = live_copies._background
+    assert background is not None and background.thread.is_alive()
+    started = time.monotonic()
+    live_copies.stop_background_catch_up()
+    assert time.monotonic() - started < 0.5
+    assert not background.thread.is_alive() and stale.token == token
+    first = _finish_async(tmp_path, stale_async_copy, "heap")
+    assert first.caught_up and not first.reused
+
+
+def test_a_rocksdb_copy_is_restored_from_its_ack_in_the_background(tmp_path):
+    """The asynchronous mode with a restorer: the RocksDB copy is replaced with the subtask
+    restored from its ack of the checkpoint in flight, whose token it takes; reused next."""
+    data = batches(3)
+    with new_job(config(tmp_path, backend="rocksdb", async_upload=True)) as job:
+        outputs = [job.process_batch(data[0])]
+        stale = _take_live(job.storage.url, 0)
+        outputs.append(job.process_batch(data[1]))
+        checkpoint_id = _in_flight(job)
+        _hand_back(job.storage.url, 0, stale)
+        tokens = _ack_tokens(job, checkpoint_id)
+        try:
+            live_copies.catch_up_in_background(
+                job.storage.url, job.start_id, job.storage, checkpoint_id,
+                runtime.restorer(job._plan(0, 0)), in_flight=2)
+            _finish_background()
+        finally:
+            live_copies.stop_background_catch_up()
+        assert not job.storage.exists(job.storage.metadata_path(checkpoint_id))
+        fresh = live_copies.LIVE[(job.storage.url, 0)]
+        assert fresh is not stale and fresh.token == tokens[0] and fresh.caught_up_s > 0
+        assert not os.path.exists(stale.backend.instance_dir)  # type: ignore[attr-defined]
+        first = _finish_async(tmp_path, {"job": job, "data": data, "outputs": outputs},
+                              "rocksdb")
+    assert first.reused and not first.restored
+    assert first.background_catch_up_ms and first.background_catch_up_ms > 0
