@@ -22,9 +22,12 @@ import keyedstate.runtime.subtask as runtime
 from keyedstate.backends.heap.backend import HeapKeyedStateBackend
 from keyedstate.checkpoint.properties import TOKENS
 from keyedstate.checkpoint.resolve import resolve_snapshot
+from keyedstate.checkpoint.stats import subtask_stats_of
+from keyedstate.errors import CheckpointDiscardedError
 from keyedstate.runtime.uploads import read_ack, wait_for_job
 from keyedstate.runtime.wire import decode_ack, encode_ack
 from keyedstate.storage.layout import ACKS_DIR, ack_file
+from keyedstate.testing.faults import FaultPlan
 from tests.runtime.test_catch_up import _every_key, _hand_back, _latest_subtasks, _take_live
 from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 
@@ -426,3 +429,44 @@ def test_a_rocksdb_copy_is_restored_from_its_ack_in_the_background(tmp_path):
                               "rocksdb")
     assert first.reused and not first.restored
     assert first.background_catch_up_ms and first.background_catch_up_ms > 0
+
+
+def test_a_copy_caught_up_to_a_checkpoint_that_fails_is_never_used(tmp_path):
+    """The copy is caught up to checkpoint 3 in flight; worker 'B' runs subtask 0's batch 3;
+    checkpoint 3 fails (its ``_metadata`` refused), which discards batches 2 and 3. Batch 2,
+    sent again, is planned on checkpoint 2, whose token the copy does not carry: the copy is
+    not reused, and output and state are exactly once."""
+    data = [_every_key(5000), *batches(4, users=5000)]
+    faults = FaultPlan(tmp_path / "faults.json")
+    faults.add("write", "denied", match="chk-3/_metadata")
+    cfg = config(tmp_path, backend="heap", async_upload=True, transfer_attempts=1,
+                 checkpoint_dir=faults.url(str(tmp_path / "store" / "job")),
+                 storage_options=faults.storage_options("file"))
+    with new_job(cfg) as job:
+        url = job.storage.url
+        outputs = [job.process_batch(data[0])]
+        stale = _take_live(url, 0)
+        outputs += [job.process_batch(data[1]), job.process_batch(data[2])]
+        checkpoint_id = _in_flight(job)
+        assert checkpoint_id == 3
+        _hand_back(url, 0, stale)
+        live_copies.catch_up_in_background(url, job.start_id, job.storage, checkpoint_id,
+                                           in_flight=2)
+        _finish_background()
+        assert stale.token == _ack_tokens(job, checkpoint_id)[0]
+        caught = _take_live(url, 0)  # worker 'A' keeps it; 'B' runs batch 3
+        with pytest.raises(CheckpointDiscardedError) as failed:
+            job.process_batch(data[3])
+        assert failed.value.discarded_batches == [2, 3] and faults.fired()
+        outputs.append(job.last_outputs)
+        wait_for_job(url)
+        _hand_back(url, 0, caught)  # batch 2 again runs subtask 0 in worker 'A'
+        outputs.append(job.process_batch(data[2]))
+        assert live_copies.LIVE[(url, 0)].backend is not caught.backend
+        assert caught.backend._closed  # type: ignore[attr-defined]
+        outputs.append(job.process_batch(data[3]))  # completes batch 2's checkpoint
+        rerun = subtask_stats_of(job.latest_checkpoint.metadata)
+        assert rerun is not None and not rerun[0].reused and rerun[0].restored
+        outputs.append(job.flush())
+        outputs.append(job.drain())
+    assert rows(outputs) == reference(tmp_path, data[:4], "heap")
