@@ -209,13 +209,14 @@ class JobConfig:
         default=1 << 30, metadata=_key("state.backend.forst.cache.size-based-limit", minimum=0))
     file_cache_dir: str | None = field(default=None, metadata=_key("state.backend.forst.cache.dir"))
     #: Spark runtime: once a task's subtasks are done, its Python worker brings its live copies
-    #: of the job's other subtasks to the checkpoint just written, in the background (a later
-    #: task of one of them there then reuses its copy instead of catching up on the batch's
-    #: path). Costs the worker's idle CPU; docs/spark.md, "State locality"
+    #: of the job's other subtasks to the checkpoint just written, in the background, once it is
+    #: committed or, with ``async_upload``, once every subtask acknowledged it in flight (a
+    #: later task of one of them there then reuses its copy instead of catching up on the
+    #: batch's path). Costs the worker's idle CPU; docs/spark.md, "State locality"
     background_catch_up: bool = field(
         default=True, metadata=_key("keyedstate.live-copies.background-catch-up"))
     #: with ``background_catch_up``: a live copy that can't catch up (RocksDB) is restored
-    #: from the new checkpoint in the background instead (off by default: a restore costs the
+    #: from the new checkpoint (or its acknowledgement) in the background instead (off by default: a restore costs the
     #: worker more CPU than a catch-up; docs/spark.md, "State locality")
     background_restore: bool = field(
         default=False, metadata=_key("keyedstate.live-copies.background-restore"))
