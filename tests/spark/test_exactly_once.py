@@ -39,7 +39,7 @@ def start(spark: Any, root: str, ckpt: str = "ckpt", location: str = "spark",
     job = key_by(events, "user_id").process(RunningTotals(), COUNT_SCHEMA)
     job.sink(sink or ParquetSink(os.path.join(root, "out")))
     config.setdefault("checkpoint_dir", os.path.join(root, ckpt))
-    query = job.start(JobConfig(parallelism=2, **config), trigger={"availableNow": True},
+    query = job.start(JobConfig(**{"parallelism": 2, **config}), trigger={"availableNow": True},
                       spark_checkpoint_location=os.path.join(root, location))
     if listener is not None:
         query.add_listener(listener)
