@@ -33,7 +33,7 @@ from keyedstate.errors import CheckpointError
 from keyedstate.runtime.wire import WIRE_VERSION, SubtaskAck, decode_ack, encode_ack
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import KeyedStateHandle
-from keyedstate.storage.layout import ack_file, acks_dir
+from keyedstate.storage.layout import ABORTED_MARKER_FILE, ack_file, checkpoint_dir_name
 from keyedstate.storage.transfer import parallel_map
 
 log = logging.getLogger("keyedstate")
@@ -215,16 +215,24 @@ _POLL_S, _MAX_POLL_S = 0.02, 1.0
 def await_acks(storage: CheckpointStorage, checkpoint_id: int, subtasks: Sequence[int],
                timeout_s: float) -> None:
     """Wait until every acknowledgement of ``subtasks`` of ``checkpoint_id`` is written (by
-    any process; one listing a poll). Raises :class:`~keyedstate.errors.CheckpointError`
-    naming the missing ones after ``timeout_s`` (``execution.checkpointing.timeout``)."""
+    any process; one listing of the checkpoint's folder a poll). Raises
+    :class:`~keyedstate.errors.CheckpointError` at once if the checkpoint was aborted (its
+    tombstone is written: the driver gave it up and deleted its acknowledgements, say a
+    completion that failed beside the batch whose subtasks wait here), else naming the
+    missing ones after ``timeout_s`` (``execution.checkpointing.timeout``)."""
     deadline = time.monotonic() + timeout_s
+    folder = checkpoint_dir_name(checkpoint_id)
     wanted = {ack_file(checkpoint_id, i): i for i in subtasks}
     delay = _POLL_S
     while True:
-        written = set(storage.list_files(acks_dir(checkpoint_id)))
+        written = set(storage.list_files(folder))
         missing = sorted(i for path, i in wanted.items() if path not in written)
         if not missing:
             return
+        if f"{folder}/{ABORTED_MARKER_FILE}" in written:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} was aborted while subtasks {missing} waited for "
+                f"their acknowledgements: they will never come")
         if time.monotonic() >= deadline:
             raise CheckpointError(
                 f"checkpoint {checkpoint_id}: subtasks {missing} did not acknowledge their "

@@ -7,6 +7,7 @@ No timed assertions: the order of events (which batch a call completes) and the 
 
 from __future__ import annotations
 
+import datetime as dt
 import pickle
 import threading
 import time
@@ -521,6 +522,54 @@ def test_a_listener_raising_beside_a_failed_completion_lets_it_discard(tmp_path,
         assert job.last_batch_id == completed_batch(job) == 3
         outputs.append(job.last_outputs)  # batch 3's, committed by the failed call
         outputs += [job.process_batch(t) for t in data[4:]]
+        outputs.append(job.flush())
+        assert latest_state(job) == expected_state
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
+
+
+def chain_text(exc: BaseException | None) -> str:
+    """The messages of ``exc`` and of every exception it was raised from or during."""
+    texts, seen, todo = [], set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        texts.append(str(e))
+        todo += [e.__cause__, e.__context__]
+    return " | ".join(texts)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subtasks_restoring_from_a_checkpoint_aborted_beside_them_fail_at_once(tmp_path,
+                                                                                backend):
+    """Checkpoint 3 (batch 2) fails at its commit point (``_metadata`` refused) beside batch
+    3's tasks, whose subtasks restore from its acknowledgements (their live copies closed):
+    its abort deletes them and leaves its tombstone, and the subtasks, finding it, fail the
+    batch at once, not after the checkpoint timeout with "did not acknowledge". The call
+    raises :class:`CheckpointDiscardedError` for batch 2; batches 2 on sent again give the
+    synchronous mode's output and state."""
+    data = batches(6)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("write", "denied", match="chk-3/_metadata")
+    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
+                 checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
+                 storage_options=plan.storage_options("file"), transfer_attempts=1,
+                 checkpoint_timeout=dt.timedelta(seconds=5))
+    with beside_job(cfg) as job:
+        job.release_at = 3
+        outputs = [job.process_batch(t) for t in data[:3]]
+        with pytest.raises(CheckpointDiscardedError) as failed:
+            job.process_batch(data[3])
+        assert plan.fired()
+        assert failed.value.discarded_batches == [2]
+        assert "checkpoint 3 was aborted while subtasks" in chain_text(failed.value)
+        assert job.last_batch_id == completed_batch(job) == 1
+        outputs.append(job.last_outputs)
+        job.release_at = None
+        outputs += [job.process_batch(t) for t in data[2:]]
         outputs.append(job.flush())
         assert latest_state(job) == expected_state
         outputs.append(job.drain())

@@ -74,8 +74,7 @@ def test_a_checkpoint_in_flight_that_fails_after_copies_were_caught_up_to_it(spa
     config: dict[str, Any] = dict(
         checkpoint_dir=faults.url(os.path.join(root, "ckpt")),
         storage_options=faults.storage_options("file"), transfer_attempts=1,
-        async_upload=True, backend="heap", parallelism=8, spark_tasks=8,
-        checkpoint_timeout="5 s")
+        async_upload=True, backend="heap", parallelism=8, spark_tasks=8)
     with pytest.raises(CheckpointDiscardedError) as failed:
         start(spark, root, **config)
     assert faults.fired() and failed.value.discarded_batches[0] == 5
