@@ -117,11 +117,16 @@ def run_through_failures(job: LocalJob, data: list[pa.Table]) -> tuple[list[Any]
     return outputs, events
 
 
+def faulty_config(tmp_path: Path, backend: str, plan: FaultPlan, **changes: Any) -> Any:
+    """The asynchronous mode's configuration with checkpoints behind ``plan``'s faults."""
+    return config(tmp_path / "async", backend=backend, async_upload=True,
+                  checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
+                  storage_options=plan.storage_options("file"), transfer_attempts=1,
+                  **changes)
+
+
 def faulty_job(tmp_path: Path, backend: str, plan: FaultPlan) -> LocalJob:
-    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
-                 checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
-                 storage_options=plan.storage_options("file"), transfer_attempts=1)
-    return new_job(cfg)
+    return new_job(faulty_config(tmp_path, backend, plan))
 
 
 # Batch 3 is checkpoint 4 (ids start at 1, no aborts before it). A fault in a worker's upload
@@ -453,9 +458,7 @@ class ListenerFails(LocalJob):
 
 def listener_job(tmp_path: Path, backend: str, plan: FaultPlan, fails_on: int,
                  **changes: Any) -> ListenerFails:
-    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
-                 checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
-                 storage_options=plan.storage_options("file"), transfer_attempts=1, **changes)
+    cfg = faulty_config(tmp_path, backend, plan, **changes)
     job = ListenerFails(IdleCounts(), key_columns=["user_id"], input_schema=INPUT,
                         output_schema=COUNT_SCHEMA, side_outputs={"idle": IDLE_SCHEMA},
                         config=cfg)
@@ -554,10 +557,7 @@ def test_subtasks_restoring_from_a_checkpoint_aborted_beside_them_fail_at_once(t
     expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
     plan = FaultPlan(tmp_path / "faults.json")
     plan.add("write", "denied", match="chk-3/_metadata")
-    cfg = config(tmp_path / "async", backend=backend, async_upload=True,
-                 checkpoint_dir=plan.url(str(tmp_path / "store" / "job")),
-                 storage_options=plan.storage_options("file"), transfer_attempts=1,
-                 checkpoint_timeout=dt.timedelta(seconds=5))
+    cfg = faulty_config(tmp_path, backend, plan, checkpoint_timeout=dt.timedelta(seconds=5))
     with beside_job(cfg) as job:
         job.release_at = 3
         outputs = [job.process_batch(t) for t in data[:3]]
