@@ -47,6 +47,9 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
 @click.command()
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.option("--keys", type=int, default=None, help="Override the benchmark's key count.")
+@click.option("--batches", type=click.IntRange(min=2), default=None,
+              help="Override the benchmark's measured batches (growth, remote, sinks, "
+                   "throughput: with --interleave, the rounds).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON result to this file.")
@@ -72,7 +75,7 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
                    "rotating, every query and its state kept across rounds), so that the "
                    "machine's load drifts under all alike, and compare RocksDB's state "
                    "overhead with the heap's round by round (docs/benchmarks-spark.md).")
-def bench(name: str, keys: int | None, as_json: bool, out: str | None,
+def bench(name: str, keys: int | None, batches: int | None, as_json: bool, out: str | None,
           latency: str | None, sweep: bool, cold_restore: bool,
           compare_checkpointing: bool, interleave: bool) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
@@ -83,6 +86,11 @@ def bench(name: str, keys: int | None, as_json: bool, out: str | None,
     kwargs: dict[str, Any] = {}
     if keys is not None:
         kwargs["keys"] = keys
+    if batches is not None:
+        if "batches" not in inspect.signature(module.run).parameters:
+            raise click.BadParameter(f"benchmark {name!r} has no batch count to set",
+                                     param_hint="--batches")
+        kwargs["batches"] = batches
     if cold_restore:
         if "cold_restore" not in inspect.signature(module.run).parameters:
             raise click.BadParameter(f"benchmark {name!r} has no cold-restore measurement; "

@@ -18,3 +18,13 @@ def test_cli_refuses_interleave_of_the_throughput_sweep() -> None:
     result = CliRunner().invoke(main, ["bench", "throughput", "--sweep", "--interleave"])
     assert result.exit_code == 2 and "'throughput' --sweep has no interleaved mode" \
         in result.output
+
+
+def test_cli_refuses_batches_of_a_benchmark_without_a_batch_count() -> None:
+    result = CliRunner().invoke(main, ["bench", "checkpoint", "--batches", "24"])
+    assert result.exit_code == 2 and "'checkpoint' has no batch count" in result.output
+
+
+def test_cli_refuses_fewer_than_two_batches() -> None:
+    result = CliRunner().invoke(main, ["bench", "throughput", "--batches", "1"])
+    assert result.exit_code == 2 and "--batches" in result.output
