@@ -5,8 +5,9 @@ asynchronous phase") a subtask ends its task after the synchronous phase of its 
 hands the :class:`~keyedstate.backends.base.backend.SnapshotResult` to :func:`submit`, with
 its batch's staged output encoded (:class:`StagedFile`). One thread per process runs the
 uploads in the order handed (first in, first out: a subtask's checkpoints upload in order;
-the transfer pool inside ``materialize`` stays the only parallelism): the snapshot's files,
-then the staged ones, and after each writes the subtask's acknowledgement,
+the transfer pool inside ``materialize`` stays their only parallelism): the snapshot's files
+and, beside them on a thread of their own, the staged ones; once both are written, the
+subtask's acknowledgement,
 :func:`~keyedstate.storage.layout.ack_file` (a :class:`~keyedstate.runtime.wire.SubtaskAck`:
 the handle once the files are durable, or the failure as text): the driver's only way to learn
 that the files are durable, since the task has ended.
@@ -25,6 +26,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -90,6 +92,8 @@ class _Uploader:
         self.lock = threading.Lock()
         #: (job, subtask) -> its uploads not yet forgotten, oldest first
         self.uploads: dict[tuple[str, int], list[Upload]] = {}
+        #: writes an upload's staged output beside its snapshot's files (:func:`_upload`)
+        self.staging = ThreadPoolExecutor(1, thread_name_prefix="keyedstate-staging")
         self.thread = threading.Thread(target=self._run, name="keyedstate-uploader",
                                        daemon=True)
         self.thread.start()
@@ -132,10 +136,21 @@ def _upload(upload: Upload) -> None:
     staged, upload.staged = upload.staged, ()
     try:
         assert result is not None, "an upload runs once"
-        handle: KeyedStateHandle | None = result.materialize()
-        # After it: exactly one of materialize and discard runs, whatever fails.
         storage = upload.storage
-        parallel_map(lambda f: _write_staged(storage, f), staged, storage.request_threads)
+        # The staged output is written beside the snapshot's files, not after them (one
+        # round trip less before the acknowledgement, which waits for both). Its own thread:
+        # materialize's transfers use the pool, and a call from a pool thread runs inline.
+        staging = _the_uploader().staging.submit(
+            parallel_map, lambda f: _write_staged(storage, f), staged,
+            storage.request_threads) if staged else None
+        try:
+            handle: KeyedStateHandle | None = result.materialize()
+        finally:  # no write left running behind the acknowledgement, whatever failed
+            if staging is not None:
+                wait([staging])
+        # After it: exactly one of materialize and discard runs, whatever fails.
+        if staging is not None:
+            staging.result()
         ack = SubtaskAck(version=WIRE_VERSION, checkpoint_id=upload.checkpoint_id,
                          subtask=upload.index, token=upload.token, handle=handle,
                          async_s=time.perf_counter() - started)
