@@ -57,6 +57,7 @@ from keyedstate.runtime.gc_freeze import thaw
 from keyedstate.runtime.uploads import read_ack, wait_for_subtask
 from keyedstate.storage.checkpoint_storage import CheckpointStorage
 from keyedstate.storage.handles import CheckpointMetadata, KeyedStateHandle, SnapshotFormat
+from keyedstate.storage.transfer import parallel_map
 
 logger = logging.getLogger(__name__)
 
@@ -304,15 +305,19 @@ def _acknowledged(storage: CheckpointStorage, checkpoint_id: int, parallelism: i
     """Checkpoint ``checkpoint_id`` in flight once each of its ``parallelism`` subtasks has
     acknowledged its upload: their tokens and handles. None if an ack reports a failed upload
     (the checkpoint will fail), if stopped, or if :data:`COMMIT_WAIT_S` passed first. One GET
-    per missing ack a poll, ``stop`` checked between them: the next task's
-    :func:`stop_background_catch_up` waits at most one request."""
+    per missing ack a poll, in parallel (the storage's small-request threads), ``stop``
+    checked between polls: the next task's :func:`stop_background_catch_up` waits at most
+    one round of requests."""
     acks: dict[int, tuple[str, KeyedStateHandle]] = {}
     deadline, poll = time.monotonic() + COMMIT_WAIT_S, _POLL_S
     while True:
-        for index in range(parallelism):
-            if stop.is_set():
-                return None
-            if index in acks or (ack := read_ack(storage, checkpoint_id, index)) is None:
+        missing = [i for i in range(parallelism) if i not in acks]
+        found = parallel_map(lambda i: read_ack(storage, checkpoint_id, i), missing,
+                             storage.request_threads)
+        if stop.is_set():
+            return None
+        for index, ack in zip(missing, found):
+            if ack is None:
                 continue
             if ack.error is not None or ack.handle is None:
                 logger.info("subtask %d's upload of checkpoint %d failed: its copies here "
