@@ -4,12 +4,18 @@ Once a checkpoint's ``_metadata`` is durable it is complete; what follows (subsu
 checkpoints, dropping files nobody references, an aborted checkpoint's leftovers) only frees
 space. So a failure here is logged, never raised: ``keyedstate gc`` finds what is left
 (docs/checkpoints.md, "The commit protocol"). The coordinator calls these with its storage.
+
+A :class:`Cleaner` runs such clean-ups off the caller's path, as Flink's
+``CheckpointsCleaner`` discards on the JobManager's I/O executor: on an object store each is a
+round trip or two that nothing after it waits for.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+import threading
+from collections import deque
+from typing import Callable, Iterable
 
 from keyedstate.checkpoint.pending import CompletedCheckpoint
 from keyedstate.checkpoint.properties import CLAIMED_FROM
@@ -95,3 +101,53 @@ def discard_completed(storage: CheckpointStorage, checkpoint: CompletedCheckpoin
     if folder:
         delete_dir_quietly(storage, checkpoint_dir_name(checkpoint.checkpoint_id))
     return gone
+
+
+class Cleaner:
+    """Clean-ups handed off the caller's path (:meth:`submit`), run one after another in the
+    order handed, on a daemon thread that ends when none is left; a failure is logged, never
+    raised (``keyedstate gc`` finds what is left). :meth:`wait` returns once every clean-up
+    handed before it ended: a job waits there before it counts as stopped, so that nothing
+    deletes for it afterwards. A crash loses the ones not run yet, as it would lose them on
+    the caller's path."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[str, Callable[[], None]]] = deque()
+        self._thread: threading.Thread | None = None
+
+    def __reduce__(self) -> tuple[type[Cleaner], tuple[()]]:
+        """A copy in another process (a driver shipped to a Spark Connect server) starts with
+        nothing handed: clean-ups run where they were handed."""
+        return (Cleaner, ())
+
+    def submit(self, what: str, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` (``what`` it cleans, for the log) after those handed before."""
+        with self._lock:
+            self._pending.append((what, cleanup))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="keyedstate-cleaner",
+                                                daemon=True)
+                self._thread.start()
+
+    def wait(self) -> None:
+        """Return once every clean-up handed so far has ended."""
+        while True:
+            with self._lock:
+                thread = self._thread
+            if thread is None or thread is threading.current_thread():
+                return
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._thread = None
+                    return
+                what, cleanup = self._pending.popleft()
+            try:
+                cleanup()
+            except Exception as exc:  # noqa: BLE001 - only space depends on it
+                logger.warning("could not clean up %s: %s; `keyedstate gc` will find what is "
+                               "left", what, exc)

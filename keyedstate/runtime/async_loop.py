@@ -23,6 +23,7 @@ import time
 from collections import deque
 from typing import Callable, Mapping, NoReturn
 
+from keyedstate.checkpoint.cleanup import Cleaner
 from keyedstate.checkpoint.coordinator import CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, MIN_WATERMARK, WATERMARK
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
@@ -63,6 +64,10 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
     _to_commit: deque[tuple[InFlight[ContextT], CompletedCheckpoint, list[SubtaskReport]]]
     #: the thread completing checkpoints beside the running batch's tasks, None otherwise
     _beside: threading.Thread | None = None
+    #: the clean-ups after each completion and sink commit (acknowledgements, staged output,
+    #: old commit markers), off the batch's path; waited for whenever nothing is left in
+    #: flight (:meth:`_complete_in_flight`), so a stopped job deletes nothing afterwards
+    _cleanups: Cleaner | None = None
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -71,6 +76,7 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
         resumed from."""
         start = super()._start(on_restore)
         self._in_flight = InFlightCheckpoints(self.storage.url)
+        self._cleanups = Cleaner()
         self._to_commit = deque()
         self._committed = Committed(self.base, self.share_restored_files, self.watermark,
                                     self.last_batch_id, self.drained)
@@ -84,6 +90,16 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
         complete (:meth:`_take_over_in_flight`): the loop runs in a process that may end
         without completing them (the driver's copy in a Spark Connect server)."""
         return False
+
+    def _cleaner(self) -> Cleaner | None:
+        """The asynchronous mode's clean-ups after a sink commit run off the batch's path
+        (:attr:`_cleanups`)."""
+        return self._cleanups if self.config.async_upload else None
+
+    def _wait_for_cleanups(self) -> None:
+        """Return once every clean-up handed off the batch's path has ended."""
+        if self._cleanups is not None:
+            self._cleanups.wait()
 
     def _completed(self, stats: BatchStats) -> None:
         """Step 7 of a batch whose checkpoint completed in the asynchronous mode: its
@@ -187,8 +203,13 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
         most ``leave`` are left (:meth:`_completion`), on this thread; their statistics
         (:meth:`_settled`: a failed completion discards every one in flight; a failed sink
         commit raises and is retried first by the next call, so output is committed in batch
-        order, once)."""
-        return self._settled(self._completion(leave))
+        order, once). With none left (a flush, a drain, a stop), also the clean-ups handed
+        off the path meanwhile."""
+        try:
+            return self._settled(self._completion(leave))
+        finally:
+            if leave == 0:
+                self._wait_for_cleanups()
 
     def _completion(self, leave: int, *, keep_acks_of: int | None = None) -> Completion:
         """Steps 4 and 6 of the checkpoints in flight, oldest first, until at most ``leave``
@@ -205,7 +226,7 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
             completion.commit_failed = exc
             return completion
         if keep_acks_of is None:
-            self._in_flight.delete_kept_acks(self.storage)
+            self._in_flight.delete_kept_acks(self.storage, self._cleanups)
         while len(self._in_flight) > leave:
             oldest = next(iter(self._in_flight)).checkpoint_id
             try:
@@ -213,7 +234,7 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
                     self.coordinator, acks=self._acknowledgements, config=self.config,
                     key_columns=self.key_columns, lineage=self.lineage,
                     function=function_name(self.function), extra=self._checkpoint_properties(),
-                    keep_acks=oldest == keep_acks_of)
+                    keep_acks=oldest == keep_acks_of, cleaner=self._cleanups)
             except BaseException as exc:
                 completion.failed = exc
                 return completion

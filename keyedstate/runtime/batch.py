@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from keyedstate.checkpoint.cleanup import Cleaner
 from keyedstate.checkpoint.coordinator import (
     CheckpointCoordinator,
     CompletedCheckpoint,
@@ -257,7 +258,8 @@ def output_pending(storage: CheckpointStorage, completed: CompletedCheckpoint, *
 
 
 def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
-                          completed: CompletedCheckpoint) -> None:
+                          completed: CompletedCheckpoint, cleaner: Cleaner | None = None
+                          ) -> None:
     """After ``completed``'s output was committed: write its marker, drop its staged files,
     and delete the markers of checkpoints no longer retained (only a retained checkpoint's
     marker is ever consulted: a replay of its batch, a savepoint of it).
@@ -265,7 +267,10 @@ def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoo
     The marker comes first (once the staged files are gone, only it says the output was
     committed); the two clean-ups after it are independent of each other and run in parallel
     on the storage's transfer threads: each is a listing and a delete, round trips on an
-    object store. A failed one raises once both ended (the caller's retry repeats them)."""
+    object store. Given a ``cleaner`` (the asynchronous mode), they are handed to it and the
+    call returns after the marker: nothing waits for them, and a failure is logged, the
+    staged files left to ``keyedstate gc``. Without one, a failed one raises once both
+    ended (the caller's retry finds the marker written and leaves the staged files to gc)."""
     batch_id = int(completed.metadata.properties[BATCH_ID])
     storage.write(commit_marker(batch_id, completed.checkpoint_id), b"")
     retained = [c.checkpoint_id for c in coordinator.retained]
@@ -280,7 +285,15 @@ def mark_output_committed(storage: CheckpointStorage, coordinator: CheckpointCoo
 
     cleanups: list[Callable[[], None]] = [lambda: storage.delete_dir(staging_dir(batch_id)),
                                           drop_stale_markers]
-    parallel_map(lambda cleanup: cleanup(), cleanups, storage.request_threads)
+
+    def clean_up() -> None:
+        parallel_map(lambda cleanup: cleanup(), cleanups, storage.request_threads)
+
+    if cleaner is None:
+        clean_up()
+    else:
+        cleaner.submit(f"the staged output of batch {batch_id} and old commit markers",
+                       clean_up)
 
 
 def batch_stats(reports: Sequence[SubtaskReport], completed: CompletedCheckpoint, *,

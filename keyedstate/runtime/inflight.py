@@ -30,6 +30,7 @@ from typing import Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import msgspec
 
+from keyedstate.checkpoint.cleanup import Cleaner
 from keyedstate.checkpoint.coordinator import (
     CheckpointCoordinator,
     CompletedCheckpoint,
@@ -269,7 +270,8 @@ class InFlightCheckpoints(Generic[ContextT]):
                         acks: Callable[[InFlight[ContextT]], Sequence[SubtaskAck | None]],
                         config: JobConfig,
                         key_columns: Sequence[str], lineage: Mapping[str, str], function: str,
-                        extra: Mapping[str, str], keep_acks: bool = False
+                        extra: Mapping[str, str], keep_acks: bool = False,
+                        cleaner: Cleaner | None = None
                         ) -> tuple[InFlight[ContextT], CompletedCheckpoint,
                                    list[SubtaskReport]]:
         """Complete the oldest checkpoint in flight: its ``acks`` once written (the engine's
@@ -279,11 +281,13 @@ class InFlightCheckpoints(Generic[ContextT]):
         ``keep_acks``: keep its own until then instead, because a batch running meanwhile may
         restore from them (its plan's restore source is this checkpoint in flight). Returns
         it, the completed checkpoint and its reports with handles. On failure it stays the
-        oldest in flight (the caller discards)."""
+        oldest in flight (the caller discards). ``cleaner``: where the deletions go, off the
+        caller's path (None: on it)."""
         flight = self._flights[0]
         storage = coordinator.storage
-        # Before the completion subsumes their checkpoint (and deletes its folder).
-        self.delete_kept_acks(storage)
+        # Handed before the completion subsumes their checkpoint (and deletes its folder):
+        # run beside it, either may find a file gone, which both take as deleted.
+        self.delete_kept_acks(storage, cleaner)
         reports = acknowledged_reports(flight, acks(flight))
         completed, ordered, _ = complete_batch(
             coordinator, flight.pending, reports, parallelism=config.parallelism,
@@ -295,14 +299,16 @@ class InFlightCheckpoints(Generic[ContextT]):
         if keep_acks:
             self._kept_acks.append(flight)
         else:
-            _delete_acks(storage, [flight])
+            _delete_acks(storage, [flight], cleaner)
         return flight, completed, ordered
 
-    def delete_kept_acks(self, storage: CheckpointStorage) -> None:
+    def delete_kept_acks(self, storage: CheckpointStorage, cleaner: Cleaner | None = None
+                         ) -> None:
         """Delete the acknowledgements of the completed checkpoints whose
-        :meth:`complete_oldest` kept them: no batch planned since restores from them."""
+        :meth:`complete_oldest` kept them: no batch planned since restores from them (handed
+        to ``cleaner`` if given)."""
         kept, self._kept_acks = self._kept_acks, []
-        _delete_acks(storage, kept)
+        _delete_acks(storage, kept, cleaner)
 
     def discard(self, coordinator: CheckpointCoordinator, reason: str) -> list[int]:
         """Abort every checkpoint in flight, once this process's uploads of the job ended
@@ -324,11 +330,19 @@ class InFlightCheckpoints(Generic[ContextT]):
         return discarded
 
 
-def _delete_acks(storage: CheckpointStorage, flights: Sequence[InFlight]) -> None:
-    """Delete the acknowledgements (and flight records) of completed ``flights``. Away from a
-    local disk the files are known: one bulk delete, no listing first. A failure is logged:
-    the checkpoints are complete, and ``keyedstate gc`` finds the leftovers."""
+def _delete_acks(storage: CheckpointStorage, flights: Sequence[InFlight],
+                 cleaner: Cleaner | None = None) -> None:
+    """Delete the acknowledgements (and flight records) of completed ``flights``, on
+    ``cleaner`` if given. Away from a local disk the files are known: one bulk delete, no
+    listing first. A failure is logged: the checkpoints are complete, and ``keyedstate gc``
+    finds the leftovers."""
     if not flights:
+        return
+    if cleaner is not None:
+        flights = list(flights)
+        cleaner.submit(f"the acknowledgements of checkpoints "
+                       f"{[f.checkpoint_id for f in flights]}",
+                       lambda: _delete_acks(storage, flights))
         return
     known = []
     for flight in flights:

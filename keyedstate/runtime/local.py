@@ -494,6 +494,7 @@ class LocalJob(AsyncBatchLoop[pa.Table, None]):
         if not self._closed:
             self._closed = True
             wait_for_job(self.storage.url)
+            self._wait_for_cleanups()
             release_live(self.storage.url, self.start_id)
 
     def __enter__(self) -> LocalJob:

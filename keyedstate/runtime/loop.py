@@ -41,6 +41,7 @@ from typing import Any, Callable, Generic, Mapping, TypeVar
 import pyarrow as pa
 
 from keyedstate.backends.base.backend import StateBackend
+from keyedstate.checkpoint.cleanup import Cleaner
 from keyedstate.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from keyedstate.checkpoint.properties import BATCH_ID, RESTORED_FROM
 from keyedstate.checkpoint.resolve import ResolvedSnapshot
@@ -172,6 +173,11 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         """How often a batch failing on transient storage errors is run again."""
         return 0
 
+    def _cleaner(self) -> Cleaner | None:
+        """Where the clean-ups after a commit go off the batch's path (None: they run on it;
+        the asynchronous mode has one, :mod:`keyedstate.runtime.async_loop`)."""
+        return None
+
     def _no_async_upload(self) -> str | None:
         """Why the engine can't run the asynchronous mode (docs/checkpoints.md), None if it
         can."""
@@ -298,7 +304,8 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
         self._committing = completed.checkpoint_id
         try:
             self._commit_output(context, self.storage, completed.metadata.properties)
-            mark_output_committed(self.storage, self.coordinator, completed)
+            mark_output_committed(self.storage, self.coordinator, completed,
+                                  cleaner=self._cleaner())
         finally:
             self._committing = None
 

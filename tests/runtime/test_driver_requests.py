@@ -57,6 +57,9 @@ class CountingJob(LocalJob):
             # The asynchronous mode completes checkpoints beside the subtasks: let it end
             # first, so that the counts of this process tell the two apart.
             self._beside.join()
+        # And the clean-ups it handed off the batch's path (the asynchronous mode's cleaner):
+        # they are the driver's requests of the batch before.
+        self._wait_for_cleanups()
         before = process_counts()
         try:
             return super()._execute(plan, batch)
@@ -70,6 +73,7 @@ def driver_counts(job: CountingJob, table: pa.Table) -> RequestCounts:
     """The driver's requests of ``job.process_batch(table)``."""
     before, subtasks = process_counts(), job.subtasks
     job.process_batch(table)
+    job._wait_for_cleanups()  # off the batch's path in the asynchronous mode, still its
     return process_counts() - before - (job.subtasks - subtasks)
 
 

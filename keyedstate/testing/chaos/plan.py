@@ -23,7 +23,9 @@ Fault kinds (at most one per file; ``faults_per_kind`` of each, ``storage``: of 
               :data:`STORAGE_POINTS`: the sink-commit marker write (``times`` 1-3: the commit
               retries absorb it; ``times`` 4: it outlasts them, the query fails and restarts
               in the same driver), the staging delete (tried once: the commit's retry finds
-              the marker written and leaves the staged files to gc), a batch listener (never
+              the marker written and leaves the staged files to gc; in an asynchronous job
+              it runs on the loop's cleaner, off the batch's path, which logs the error and
+              leaves them to gc too), a batch listener (never
               retried: the query restarts, and with ``times`` 2 the replay's listener fails
               again);
 ``async``     a fault in the asynchronous checkpoint phase (jobs with
