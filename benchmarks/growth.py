@@ -224,6 +224,8 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
             "batch_id": batch_id, "phase": batch.phase, "events": batch.events,
             "keys": int(len(batch.keys)),
             "trigger_s": p.durationMs["triggerExecution"] / 1000, "driver_s": s.duration_s,
+            # Spark's split of the trigger (addBatch is foreachBatch: keyedstate's batch)
+            "spark_phases_s": {k: v / 1000 for k, v in p.durationMs.items()},
             "sink_s": sink.seconds[batch_id], "checkpoint_id": s.checkpoint_id,
             # from the trigger that reads the batch's file to its sink commit's end
             "output_latency_s": sink.committed_at[batch_id] - starts[batch_id],
