@@ -24,6 +24,7 @@ from keyedstate.checkpoint.stats import subtask_stats_of
 from keyedstate.errors import CheckpointDiscardedError, KeyedStateError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.processor.canonical import read_range_tables
+from keyedstate.processor.inspection import find_garbage
 from keyedstate.runtime.live_copies import release_live
 from keyedstate.runtime.local import LocalJob
 from keyedstate.runtime.uploads import wait_for_job
@@ -171,6 +172,28 @@ def test_a_fault_at_each_step(tmp_path, backend, step):
         assert events[:5] == [("ok", 0), ("ok", 1), ("ok", 2), ("ok", 3), *expected_events]
         assert [e for e in events[5:] if e[0] != "ok"] == []
         assert latest_state(job) == expected_state
+        outputs.append(job.drain())
+    assert rows(outputs) == expected_rows
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_clean_up_refused_after_the_commit_marker_is_left_to_gc(tmp_path, backend):
+    """The clean-ups after a sink commit run on the loop's cleaner, off the batch's path: a
+    refused delete of batch 3's staged files raises nothing, loses and doubles nothing, and
+    leaves exactly those files, which gc finds; once the job is flushed every other batch's
+    staged files are gone (the flush waits for the cleaner)."""
+    data = batches(6)
+    expected_rows, expected_state = synchronous_run(tmp_path, data, backend)
+    plan = FaultPlan(tmp_path / "faults.json")
+    plan.add("delete", "denied", match="staging/batch-3")
+    with faulty_job(tmp_path, backend, plan) as job:
+        outputs, events = run_through_failures(job, data)
+        assert plan.fired(), "the staged files' delete was never refused"
+        assert all(e[0] == "ok" for e in events), events
+        assert latest_state(job) == expected_state
+        staged = [p for p in job.storage.list_files() if p.startswith("staging/")]
+        assert staged and all(p.startswith("staging/batch-3/") for p in staged)
+        assert set(staged) <= set(find_garbage(job.storage).files)
         outputs.append(job.drain())
     assert rows(outputs) == expected_rows
 
