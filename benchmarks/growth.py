@@ -111,6 +111,7 @@ import numpy as np
 from keyedstate.testing.latency import LatencyModel, read_request_log
 
 from .common import Location, behind, latency_model, machine, save_figure, workdir
+from .cpu import CpuSampler, cpu_medians
 from .growth_checkpointing import MODES, Checkpointing, compare, modes
 from .growth_checkpointing import compute_goals as checkpointing_goals
 from .growth_checkpointing import plot as plot_checkpointing
@@ -121,7 +122,7 @@ from .growth_requests import (
     request_phases,
 )
 from .growth_workload import LOAD, MEASURED, Batch, VerifiedCounts, write_workload
-from .remote import LocalS3
+from .remote import STORE_PRIORITIES, LocalS3
 from .throughput import OUTPUT_DDL, KeyedCount, _input, spark_version
 
 BACKENDS = ("rocksdb", "heap")
@@ -166,13 +167,13 @@ def with_options(config: Any, options: Mapping[str, str]) -> Any:
 
 def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
             workload: Sequence[Batch], root: str, parallelism: int, name: str,
-            async_upload: bool = False, job_options: Mapping[str, str] | None = None
-            ) -> tuple[list[dict[str, Any]], float]:
+            async_upload: bool = False, job_options: Mapping[str, str] | None = None,
+            cpu: CpuSampler | None = None) -> tuple[list[dict[str, Any]], float]:
     """Run the keyed count over ``workload`` (its own query, checkpoints in the folder ``name``
     of the store: ``store(root, name)`` gives it; with ``async_upload``, in the asynchronous
     mode, one checkpoint in flight; ``job_options``, dotted keys, set last) and verify every
-    batch's output; returns each batch's figures (module docstring) and the query's wall
-    seconds."""
+    batch's output; returns each batch's figures (module docstring; ``cpu_s`` from ``cpu``)
+    and the query's wall seconds."""
     from keyedstate.config import JobConfig
     from keyedstate.spark.api import key_by
 
@@ -196,6 +197,7 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
     finally:
         query.stop()
     wall_s = time.perf_counter() - started
+    ended = time.time()
     # Step 1. Every batch's output right, and every batch read its whole file.
     sink.check(name)
     progress = {p.batchId: p for p in query.query.recentProgress if p.numInputRows > 0}
@@ -216,7 +218,7 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
     per_batch = []
     for batch_id, batch in enumerate(workload):
         s, p = stats[batch_id], progress[batch_id]
-        end = starts[batch_id + 1] if batch_id + 1 < len(starts) else float("inf")
+        end = starts[batch_id + 1] if batch_id + 1 < len(starts) else ended
         requests = (request_phases(records, starts[batch_id], end, os.getpid(),
                                    sink.seconds[batch_id])
                     if records is not None else {})
@@ -239,6 +241,8 @@ def run_job(spark: Any, store: Callable[[str, str], Location], backend: str,
             "restore_cache_hit_bytes": s.restore_cache_hit_bytes,
             "sync_s": s.sync_duration_s, "async_s": s.async_duration_s,
             "verified": sink.verified[batch_id],
+            # CPU seconds by process in the batch's window (benchmarks/cpu.py)
+            "cpu_s": cpu.window(starts[batch_id], end) if cpu is not None else None,
             **requests,
         })
     return per_batch, wall_s
@@ -252,17 +256,17 @@ def _epoch(timestamp: str) -> float:
 
 def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
             workload: Sequence[Batch], root: str, parallelism: int,
-            mode: Checkpointing | None = None, job_options: Mapping[str, str] | None = None
-            ) -> dict[str, Any]:
+            mode: Checkpointing | None = None, job_options: Mapping[str, str] | None = None,
+            cpu: CpuSampler | None = None) -> dict[str, Any]:
     """:func:`run_job` for ``backend`` at ``keys`` keys (checkpointing as ``mode`` says, if
     given), and the summary of its measured batches: median, p90 and max seconds (also the
     median of the batches where every subtask reused its live copy and of those where one
-    restored: placement), output latency, uploads, state size."""
+    restored: placement), output latency, uploads, state size, CPU seconds by process."""
     load_before = os.getloadavg()[0]
     name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "")
     per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism, name,
                                 async_upload=mode is not None and mode.async_upload,
-                                job_options=job_options)
+                                job_options=job_options, cpu=cpu)
     measured = [b for b in per_batch if b["phase"] == MEASURED]
     seconds = [b["trigger_s"] for b in measured]
     largest = max(measured, key=lambda b: b["uploaded_bytes"])
@@ -296,6 +300,7 @@ def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, key
                                                      if b.get(phase) is not None])
                             for phase in ("sync_s", "async_s", "restore_s", *LOGGED_PHASES,
                                           "sink_s")},
+        "cpu_median_s": cpu_medians(measured),
         "requests_per_batch_median": {
             who: _median_or_none([b[f"{who}_requests"] for b in measured
                                   if f"{who}_requests" in b])
@@ -318,7 +323,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
         progress: Callable[[str], None] | None = None, spark: Any = None, store: str = "s3",
         latency: str | LatencyModel | None = None, checkpointing: Sequence[str] = (),
-        job_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+        job_options: Mapping[str, str] | None = None, store_priority: str = "normal"
+        ) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
     (module docstring); fails if any batch's output differs from the generated data's. First,
     a throw-away run of the small state's loading batches and ``session_warm_up_batches``
@@ -366,7 +372,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     with ExitStack() as stack:
         root = stack.enter_context(workdir("growth"))
         uses_s3 = any((m.store if m is not None else store) == "s3" for m in chosen)
-        s3 = stack.enter_context(LocalS3()) if uses_s3 else None
+        s3 = stack.enter_context(LocalS3(priority=store_priority)) if uses_s3 else None
+        cpu = stack.enter_context(CpuSampler(s3.proc.pid if s3 is not None else None))
 
         def location_of(mode: Checkpointing | None) -> Callable[[str, str], Location]:
             def location(run_root: str, name: str) -> Location:
@@ -419,7 +426,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                             f"{warm_up_batches} warm-up + {batches} measured batches")
                         results.append(run_one(spark, location_of(mode), backend, size,
                                                workload, os.path.join(root, named),
-                                               parallelism, mode, job_options=job_options))
+                                               parallelism, mode, job_options=job_options,
+                                               cpu=cpu))
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:
@@ -439,6 +447,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                      "function": "throughput.KeyedCount (process_key, bigint ValueState)",
                      "storage": describe_store(store, model),
                      "store": store,
+                     # the local S3 server's CPU scheduling (benchmarks/remote.py, LocalS3)
+                     "store_priority": store_priority if uses_s3 else None,
                      "latency": model.parameters() if model is not None else None,
                      "checkpointing": [m.describe() for m in chosen if m is not None] or None,
                      "timing": "trigger_s: Spark's triggerExecution of each micro-batch; "
@@ -552,6 +562,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="at --keys only, per backend: checkpoints on local disk, behind "
                              "the latency model, and behind it in the asynchronous mode, "
                              "judged by the asynchronous phase's goals")
+    parser.add_argument("--store-priority", choices=STORE_PRIORITIES, default="normal",
+                        help="the local S3 server's CPU scheduling: normal, or idle (it runs "
+                             "only on a core the job leaves idle, as a remote store's CPU is "
+                             "not the job's; default: %(default)s)")
     parser.add_argument("--job-option", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of every job's configuration (dotted key, e.g. "
                              "keyedstate.live-copies.background-restore=true); repeatable")
@@ -591,6 +605,7 @@ def main(argv: list[str] | None = None) -> None:
                  session_warm_up_batches=args.session_warm_up_batches,
                  checkpointing=MODES if args.compare_checkpointing else (),
                  job_options=dict(o.split("=", 1) for o in args.job_option),
+                 store_priority=args.store_priority,
                  progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.out:

@@ -99,8 +99,8 @@ def _median(values: Sequence[float]) -> float:
 def compare(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (backend, mode): median, p90 and p90 / median of the measured batches,
     the median batch against ``local-disk``'s, the synchronous phase (median of ``sync_s``)
-    and its fraction of the median batch, the upload (median ``async_s``) and the output
-    latency's median and p90."""
+    and its fraction of the median batch, the upload (median ``async_s``), the output
+    latency's median and p90, and the median CPU seconds a batch by process (``cpu_s``)."""
     local = {r["backend"]: r for r in results if r.get("checkpointing") == LOCAL_DISK}
     rows = []
     for r in results:
@@ -116,6 +116,7 @@ def compare(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "upload_s": r["phases_median_s"]["async_s"],
             "output_latency_median_s": _median(latency),
             "output_latency_p90_s": float(np.percentile(latency, 90)),
+            "cpu_median_s": r.get("cpu_median_s"),
         })
     return rows
 

@@ -107,13 +107,25 @@ KEY_OVERHEAD = 4
 
 # -- the local S3 server -----------------------------------------------------------------------
 
+#: the local S3 server's CPU scheduling: as any process, or only on a core the job leaves idle
+STORE_PRIORITIES = ("normal", "idle")
+
+
 class LocalS3:
-    """moto's server on a free loopback port, with one fresh bucket."""
+    """moto's server on a free loopback port, with one fresh bucket; ``priority`` one of
+    :data:`STORE_PRIORITIES` (``idle``: Linux's ``SCHED_IDLE``, so that the stand-in for a
+    remote store takes no CPU time the job's processes want, as a real store's takes none
+    on the job's machines; ``keyedstate.testing.s3.start_moto_server``)."""
+
+    def __init__(self, priority: str = "normal") -> None:
+        if priority not in STORE_PRIORITIES:
+            raise ValueError(f"priority must be one of {STORE_PRIORITIES}, not {priority!r}")
+        self.priority = priority
 
     def __enter__(self) -> LocalS3:
         import boto3
 
-        self.proc, self.endpoint = start_moto_server()
+        self.proc, self.endpoint = start_moto_server(idle=self.priority == "idle")
         self.bucket = f"ks-bench-{uuid.uuid4().hex[:8]}"
         boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                      aws_access_key_id="bench", aws_secret_access_key="bench"

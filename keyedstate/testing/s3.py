@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -17,17 +18,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_moto_server(env: Mapping[str, str] | None = None, timeout_s: float = 30.0
-                      ) -> tuple[subprocess.Popen[bytes], str]:
+def start_moto_server(env: Mapping[str, str] | None = None, timeout_s: float = 30.0,
+                      idle: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     """Start ``python -m moto.server`` on a free loopback port (``env``: its environment,
     default this process's) and return ``(process, endpoint URL)`` once it accepts
     connections. Raises ``RuntimeError`` (the process killed) if it exits or does not
-    listen within ``timeout_s``. Stop it with :func:`stop_moto_server`."""
+    listen within ``timeout_s``. Stop it with :func:`stop_moto_server`.
+
+    ``idle``: under Linux's ``SCHED_IDLE`` policy, set before the server starts a thread (the
+    threads it starts per connection inherit it), so that it runs only on a core nothing else
+    wants: a benchmark's stand-in for a remote store, whose CPU is not on the job's
+    machines. Raises ``OSError`` where the policy does not exist."""
+    if idle and not hasattr(os, "SCHED_IDLE"):
+        raise OSError("SCHED_IDLE (idle priority) exists on Linux only")
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=None if env is None else dict(env),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    if idle:
+        # set in the child by a tiny wrapper, not by preexec_fn (unsafe with threads here)
+        command = [sys.executable, "-c",
+                   "import os, runpy, sys; "
+                   "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
+                   "sys.argv = ['moto.server', *sys.argv[1:]]; "
+                   "runpy.run_module('moto.server', run_name='__main__', alter_sys=True)",
+                   *command[3:]]
+    proc = subprocess.Popen(command, env=None if env is None else dict(env),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -52,13 +52,14 @@ def test_bench_growth_runs_small_on_both_backends(spark: Any, tmp_path: Any) -> 
 def test_bench_growth_compares_checkpointing_modes_in_one_run(spark: Any, tmp_path: Any
                                                                ) -> None:
     """``--compare-checkpointing``, tiny: per backend the three modes at ``keys`` only, each
-    batch with its output latency, the comparison table and the asynchronous phase's goals."""
+    batch with its output latency and CPU seconds, the comparison table and the asynchronous
+    phase's goals; the local S3 server at idle priority."""
     figures = growth.run(keys=1000, small_keys=500, batches=3, warm_up_batches=0,
                          events_per_batch=400, distinct_keys=100, load_batch_keys=1000,
                          session_warm_up_batches=0, spark=spark, latency="ms=1",
-                         checkpointing=growth_checkpointing.MODES)
+                         checkpointing=growth_checkpointing.MODES, store_priority="idle")
     w = figures["workload"]
-    assert w["latency"]["first_byte_ms"] == 1
+    assert w["latency"]["first_byte_ms"] == 1 and w["store_priority"] == "idle"
     assert [m["name"] for m in w["checkpointing"]] == list(growth_checkpointing.MODES)
     assert [m["async_upload"] for m in w["checkpointing"]] == [False, False, True]
     assert [(r["backend"], r["keys"], r["checkpointing"]) for r in figures["results"]] == [
@@ -73,6 +74,12 @@ def test_bench_growth_compares_checkpointing_modes_in_one_run(spark: Any, tmp_pa
         # behind the model every batch's window logged requests; on local disk none
         assert all(("driver_requests" in b) == behind for b in result["per_batch"])
         assert result["output_latency_median_s"] <= result["output_latency_p90_s"]
+        # each batch's CPU seconds by process: Spark's JVM always, the store only behind it
+        cpu = [b["cpu_s"] for b in result["per_batch"]]
+        assert all(c is not None and c["jvm"] > 0 for c in cpu), cpu
+        assert result["cpu_median_s"]["total"] > 0
+        if not behind:
+            assert all(c["store"] == 0 for c in cpu), cpu
     rows = figures["comparison"]
     assert len(rows) == 6 and all(r["median_over_local_disk"] > 0 for r in rows)
     assert {r["median_over_local_disk"] for r in rows
