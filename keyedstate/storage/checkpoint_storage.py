@@ -37,7 +37,12 @@ from keyedstate.errors import (
 )
 from keyedstate.storage.cache import FileCache, cache_key, process_file_cache
 from keyedstate.storage.duplication import link_file
-from keyedstate.storage.filesystem import connect, file_checksum, fsync_path, is_object_store
+from keyedstate.storage.filesystem import (
+    connect,
+    file_checksum,
+    is_object_store,
+    write_whole,
+)
 from keyedstate.storage.handles import (
     CheckpointMetadata,
     StreamHandle,
@@ -236,11 +241,17 @@ class CheckpointStorage:
     # -- plain file access ---------------------------------------------------------------------
 
     def write(self, relative: str, data: bytes) -> StreamHandle:
+        """Write ``data`` at ``relative``: a reader sees all of it or nothing (a PUT on an
+        object store; on the local disk :func:`~keyedstate.storage.filesystem.write_whole`),
+        since another process may poll for it (an acknowledgement)."""
         path = self.path(relative)
 
         def put() -> None:
             self.ensure_parent(path)
-            self.fs.pipe_file(path, data)
+            if self.is_local:
+                write_whole(path, data)
+            else:
+                self.fs.pipe_file(path, data)
 
         self.call(f"writing {self.url_of(relative)}", put)
         self.stats.add(uploaded_bytes=len(data), uploaded_objects=1)
@@ -604,19 +615,7 @@ class CheckpointStorage:
         path = self.path(relative)
         if self.is_local:
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            tmp = f"{path}.{uuid.uuid4().hex}.inprogress"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                # A failed write leaves no temporary file behind (the rename never happened).
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-                raise
-            fsync_path(os.path.dirname(path))
+            write_whole(path, data, durable=True)
         else:
             def put() -> None:
                 self.ensure_parent(path)

@@ -4,6 +4,7 @@ local checksums, fsync, hard links and copy-on-write copies."""
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Mapping
 
 import fsspec
@@ -40,6 +41,28 @@ def fsync_path(local_path: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_whole(local_path: str, data: bytes, *, durable: bool = False) -> None:
+    """Write ``data`` to ``local_path`` so that a reader sees the whole file or none (as a PUT
+    on an object store): under a temporary name beside it, then renamed over it. A reader
+    polling for the file (the driver for an acknowledgement) would otherwise read it half
+    written. ``durable``: the bytes and the rename also survive a power loss
+    (:func:`fsync_path`). A failed write leaves no temporary file behind."""
+    tmp = f"{local_path}.{uuid.uuid4().hex}.inprogress"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, local_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    if durable:
+        fsync_path(os.path.dirname(local_path))
 
 
 def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:

@@ -207,6 +207,41 @@ def test_concurrent_reader_sees_only_complete_metadata(storage: CheckpointStorag
     assert storage.list_files("chk-1") == ["chk-1/_metadata"]
 
 
+def test_a_reader_polling_for_a_written_file_never_sees_part_of_it(
+        storage: CheckpointStorage) -> None:
+    """What another process polls for as it is written (a subtask's acknowledgement, read by
+    the driver the moment it exists) is whole or absent on a local disk, as after a PUT on an
+    object store: it is written under a temporary name and renamed. On the old code (opened
+    in place, truncated, then written) the reader saw empty and partial files."""
+    versions = [bytes([n]) * size for n, size in enumerate((1, 40_000, 3, 120_000), start=1)]
+    done = threading.Event()
+    seen: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                try:
+                    seen.append(storage.read("chk-1/_acks/subtask-0"))
+                except FileNotFoundError:
+                    pass
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(400):
+            storage.write("chk-1/_acks/subtask-0", versions[i % len(versions)])
+    finally:
+        done.set()
+        reader.join()
+    assert errors == []
+    assert seen and all(data in versions for data in seen), \
+        sorted({len(d) for d in seen if d not in versions})
+    assert storage.list_files("chk-1/_acks") == ["chk-1/_acks/subtask-0"]
+
+
 # -- locations ---------------------------------------------------------------------------------
 
 def test_location_names_and_tracks_its_files(storage: CheckpointStorage) -> None:
