@@ -6,6 +6,7 @@ import os
 import pickle
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -175,33 +176,45 @@ def test_failed_commit_leaves_no_temporary_file(storage: CheckpointStorage) -> N
     assert os.listdir(storage.path("chk-1")) == ["_metadata"]
 
 
-def test_concurrent_reader_sees_only_complete_metadata(storage: CheckpointStorage) -> None:
-    """A reader racing the writer sees the old file or the new one, never a partial one; the
-    temporary file is never called ``_metadata`` (it ends ``.inprogress``)."""
-    versions = [metadata(1, files=n) for n in (1, 400, 2, 800)]
-    storage.write_metadata(versions[0])
+def _reading_while(read_once: Callable[[], None], write: Callable[[int], object],
+                   writes: int) -> None:
+    """Call ``read_once`` over and over on a thread of its own while ``write(i)`` runs for
+    each of ``writes`` values of ``i`` here; raise what the reader raised."""
     done = threading.Event()
-    seen: list[CheckpointMetadata] = []
     errors: list[BaseException] = []
-    strays: set[str] = set()
 
     def read() -> None:
         try:
             while not done.is_set():
-                seen.append(storage.read_metadata("chk-1/_metadata"))
-                strays.update(n for n in os.listdir(storage.path("chk-1")) if n != "_metadata")
-        except BaseException as exc:  # reported below, in the test's thread
+                read_once()
+        except BaseException as exc:  # raised below, in the test's thread
             errors.append(exc)
 
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for i in range(200):
-            storage.write_metadata(versions[i % len(versions)])
+        for i in range(writes):
+            write(i)
     finally:
         done.set()
         reader.join()
-    assert errors == []
+    if errors:
+        raise errors[0]
+
+
+def test_concurrent_reader_sees_only_complete_metadata(storage: CheckpointStorage) -> None:
+    """A reader racing the writer sees the old file or the new one, never a partial one; the
+    temporary file is never called ``_metadata`` (it ends ``.inprogress``)."""
+    versions = [metadata(1, files=n) for n in (1, 400, 2, 800)]
+    storage.write_metadata(versions[0])
+    seen: list[CheckpointMetadata] = []
+    strays: set[str] = set()
+
+    def read() -> None:
+        seen.append(storage.read_metadata("chk-1/_metadata"))
+        strays.update(n for n in os.listdir(storage.path("chk-1")) if n != "_metadata")
+
+    _reading_while(read, lambda i: storage.write_metadata(versions[i % len(versions)]), 200)
     assert seen and all(m in versions for m in seen)
     assert all(n.startswith("_metadata.") and n.endswith(".inprogress") for n in strays)
     assert storage.list_files("chk-1") == ["chk-1/_metadata"]
@@ -214,29 +227,16 @@ def test_a_reader_polling_for_a_written_file_never_sees_part_of_it(
     object store: it is written under a temporary name and renamed. On the old code (opened
     in place, truncated, then written) the reader saw empty and partial files."""
     versions = [bytes([n]) * size for n, size in enumerate((1, 40_000, 3, 120_000), start=1)]
-    done = threading.Event()
     seen: list[bytes] = []
-    errors: list[BaseException] = []
 
     def read() -> None:
         try:
-            while not done.is_set():
-                try:
-                    seen.append(storage.read("chk-1/_acks/subtask-0"))
-                except FileNotFoundError:
-                    pass
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
+            seen.append(storage.read("chk-1/_acks/subtask-0"))
+        except FileNotFoundError:
+            pass
 
-    reader = threading.Thread(target=read)
-    reader.start()
-    try:
-        for i in range(400):
-            storage.write("chk-1/_acks/subtask-0", versions[i % len(versions)])
-    finally:
-        done.set()
-        reader.join()
-    assert errors == []
+    _reading_while(read, lambda i: storage.write("chk-1/_acks/subtask-0",
+                                                 versions[i % len(versions)]), 400)
     assert seen and all(data in versions for data in seen), \
         sorted({len(d) for d in seen if d not in versions})
     assert storage.list_files("chk-1/_acks") == ["chk-1/_acks/subtask-0"]
