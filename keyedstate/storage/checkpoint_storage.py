@@ -37,12 +37,7 @@ from keyedstate.errors import (
 )
 from keyedstate.storage.cache import FileCache, cache_key, process_file_cache
 from keyedstate.storage.duplication import link_file
-from keyedstate.storage.filesystem import (
-    connect,
-    file_checksum,
-    is_object_store,
-    write_whole,
-)
+from keyedstate.storage.filesystem import connect, file_checksum, is_object_store, write_whole
 from keyedstate.storage.handles import (
     CheckpointMetadata,
     StreamHandle,
