@@ -9,8 +9,9 @@ local S3 server, moto: the stand-in for an object store whose CPU is not on the 
 in production) and ``other`` (any other process this one started). Only this process and its
 descendants count, so another program on the machine changes no figure (it changes the wall
 seconds); they are looked for once a second, so a process that lives less than that may go
-uncounted (Spark's JVM, its Python workers and the store live for the whole run). Linux only: read from ``/proc``; elsewhere :class:`CpuSampler` records nothing and
-every window is ``None``.
+uncounted (Spark's JVM, its Python workers and the store live for the whole run). Linux
+only: read from ``/proc``; elsewhere :class:`CpuSampler` records nothing and every window is
+``None``.
 """
 
 from __future__ import annotations

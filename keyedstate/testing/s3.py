@@ -32,15 +32,14 @@ def start_moto_server(env: Mapping[str, str] | None = None, timeout_s: float = 3
     if idle and not hasattr(os, "SCHED_IDLE"):
         raise OSError("SCHED_IDLE (idle priority) exists on Linux only")
     port = free_port()
-    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    if idle:
-        # set in the child by a tiny wrapper, not by preexec_fn (unsafe with threads here)
-        command = [sys.executable, "-c",
-                   "import os, runpy, sys; "
-                   "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
-                   "sys.argv = ['moto.server', *sys.argv[1:]]; "
-                   "runpy.run_module('moto.server', run_name='__main__', alter_sys=True)",
-                   *command[3:]]
+    listen = ["-H", "127.0.0.1", "-p", str(port)]
+    # SCHED_IDLE set in the child by a tiny wrapper, not by preexec_fn (unsafe with threads)
+    command = ([sys.executable, "-c",
+                "import os, runpy, sys; "
+                "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
+                "sys.argv = ['moto.server', *sys.argv[1:]]; "
+                "runpy.run_module('moto.server', run_name='__main__', alter_sys=True)", *listen]
+               if idle else [sys.executable, "-m", "moto.server", *listen])
     proc = subprocess.Popen(command, env=None if env is None else dict(env),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
