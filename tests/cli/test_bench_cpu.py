@@ -45,7 +45,9 @@ def test_a_window_counts_this_process_its_children_and_the_store_apart() -> None
     # the child ended inside the window: it counts up to its last sample (0.1 s apart)
     assert 0.4 <= window["other"] <= 0.9, window
     assert 0.3 <= window["driver"] <= 0.8, window
-    assert window["store"] < 0.1 and window["jvm"] == window["workers"] == 0.0, window
+    # Inside the whole suite this process may have a Spark JVM (and its Python workers) from an
+    # earlier test: idle, they still tick a little.
+    assert window["store"] < 0.1 and window["jvm"] < 0.1 and window["workers"] < 0.1, window
     assert window["total"] == pytest.approx(sum(window[p] for p in PARTS), abs=0.01)
     assert outside is None  # before the first sample: not measured, not zero
 
