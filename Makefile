@@ -4,7 +4,8 @@
 #               tests/README.md): lint (import contracts, ruff), types (mypy,
 #               tests/test_typing.py) and the unit tests (not marked spark, s3, chaos, slow or
 #               integration; property tests draw a quarter of their examples: tests/README.md)
-#   make test   installs the test dependencies, runs the whole suite (its browser tests
+#   make test   installs the test dependencies, runs the whole suite, the tests that need
+#               no Spark on every core, then the Spark tests in one process (its browser tests
 #               need Chromium, `apt-get install chromium` as root: skipped without it,
 #               failed without it under CI=true; .ci/run installs it where it can,
 #               docs/checkpoints.md "Testing the page in a browser"; the notebook
@@ -14,8 +15,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# make check's pytest processes (pytest-xdist; `auto`: one per core). A module stays in one
-# process (--dist loadfile), so its module-scoped fixtures are built once.
+# The pytest processes of make check and of make test's first run (pytest-xdist; `auto`: one
+# per core). A module stays in one process (--dist loadfile): its module fixtures are built once.
 CHECK_WORKERS ?= auto
 
 .PHONY: demo test check install bench lint docs clean
@@ -33,8 +34,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/keyedstate demo
 
+# make test in two runs: the tests that need no Spark on every core (as make check), then the
+# Spark tests in one process (two Spark sessions on 2 cores would slow each other's timed
+# waits). Exit code 5 is "nothing selected" (PYTEST_ARGS naming tests of one kind only).
 test: lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(CHECK_WORKERS) --dist loadfile -m "not spark" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -m spark $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 check: lint
 	KEYEDSTATE_TEST_BUDGET=check $(PY) -m pytest -q -n $(CHECK_WORKERS) --dist loadfile -m "not spark and not s3 and not chaos and not slow and not integration" $(PYTEST_ARGS)
