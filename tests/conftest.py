@@ -19,6 +19,17 @@ from keyedstate.testing.s3 import start_moto_server, stop_moto_server
 sys.modules["keyedstate_examples"] = examples
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes the ``spark`` fixture must be marked ``spark``: ``make test`` runs
+    the unmarked tests on every core at once and the Spark tests in one process after them."""
+    unmarked = [item.nodeid for item in items
+                if "spark" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("spark") is None]
+    if unmarked:
+        raise pytest.UsageError("tests taking the spark fixture without the spark marker: "
+                                + ", ".join(unmarked))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A ``local[2,4]`` SparkSession: two cores, up to 4 attempts per task (so a killed Python
