@@ -212,9 +212,12 @@ class JobConfig:
     #: of the job's other subtasks to the checkpoint just written, in the background, once it is
     #: committed or, with ``async_upload``, once every subtask acknowledged it in flight (a
     #: later task of one of them there then reuses its copy instead of catching up on the
-    #: batch's path). Costs the worker's idle CPU; docs/spark.md, "State locality"
-    background_catch_up: bool = field(
-        default=True, metadata=_key("keyedstate.live-copies.background-catch-up"))
+    #: batch's path). None (the default): on in the synchronous mode, where it costs the
+    #: worker's idle CPU between batches, off with ``async_upload``, where the next batch's
+    #: tasks start at once and it would take its CPU from them (measured: docs/spark.md,
+    #: "State locality"); see :attr:`catches_up_in_background`
+    background_catch_up: bool | None = field(
+        default=None, metadata=_key("keyedstate.live-copies.background-catch-up"))
     #: with ``background_catch_up``: a live copy that can't catch up (RocksDB) is restored
     #: from the new checkpoint (or its acknowledgement) in the background instead (off by default: a restore costs the
     #: worker more CPU than a catch-up; docs/spark.md, "State locality")
@@ -260,6 +263,14 @@ class JobConfig:
     def options(cls) -> tuple[ConfigOption, ...]:
         """Every setting, in field order (one per dotted key)."""
         return _options(cls)
+
+    @property
+    def catches_up_in_background(self) -> bool:
+        """Whether workers catch their live copies up in the background: the setting, or when
+        unset, the synchronous mode (see ``background_catch_up``)."""
+        if self.background_catch_up is None:
+            return not self.async_upload
+        return self.background_catch_up
 
     def transfer_options(self) -> TransferOptions:
         """The object-storage settings as :class:`TransferOptions`."""

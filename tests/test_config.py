@@ -131,7 +131,7 @@ BAD = {
     "watermark_delay": ["soon", "5 fortnights", "-5 s", "1.5 s", "5 min ago", -1, True,
                         dt.timedelta(seconds=-1), float("nan")],
     "file_merging": ["yes", "1", "on", 1, "enabled"],
-    "background_catch_up": ["", "no", 0, None],
+    "background_catch_up": ["no", 0, "auto"],
     "late_events": ["sideoutput", "drop it", 1, None],
     "restore_mode": ["steal", ""],
     "source_positions": ["skip"],

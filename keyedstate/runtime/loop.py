@@ -201,7 +201,7 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
             late_events=cfg.late_events, restore=self.base,
             share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir, drop_states=cfg.drop_states,
-            background_catch_up=cfg.background_catch_up,
+            background_catch_up=cfg.catches_up_in_background,
             background_restore=cfg.background_restore, async_upload=cfg.async_upload,
             ack_timeout_s=cfg.checkpoint_timeout.total_seconds())
 

@@ -243,14 +243,23 @@ def test_without_a_restorer_rocksdb_copies_start_no_thread(tmp_path, stale_rocks
     _drain_and_check(tmp_path, stale_rocksdb_copy, "rocksdb")
 
 
-def test_the_setting_is_a_boolean(tmp_path):
+def test_the_setting_is_a_boolean_or_unset_for_the_mode_s_default(tmp_path):
     from keyedstate.config import JobConfig
     from keyedstate.errors import ConfigurationError
 
-    off = JobConfig.from_mapping({"execution.checkpointing.dir": str(tmp_path),
-                                  "keyedstate.live-copies.background-catch-up": False})
-    assert off.background_catch_up is False
-    assert JobConfig(checkpoint_dir=str(tmp_path)).background_catch_up is True
+    def config(**settings: object) -> JobConfig:
+        return JobConfig.from_mapping({"execution.checkpointing.dir": str(tmp_path),
+                                       **{f"keyedstate.{k}": v for k, v in settings.items()}})
+
+    off = config(**{"live-copies.background-catch-up": False})
+    assert off.background_catch_up is False and not off.catches_up_in_background
+    # Unset: on in the synchronous mode, off in the asynchronous one (its next batch's tasks
+    # start at once: no idle worker to do it in).
+    assert JobConfig(checkpoint_dir=str(tmp_path)).background_catch_up is None
+    assert config().catches_up_in_background
+    assert not config(**{"checkpointing.async-upload": True}).catches_up_in_background
+    assert config(**{"checkpointing.async-upload": True,
+                     "live-copies.background-catch-up": "true"}).catches_up_in_background
     with pytest.raises(ConfigurationError,
                        match="background-catch-up .*can't be 'yes': it takes true or false"):
         JobConfig(checkpoint_dir=str(tmp_path), background_catch_up="yes")  # type: ignore[arg-type]
@@ -317,7 +326,8 @@ def stale_async_copy(tmp_path: Any) -> Iterator[dict[str, Any]]:
     """A heap job at p=2 in the asynchronous mode whose worker 'A' holds subtask 0's copy at
     checkpoint 1 while checkpoint 3 is in flight (acknowledged, not completed)."""
     data = [_every_key(5000), *batches(4, users=5000)]
-    with new_job(config(tmp_path, backend="heap", async_upload=True)) as job:
+    cfg = config(tmp_path, backend="heap", async_upload=True, background_catch_up=True)
+    with new_job(cfg) as job:
         outputs = [job.process_batch(data[0])]
         stale = _take_live(job.storage.url, 0)
         outputs.append(job.process_batch(data[1]))
@@ -407,7 +417,8 @@ def test_a_rocksdb_copy_is_restored_from_its_ack_in_the_background(tmp_path):
     """The asynchronous mode with a restorer: the RocksDB copy is replaced with the subtask
     restored from its ack of the checkpoint in flight, whose token it takes; reused next."""
     data = batches(3)
-    with new_job(config(tmp_path, backend="rocksdb", async_upload=True)) as job:
+    cfg = config(tmp_path, backend="rocksdb", async_upload=True, background_catch_up=True)
+    with new_job(cfg) as job:
         outputs = [job.process_batch(data[0])]
         stale = _take_live(job.storage.url, 0)
         outputs.append(job.process_batch(data[1]))
@@ -439,8 +450,8 @@ def test_a_copy_caught_up_to_a_checkpoint_that_fails_is_never_used(tmp_path):
     data = [_every_key(5000), *batches(4, users=5000)]
     faults = FaultPlan(tmp_path / "faults.json")
     faults.add("write", "denied", match="chk-3/_metadata")
-    cfg = config(tmp_path, backend="heap", async_upload=True, transfer_attempts=1,
-                 checkpoint_dir=faults.url(str(tmp_path / "store" / "job")),
+    cfg = config(tmp_path, backend="heap", async_upload=True, background_catch_up=True,
+                 transfer_attempts=1, checkpoint_dir=faults.url(str(tmp_path / "store" / "job")),
                  storage_options=faults.storage_options("file"))
     with new_job(cfg) as job:
         url = job.storage.url

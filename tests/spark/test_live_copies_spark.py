@@ -33,8 +33,9 @@ BATCHES_PER_RUN = 8
 
 MODES = {
     "sync-heap": dict(backend="heap"),
-    "async-heap": dict(backend="heap", async_upload=True),
-    "async-rocksdb": dict(backend="rocksdb", async_upload=True, background_restore=True),
+    "async-heap": dict(backend="heap", async_upload=True, background_catch_up=True),
+    "async-rocksdb": dict(backend="rocksdb", async_upload=True, background_catch_up=True,
+                          background_restore=True),
 }
 
 
@@ -62,6 +63,27 @@ def test_copies_caught_up_in_the_background_on_spark(spark, tmp_path, mode):
     check_against_pandas(root)  # every batch exactly once, totals carried through every copy
 
 
+def test_by_default_the_asynchronous_mode_catches_up_on_the_task_s_path(spark, tmp_path):
+    """The asynchronous mode leaves background catch-up off unless set: the next batch's tasks
+    start at once, so a worker is never idle for it (docs/spark.md, "State locality"). A moved
+    subtask catches its copy up in its task instead; the output equals pandas."""
+    root = str(tmp_path)
+    moved, batches = 0, 0
+    for _ in range(ATTEMPTS):  # until Spark has moved a subtask to a worker with a stale copy
+        write_files(os.path.join(root, "input"), BATCHES_PER_RUN, first=batches)
+        batches += BATCHES_PER_RUN
+        query = run_job(spark, root, RunningTotals(), parallelism=8, spark_tasks=8,
+                        backend="heap", async_upload=True)
+        stats = [s for s in query.stats if s.checkpoint_id >= 0]
+        assert len(stats) == BATCHES_PER_RUN
+        assert [s.background_caught_up_subtasks for s in stats] == [0] * BATCHES_PER_RUN
+        moved += sum(s.caught_up_subtasks for s in stats)
+        if moved:
+            break
+    assert moved > 0, f"no subtask caught a copy up in its task in {batches} batches"
+    check_against_pandas(root)
+
+
 def test_a_checkpoint_in_flight_that_fails_after_copies_were_caught_up_to_it(spark, tmp_path):
     """The asynchronous mode, 8 subtasks on two workers: checkpoint 6 (batch 5), to which the
     workers' idle copies are caught up while batch 6 runs on it, fails at its commit point
@@ -74,7 +96,8 @@ def test_a_checkpoint_in_flight_that_fails_after_copies_were_caught_up_to_it(spa
     config: dict[str, Any] = dict(
         checkpoint_dir=faults.url(os.path.join(root, "ckpt")),
         storage_options=faults.storage_options("file"), transfer_attempts=1,
-        async_upload=True, backend="heap", parallelism=8, spark_tasks=8)
+        async_upload=True, background_catch_up=True, backend="heap", parallelism=8,
+        spark_tasks=8)
     with pytest.raises(CheckpointDiscardedError) as failed:
         start(spark, root, **config)
     assert faults.fired() and failed.value.discarded_batches[0] == 5
