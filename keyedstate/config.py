@@ -218,6 +218,14 @@ class JobConfig:
     #: "State locality"); see :attr:`catches_up_in_background`
     background_catch_up: bool | None = field(
         default=None, metadata=_key("keyedstate.live-copies.background-catch-up"))
+    #: with ``async_upload``: once a task's subtasks are done, its Python worker fetches into
+    #: its file cache the files of the checkpoint in flight that its stale copies of the other
+    #: subtasks lack, once every subtask acknowledged it, without touching the copies (a later
+    #: task of one of them there restores or catches up from the cache). None (the default):
+    #: on when the worker does not catch those copies up in the background itself (see
+    #: ``background_catch_up``); a GET per new file. docs/spark.md, "State locality"
+    background_prefetch: bool | None = field(
+        default=None, metadata=_key("keyedstate.live-copies.background-prefetch"))
     #: with ``background_catch_up``: a live copy that can't catch up (RocksDB) is restored
     #: from the new checkpoint (or its acknowledgement) in the background instead (off by default: a restore costs the
     #: worker more CPU than a catch-up; docs/spark.md, "State locality")
@@ -271,6 +279,17 @@ class JobConfig:
         if self.background_catch_up is None:
             return not self.async_upload
         return self.background_catch_up
+
+    @property
+    def prefetches_in_background(self) -> bool:
+        """Whether workers prefetch their stale copies' new files in the asynchronous mode: the
+        setting, or when unset, whenever they don't catch the copies up themselves (see
+        ``background_prefetch``); never in the synchronous mode."""
+        if not self.async_upload:
+            return False
+        if self.background_prefetch is None:
+            return not self.catches_up_in_background
+        return self.background_prefetch
 
     def transfer_options(self) -> TransferOptions:
         """The object-storage settings as :class:`TransferOptions`."""

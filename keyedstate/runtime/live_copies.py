@@ -183,7 +183,7 @@ Restorer = Callable[[int, int, Sequence[KeyedStateHandle]], KeyedStateBackend]
 
 
 @dataclass(frozen=True)
-class _Target:
+class CopyTarget:
     """The checkpoint the copies are brought to: per subtask index, the token a copy at it
     has and the handles to catch up or restore from."""
 
@@ -241,7 +241,7 @@ def _catch_up_when_ready(job_id: str, start_id: str, storage: CheckpointStorage,
                          stop: threading.Event) -> None:
     try:
         target = _committed(storage, checkpoint_id, stop) if in_flight is None \
-            else _acknowledged(storage, checkpoint_id, in_flight, stop)
+            else acknowledged(storage, checkpoint_id, in_flight, stop)
         if target is not None:
             _bring_copies_to(target, job_id, start_id, storage, restore, stop)
     except Exception:  # noqa: BLE001 - a background thread reports and ends, never raises
@@ -249,7 +249,7 @@ def _catch_up_when_ready(job_id: str, start_id: str, storage: CheckpointStorage,
                        exc_info=True)
 
 
-def _bring_copies_to(target: _Target, job_id: str, start_id: str, storage: CheckpointStorage,
+def _bring_copies_to(target: CopyTarget, job_id: str, start_id: str, storage: CheckpointStorage,
                      restore: Restorer | None, stop: threading.Event) -> None:
     """Catch up (or restore) each of this worker's copies of the job's start ``start_id``
     that is at the target's parallelism but not at its token, until ``stop``."""
@@ -273,14 +273,14 @@ def _bring_copies_to(target: _Target, job_id: str, start_id: str, storage: Check
 
 
 def _committed(storage: CheckpointStorage, checkpoint_id: int, stop: threading.Event
-               ) -> _Target | None:
+               ) -> CopyTarget | None:
     """Checkpoint ``checkpoint_id`` once committed (when native and with its subtasks'
     tokens); None if not, if stopped, or if :data:`COMMIT_WAIT_S` passed first."""
     metadata = _committed_metadata(storage, checkpoint_id, stop)
     tokens = None if metadata is None else tokens_of(metadata.properties)
     if metadata is None or metadata.format is not SnapshotFormat.NATIVE or tokens is None:
         return None
-    return _Target(checkpoint_id, metadata.parallelism, tokens,
+    return CopyTarget(checkpoint_id, metadata.parallelism, tokens,
                    [metadata.handles] * len(tokens))
 
 
@@ -300,8 +300,8 @@ def _committed_metadata(storage: CheckpointStorage, checkpoint_id: int,
         poll = min(poll * 1.25, _MAX_POLL_S)
 
 
-def _acknowledged(storage: CheckpointStorage, checkpoint_id: int, parallelism: int,
-                  stop: threading.Event) -> _Target | None:
+def acknowledged(storage: CheckpointStorage, checkpoint_id: int, parallelism: int,
+                  stop: threading.Event) -> CopyTarget | None:
     """Checkpoint ``checkpoint_id`` in flight once each of its ``parallelism`` subtasks has
     acknowledged its upload: their tokens and handles. None if an ack reports a failed upload
     (the checkpoint will fail), if stopped, or if :data:`COMMIT_WAIT_S` passed first. One GET
@@ -326,14 +326,14 @@ def _acknowledged(storage: CheckpointStorage, checkpoint_id: int, parallelism: i
             acks[index] = (ack.token, ack.handle)
         if len(acks) == parallelism:
             ordered = [acks[i] for i in range(parallelism)]
-            return _Target(checkpoint_id, parallelism, [token for token, _ in ordered],
+            return CopyTarget(checkpoint_id, parallelism, [token for token, _ in ordered],
                            [[handle] for _, handle in ordered])
         if stop.wait(poll) or time.monotonic() > deadline:
             return None
         poll = min(poll * 1.25, _MAX_POLL_S)
 
 
-def _catch_up(key: tuple[str, int], live: LiveCopy, target: _Target,
+def _catch_up(key: tuple[str, int], live: LiveCopy, target: CopyTarget,
               storage: CheckpointStorage) -> None:
     """Bring ``live`` to the target checkpoint, or close it if it can't (another chain, a
     full snapshot since) or fails half way (a storage error: never used again)."""
@@ -354,7 +354,7 @@ def _catch_up(key: tuple[str, int], live: LiveCopy, target: _Target,
         close_live(live)
 
 
-def _restore(key: tuple[str, int], live: LiveCopy, target: _Target, restore: Restorer
+def _restore(key: tuple[str, int], live: LiveCopy, target: CopyTarget, restore: Restorer
              ) -> None:
     """Replace ``live`` (closed first: its memory and files go before the new copy's come)
     with subtask ``key[1]``'s backend restored from the target checkpoint; if that fails, the

@@ -202,7 +202,8 @@ class BatchLoop(ABC, Generic[BatchT, ContextT]):
             share_restored_files=self.share_restored_files, drain=drain,
             local_dir=cfg.local_dir, drop_states=cfg.drop_states,
             background_catch_up=cfg.catches_up_in_background,
-            background_restore=cfg.background_restore, async_upload=cfg.async_upload,
+            background_restore=cfg.background_restore,
+            background_prefetch=cfg.prefetches_in_background, async_upload=cfg.async_upload,
             ack_timeout_s=cfg.checkpoint_timeout.total_seconds())
 
     def _run_batch(self, batch: BatchT, batch_id: int, *, started: float, drain: bool = False,

@@ -163,6 +163,10 @@ class BatchPlan:
     background_catch_up: bool = False
     #: ... and restores those that can't catch up (``JobConfig.background_restore``)
     background_restore: bool = False
+    #: in the asynchronous mode, after its task, the worker prefetches the files of this
+    #: batch's checkpoint that its stale copies lack (``JobConfig.background_prefetch``;
+    #: :mod:`keyedstate.runtime.prefetch`)
+    background_prefetch: bool = False
     #: the asynchronous mode (``JobConfig.async_upload``): step 6 hands the upload to the
     #: process's uploader (:mod:`keyedstate.runtime.uploads`) and reports no handle
     async_upload: bool = False

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from keyedstate.runtime.failures import subtask_failed
 from keyedstate.runtime.grouping import subtasks_of_task
 from keyedstate.runtime.live_copies import catch_up_in_background
+from keyedstate.runtime.prefetch import prefetch_in_background
 from keyedstate.runtime.subtask import BatchPlan, process_group, process_subtask, restorer
 from keyedstate.runtime.wire import SUBTASK_COLUMN
 
@@ -20,7 +21,8 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     docstring), one after another, one result row each; then, with
     ``plan.background_catch_up``, the worker's other live copies of the job caught up (or, with
     ``plan.background_restore``, restored) in the background
-    (:mod:`keyedstate.runtime.live_copies`)."""
+    (:mod:`keyedstate.runtime.live_copies`), or, with ``plan.background_prefetch``, the files
+    they lack fetched into the file cache (:mod:`keyedstate.runtime.prefetch`)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -40,6 +42,11 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         catch_up_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,
                                restorer(plan) if plan.background_restore else None,
                                in_flight=plan.parallelism if plan.async_upload else None)
+    if plan.background_prefetch and plan.async_upload:
+        # The next batch's tasks start at once (no idle worker to catch copies up in): only
+        # fetch the files a restore of a moved subtask here would need.
+        prefetch_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,
+                               plan.parallelism)
 
 
 def routed_to(batch_id: int, subtasks: range, batches: Iterator[pa.RecordBatch]
