@@ -113,6 +113,9 @@ def _end(handle: StreamHandle) -> int:
     return handle.segment.offset + handle.segment.length
 
 
+#: bytes :meth:`CheckpointStorage.prefetch` holds in memory at once
+PREFETCH_BATCH_BYTES = 64 << 20
+
 class CheckpointStorage:
     """One snapshot root (``url``), e.g. ``/data/ckpt``, ``file:///...``, ``s3://bucket/job``.
 
@@ -429,9 +432,20 @@ class CheckpointStorage:
         cache = self.cache
         if cache is None:
             return 0
-        missing = {cache_key(h.digest, h.length): h for h in handles
-                   if h.data is None and cache_key(h.digest, h.length) not in cache}
-        return sum(len(data) for data in self.read_all(list(missing.values())))
+        missing = list({cache_key(h.digest, h.length): h for h in handles
+                        if h.data is None and cache_key(h.digest, h.length) not in cache
+                        }.values())
+        # At most PREFETCH_BATCH_BYTES in memory at once (a cache emptied since the copy was
+        # made lacks the whole state's files); each batch still fetched in parallel.
+        fetched, start = 0, 0
+        while start < len(missing):
+            end, size = start, 0
+            while end < len(missing) and (end == start or size < PREFETCH_BATCH_BYTES):
+                size += missing[end].length
+                end += 1
+            fetched += sum(len(data) for data in self.read_all(missing[start:end]))
+            start = end
+        return fetched
 
     def _fetch_plan(self, handles: Sequence[StreamHandle], cached: bool
                     ) -> list[tuple[int, list[int]]]:

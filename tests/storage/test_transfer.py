@@ -333,3 +333,40 @@ def test_read_all_and_download_all_read_a_merged_object_once_and_skip_cached_fil
     open(path, "wb").write(bytes(data))
     with pytest.raises(CorruptCheckpointError, match="is corrupt"):
         storage.read_all(handles)
+
+
+def test_prefetch_fills_the_cache_in_bounded_batches_and_asks_nothing_twice(tmp_path,
+                                                                            monkeypatch):
+    """``CheckpointStorage.prefetch``: every stored file the cache lacks, verified, at most
+    ``PREFETCH_BATCH_BYTES`` in memory at once (a merged object's segments still one read
+    within a batch); a second prefetch asks the store nothing; a local disk has no cache."""
+    import keyedstate.storage.checkpoint_storage as checkpoint_storage
+
+    url, options = behind_latency(str(tmp_path / "root"), {},
+                                  LatencyModel("free", first_byte_ms=0.0))
+    storage = CheckpointStorage(url, options, TransferOptions(
+        inline_threshold=0, merge_file_size=1000, merge_max_size=100_000,
+        cache_dir=str(tmp_path / "cache")))
+    files = [StateFile(f"f{i}.sst", True, data=bytes([65 + i]) * (100 + i), immutable=True)
+             for i in range(6)] + [StateFile("big.sst", True, data=b"b" * 5000, immutable=True)]
+    handles = storage.location(3, 0).put_files(files)
+    cache = storage.cache
+    assert cache is not None
+    cache.clear()
+    reads: list[int] = []
+    read_all = storage.read_all
+    monkeypatch.setattr(storage, "read_all",
+                        lambda hs, **kw: reads.append(len(hs)) or read_all(hs, **kw))
+    monkeypatch.setattr(checkpoint_storage, "PREFETCH_BATCH_BYTES", 300)
+    before = process_counts()
+    assert storage.prefetch([*handles, inline_handle(b"inline")]) == sum(
+        len(f.read()) for f in files)
+    assert all(cache_key(h.digest, h.length) in cache for h in handles)
+    assert reads == [3, 3, 1]  # files of 100-105 bytes until 300 are held, then the big one
+    # one ranged read of the merged object per batch of its segments, one of the big file
+    assert (process_counts() - before).requests("read") == 3
+    before = process_counts()
+    assert storage.prefetch(handles) == 0
+    assert (process_counts() - before).requests() == 0
+    local = CheckpointStorage(str(tmp_path / "local"))
+    assert local.cache is None and local.prefetch(handles) == 0
