@@ -315,6 +315,18 @@ def _in_flight(job: Any) -> int:
     return checkpoint_id
 
 
+def stale_beside_a_flight(job: Any, data: list[Any]) -> tuple[list[Any], Any, int]:
+    """Run an asynchronous job's first two batches with subtask 0's copy kept aside after the
+    first (another worker's), then hand it back: the outputs, the stale copy, and the
+    checkpoint in flight."""
+    outputs = [job.process_batch(data[0])]
+    stale = _take_live(job.storage.url, 0)
+    outputs.append(job.process_batch(data[1]))
+    checkpoint_id = _in_flight(job)
+    _hand_back(job.storage.url, 0, stale)
+    return outputs, stale, checkpoint_id
+
+
 def _ack_tokens(job: Any, checkpoint_id: int) -> list[str]:
     acks = [read_ack(job.storage, checkpoint_id, i) for i in range(2)]
     assert all(a is not None and a.handle is not None for a in acks)
@@ -419,11 +431,7 @@ def test_a_rocksdb_copy_is_restored_from_its_ack_in_the_background(tmp_path):
     data = batches(3)
     cfg = config(tmp_path, backend="rocksdb", async_upload=True, background_catch_up=True)
     with new_job(cfg) as job:
-        outputs = [job.process_batch(data[0])]
-        stale = _take_live(job.storage.url, 0)
-        outputs.append(job.process_batch(data[1]))
-        checkpoint_id = _in_flight(job)
-        _hand_back(job.storage.url, 0, stale)
+        outputs, stale, checkpoint_id = stale_beside_a_flight(job, data)
         tokens = _ack_tokens(job, checkpoint_id)
         try:
             live_copies.catch_up_in_background(

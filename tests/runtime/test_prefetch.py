@@ -22,8 +22,7 @@ from keyedstate.runtime.uploads import read_ack
 from keyedstate.storage.cache import FileCache, cache_key
 from keyedstate.storage.handles import StreamHandle
 from keyedstate.testing.faults import FaultPlan
-from tests.runtime.test_background_catch_up import _in_flight
-from tests.runtime.test_catch_up import _hand_back, _take_live
+from tests.runtime.test_background_catch_up import _in_flight, stale_beside_a_flight
 from tests.runtime.test_local_job import batches, config, new_job, reference, rows
 
 pytestmark = pytest.mark.integration
@@ -47,11 +46,7 @@ def test_a_moved_subtask_restores_from_the_prefetched_files(tmp_path: Any, backe
                  checkpoint_dir=faults.url(str(tmp_path / "store" / "job")),
                  storage_options=faults.storage_options("file"))
     with new_job(cfg) as job:
-        outputs = [job.process_batch(data[0])]
-        stale = _take_live(job.storage.url, 0)
-        outputs.append(job.process_batch(data[1]))
-        checkpoint_id = _in_flight(job)
-        _hand_back(job.storage.url, 0, stale)
+        outputs, stale, checkpoint_id = stale_beside_a_flight(job, data)
         cache = job.storage.cache
         assert cache is not None
         cache.clear()

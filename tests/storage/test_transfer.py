@@ -290,10 +290,9 @@ def test_coalesce_groups_the_segments_of_one_object_up_to_a_hole_and_a_size():
     assert coalesce(handles, hole=0) == [[0], [2], [4], [6], [3]]
 
 
-def test_read_all_and_download_all_read_a_merged_object_once_and_skip_cached_files(tmp_path):
-    """Behind the latency wrapper (no latency: counts only) the store is remote: a restore's
-    segments of one merged object are one ranged GET; each file is verified and enters the
-    file cache, so a second read makes no request."""
+def _merged_files(tmp_path) -> tuple[CheckpointStorage, list[StateFile], list[StreamHandle]]:
+    """Behind the latency wrapper (no latency: counts only), so the store is remote and the
+    file cache on: six small files merged into one object and one big file alone."""
     url, options = behind_latency(str(tmp_path / "root"), {},
                                   LatencyModel("free", first_byte_ms=0.0))
     storage = CheckpointStorage(url, options, TransferOptions(
@@ -302,6 +301,14 @@ def test_read_all_and_download_all_read_a_merged_object_once_and_skip_cached_fil
     files = [StateFile(f"f{i}.sst", True, data=bytes([65 + i]) * (100 + i), immutable=True)
              for i in range(6)] + [StateFile("big.sst", True, data=b"b" * 5000, immutable=True)]
     handles = storage.location(3, 0).put_files(files)
+    return storage, files, handles
+
+
+def test_read_all_and_download_all_read_a_merged_object_once_and_skip_cached_files(tmp_path):
+    """Behind the latency wrapper (no latency: counts only) the store is remote: a restore's
+    segments of one merged object are one ranged GET; each file is verified and enters the
+    file cache, so a second read makes no request."""
+    storage, files, handles = _merged_files(tmp_path)
     assert len({h.path for h in handles[:6]}) == 1 and handles[6].segment is None
     cache = storage.cache
     assert cache is not None
@@ -342,14 +349,7 @@ def test_prefetch_fills_the_cache_in_bounded_batches_and_asks_nothing_twice(tmp_
     within a batch); a second prefetch asks the store nothing; a local disk has no cache."""
     import keyedstate.storage.checkpoint_storage as checkpoint_storage
 
-    url, options = behind_latency(str(tmp_path / "root"), {},
-                                  LatencyModel("free", first_byte_ms=0.0))
-    storage = CheckpointStorage(url, options, TransferOptions(
-        inline_threshold=0, merge_file_size=1000, merge_max_size=100_000,
-        cache_dir=str(tmp_path / "cache")))
-    files = [StateFile(f"f{i}.sst", True, data=bytes([65 + i]) * (100 + i), immutable=True)
-             for i in range(6)] + [StateFile("big.sst", True, data=b"b" * 5000, immutable=True)]
-    handles = storage.location(3, 0).put_files(files)
+    storage, files, handles = _merged_files(tmp_path)
     cache = storage.cache
     assert cache is not None
     cache.clear()
