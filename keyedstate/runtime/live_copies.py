@@ -249,8 +249,9 @@ def _catch_up_when_ready(job_id: str, start_id: str, storage: CheckpointStorage,
                        exc_info=True)
 
 
-def _bring_copies_to(target: CopyTarget, job_id: str, start_id: str, storage: CheckpointStorage,
-                     restore: Restorer | None, stop: threading.Event) -> None:
+def _bring_copies_to(target: CopyTarget, job_id: str, start_id: str,
+                     storage: CheckpointStorage, restore: Restorer | None,
+                     stop: threading.Event) -> None:
     """Catch up (or restore) each of this worker's copies of the job's start ``start_id``
     that is at the target's parallelism but not at its token, until ``stop``."""
     # The most recently used first: the likeliest to be needed next.
@@ -281,7 +282,7 @@ def _committed(storage: CheckpointStorage, checkpoint_id: int, stop: threading.E
     if metadata is None or metadata.format is not SnapshotFormat.NATIVE or tokens is None:
         return None
     return CopyTarget(checkpoint_id, metadata.parallelism, tokens,
-                   [metadata.handles] * len(tokens))
+                      [metadata.handles] * len(tokens))
 
 
 def _committed_metadata(storage: CheckpointStorage, checkpoint_id: int,
@@ -301,7 +302,7 @@ def _committed_metadata(storage: CheckpointStorage, checkpoint_id: int,
 
 
 def acknowledged(storage: CheckpointStorage, checkpoint_id: int, parallelism: int,
-                  stop: threading.Event) -> CopyTarget | None:
+                 stop: threading.Event) -> CopyTarget | None:
     """Checkpoint ``checkpoint_id`` in flight once each of its ``parallelism`` subtasks has
     acknowledged its upload: their tokens and handles. None if an ack reports a failed upload
     (the checkpoint will fail), if stopped, or if :data:`COMMIT_WAIT_S` passed first. One GET
@@ -327,7 +328,7 @@ def acknowledged(storage: CheckpointStorage, checkpoint_id: int, parallelism: in
         if len(acks) == parallelism:
             ordered = [acks[i] for i in range(parallelism)]
             return CopyTarget(checkpoint_id, parallelism, [token for token, _ in ordered],
-                           [[handle] for _, handle in ordered])
+                              [[handle] for _, handle in ordered])
         if stop.wait(poll) or time.monotonic() > deadline:
             return None
         poll = min(poll * 1.25, _MAX_POLL_S)

@@ -76,7 +76,7 @@ def stop_prefetch() -> None:
 
 
 def wait_for_prefetch(timeout_s: float | None = None) -> None:
-    """Wait for the current prefetch thread to end (tests, benchmarks)."""
+    """Wait for the current prefetch thread to end (tests)."""
     current = _current
     if current is not None:
         current.thread.join(timeout_s)

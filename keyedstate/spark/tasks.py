@@ -42,7 +42,7 @@ def run_subtask(plan: BatchPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
         catch_up_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,
                                restorer(plan) if plan.background_restore else None,
                                in_flight=plan.parallelism if plan.async_upload else None)
-    if plan.background_prefetch and plan.async_upload:
+    if plan.background_prefetch:  # the asynchronous mode only (JobConfig)
         # The next batch's tasks start at once (no idle worker to catch copies up in): only
         # fetch the files a restore of a moved subtask here would need.
         prefetch_in_background(plan.job_id, plan.start_id, plan.storage, plan.checkpoint_id,

@@ -116,6 +116,7 @@ def _end(handle: StreamHandle) -> int:
 #: bytes :meth:`CheckpointStorage.prefetch` holds in memory at once
 PREFETCH_BATCH_BYTES = 64 << 20
 
+
 class CheckpointStorage:
     """One snapshot root (``url``), e.g. ``/data/ckpt``, ``file:///...``, ``s3://bucket/job``.
 
@@ -426,9 +427,10 @@ class CheckpointStorage:
 
     def prefetch(self, handles: Sequence[StreamHandle]) -> int:
         """Fetch into the process's file cache the stored files among ``handles`` that it does
-        not hold, each verified, in one parallel batch (:meth:`read_all`); a restore or
-        catch-up in this process then takes them from the cache. Returns the bytes fetched;
-        0 on a local disk or with the cache off (no cache: nothing to fill)."""
+        not hold, each verified, one :meth:`read_all` (one parallel batch) per
+        :data:`PREFETCH_BATCH_BYTES` or so (a batch ends with the file that reaches it); a
+        restore or catch-up in this process then takes them from the cache. Returns the bytes
+        fetched; 0 on a local disk or with the cache off (no cache: nothing to fill)."""
         cache = self.cache
         if cache is None:
             return 0
