@@ -323,8 +323,8 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
         session_warm_up_batches: int = 10, parallelism: int = 2, master: str = "local[2]",
         progress: Callable[[str], None] | None = None, spark: Any = None, store: str = "s3",
         latency: str | LatencyModel | None = None, checkpointing: Sequence[str] = (),
-        job_options: Mapping[str, str] | None = None, store_priority: str = "normal"
-        ) -> dict[str, Any]:
+        job_options: Mapping[str, str] | None = None, store_priority: str = "normal",
+        repeats: int = 1) -> dict[str, Any]:
     """Run the keyed count at ``small_keys`` and at ``keys`` keys on each of ``backends``
     (module docstring); fails if any batch's output differs from the generated data's. First,
     a throw-away run of the small state's loading batches and ``session_warm_up_batches``
@@ -338,7 +338,9 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     ``latency-sync``, ``latency-async``; ``--compare-checkpointing`` runs all three): the job
     runs at ``keys`` only (``small_keys`` <= ``keys`` is the session warm-up's state), once
     per mode on each backend, behind ``latency`` (default :data:`COMPARE_MODEL`), and the
-    goals are those of :func:`.growth_checkpointing.compute_goals`.
+    goals are those of :func:`.growth_checkpointing.compute_goals`. ``repeats``: how many
+    times each backend runs its modes, in order then reversed (only with ``checkpointing``;
+    the comparison and the goals pool a mode's repeats: :mod:`.growth_checkpointing`).
 
     ``job_options``: settings (dotted keys, values in their string form) of every job's
     configuration, set after the benchmark's own (``--job-option``); the JSON's workload
@@ -361,6 +363,9 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
     if not 0 < distinct_keys <= min(small_keys, events_per_batch):
         raise ValueError(f"distinct_keys ({distinct_keys:,}) must be at most the small state's "
                          f"keys ({small_keys:,}) and the events per batch ({events_per_batch:,})")
+    if repeats < 1 or (repeats > 1 and not checkpointing):
+        raise ValueError(f"repeats ({repeats}) must be at least 1, and more than 1 only when "
+                         f"comparing checkpointing modes")
     if batches < 2 or load_batch_keys < 1 or warm_up_batches < 0 or session_warm_up_batches < 0:
         raise ValueError("run at least 2 measured batches, with load_batch_keys >= 1 and no "
                          "negative number of warm-up batches")
@@ -417,17 +422,22 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                                trigger_s=[b["trigger_s"] for b in per_batch])
             # A stopped job's live copies stay in the Python workers a while: the heap
             # backend's are millions of Python objects, so heap runs last (default order).
+            # Repeats run the modes in order, then reversed (ABC CBA), so that a load drifting
+            # over a backend's runs weighs on every mode alike.
             for backend in backends:
                 for size in sizes:
-                    for mode in chosen:
-                        workload = workloads[size]
-                        named = f"{backend}-{size}" + (f"-{mode.name}" if mode else "")
-                        say(f"{named}: {sum(b.phase == LOAD for b in workload)} loading + "
-                            f"{warm_up_batches} warm-up + {batches} measured batches")
-                        results.append(run_one(spark, location_of(mode), backend, size,
-                                               workload, os.path.join(root, named),
-                                               parallelism, mode, job_options=job_options,
-                                               cpu=cpu))
+                    for repeat in range(repeats):
+                        for mode in chosen if repeat % 2 == 0 else chosen[::-1]:
+                            workload = workloads[size]
+                            named = f"{backend}-{size}" + (f"-{mode.name}" if mode else "") \
+                                + (f"-repeat-{repeat}" if repeats > 1 else "")
+                            say(f"{named}: {sum(b.phase == LOAD for b in workload)} loading + "
+                                f"{warm_up_batches} warm-up + {batches} measured batches")
+                            result = run_one(spark, location_of(mode), backend, size,
+                                             workload, os.path.join(root, named), parallelism,
+                                             mode, job_options=job_options, cpu=cpu)
+                            results.append({**result, "repeat": repeat} if checkpointing
+                                           else result)
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:
@@ -442,7 +452,7 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                      "warm_up_batches": warm_up_batches, "events_per_batch": events_per_batch,
                      "distinct_keys_per_batch": distinct_keys, "load_batch_keys": load_batch_keys,
                      "session_warm_up_batches": session_warm_up_batches,
-                     "parallelism": parallelism, "backends": list(backends),
+                     "repeats": repeats, "parallelism": parallelism, "backends": list(backends),
                      "job_options": dict(job_options or {}),
                      "function": "throughput.KeyedCount (process_key, bigint ValueState)",
                      "storage": describe_store(store, model),
@@ -562,6 +572,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="at --keys only, per backend: checkpoints on local disk, behind "
                              "the latency model, and behind it in the asynchronous mode, "
                              "judged by the asynchronous phase's goals")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="with --compare-checkpointing, run each backend's modes this many "
+                             "times, in order then reversed, and pool them (default: "
+                             "%(default)s)")
     parser.add_argument("--store-priority", choices=STORE_PRIORITIES, default="normal",
                         help="the local S3 server's CPU scheduling: normal, or idle (it runs "
                              "only on a core the job leaves idle, as a remote store's CPU is "
@@ -605,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
                  session_warm_up_batches=args.session_warm_up_batches,
                  checkpointing=MODES if args.compare_checkpointing else (),
                  job_options=dict(o.split("=", 1) for o in args.job_option),
-                 store_priority=args.store_priority,
+                 store_priority=args.store_priority, repeats=args.repeats,
                  progress=lambda message: print(message, file=sys.stderr, flush=True))
     text = json.dumps(result, indent=2)
     if args.out:

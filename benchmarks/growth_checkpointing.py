@@ -31,6 +31,16 @@ synchronous snapshot phase (the median of the slowest subtask's ``sync_s``) at m
 ``latency-sync``'s plus one batch interval (``latency-async``'s median batch): the ratio is
 the latency added over that interval, at most 1. :func:`compare` gives the table of every
 mode against ``local-disk``.
+
+**Repeats** (``repeats`` of :func:`~.growth.run`, ``--repeats``): on 2 shared cores one run
+of each mode can't tell 1.0x from 1.2x (two runs of the same code put local disk's heap
+median at 1.15 s and 0.90 s, and Spark moves subtasks between workers in a different number
+of batches each time), so the modes may run ``repeats`` times per backend, in order in even
+repeats and reversed in odd ones (local disk, sync, async, async, sync, local disk: a load
+that drifts steadily over a backend's runs weighs on every mode alike). Every figure of the
+comparison and every goal then pools the measured batches of a mode's repeats
+(:func:`pooled`); each row also gives every repeat's median against local disk's median of
+the same repeat (``median_over_local_disk_by_repeat``).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .common import save_figure
+from .cpu import cpu_medians
 
 #: the goals: the asynchronous mode behind the model at most this times local disk's median ...
 GOAL_MEDIAN_RATIO = 1.1
@@ -96,35 +107,68 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def compare(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (backend, mode): median, p90 and p90 / median of the measured batches,
-    the median batch against ``local-disk``'s, the synchronous phase (median of ``sync_s``)
-    and its fraction of the median batch, the upload (median ``async_s``), the output
-    latency's median and p90, and the median CPU seconds a batch by process (``cpu_s``)."""
-    local = {r["backend"]: r for r in results if r.get("checkpointing") == LOCAL_DISK}
-    rows = []
+def pooled(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per (backend, mode), in the order of their first run, over the measured
+    batches of all its repeats: ``median_s``, ``p90_s`` (linear interpolation), ``sync_s``
+    and ``upload_s`` (medians of the batches' ``sync_s`` and ``async_s``), ``output_latency_s``
+    (every batch's), ``cpu_median_s``, and ``medians_s`` (each repeat's own median, in the
+    order they ran). With one repeat these are that run's own figures."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in results:
-        latency = output_latencies(r["per_batch"])
-        sync_s = r["phases_median_s"]["sync_s"] or 0.0
-        base = local.get(r["backend"])
+        runs.setdefault((r["backend"], r["checkpointing"]), []).append(r)
+    summaries = []
+    for (backend, mode), repeats in runs.items():
+        measured = [b for r in repeats for b in r["per_batch"] if b["phase"] == "measured"]
+        seconds = [b["trigger_s"] for b in measured]
+        sync = [b["sync_s"] for b in measured if b.get("sync_s") is not None]
+        upload = [b["async_s"] for b in measured if b.get("async_s") is not None]
+        summaries.append({
+            "backend": backend, "checkpointing": mode, "keys": repeats[0]["keys"],
+            "repeats": len(repeats), "batches": len(measured),
+            "median_s": _median(seconds), "p90_s": float(np.percentile(seconds, 90)),
+            "sync_s": _median(sync) if sync else 0.0,
+            "upload_s": _median(upload) if upload else None,
+            "output_latency_s": output_latencies(measured),
+            "cpu_median_s": cpu_medians(measured),
+            "medians_s": [r["median_s"] for r in repeats],
+        })
+    return summaries
+
+
+def compare(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (backend, mode), over its repeats (:func:`pooled`): median, p90 and p90 /
+    median of the measured batches, the median batch against ``local-disk``'s (pooled, and
+    per repeat against the same repeat's), the synchronous phase (median of ``sync_s``) and
+    its fraction of the median batch, the upload (median ``async_s``), the output latency's
+    median and p90, and the median CPU seconds a batch by process (``cpu_s``)."""
+    summaries = pooled(results)
+    local = {s["backend"]: s for s in summaries if s["checkpointing"] == LOCAL_DISK}
+    rows = []
+    for s in summaries:
+        base = local.get(s["backend"])
+        latency = s["output_latency_s"]
         rows.append({
-            "backend": r["backend"], "checkpointing": r["checkpointing"], "keys": r["keys"],
-            "median_s": r["median_s"], "p90_s": r["p90_s"],
-            "p90_over_median": r["p90_s"] / r["median_s"],
-            "median_over_local_disk": r["median_s"] / base["median_s"] if base else None,
-            "sync_s": sync_s, "sync_fraction": sync_s / r["median_s"],
-            "upload_s": r["phases_median_s"]["async_s"],
+            "backend": s["backend"], "checkpointing": s["checkpointing"], "keys": s["keys"],
+            "repeats": s["repeats"], "batches": s["batches"],
+            "median_s": s["median_s"], "p90_s": s["p90_s"],
+            "p90_over_median": s["p90_s"] / s["median_s"],
+            "median_over_local_disk": s["median_s"] / base["median_s"] if base else None,
+            "median_over_local_disk_by_repeat": (
+                [m / b for m, b in zip(s["medians_s"], base["medians_s"])] if base else None),
+            "sync_s": s["sync_s"], "sync_fraction": s["sync_s"] / s["median_s"],
+            "upload_s": s["upload_s"],
             "output_latency_median_s": _median(latency),
             "output_latency_p90_s": float(np.percentile(latency, 90)),
-            "cpu_median_s": r.get("cpu_median_s"),
+            "cpu_median_s": s["cpu_median_s"],
         })
     return rows
 
 
 def compute_goals(results: Sequence[dict[str, Any]], model: str
                   ) -> dict[str, dict[str, Any]]:
-    """The goals of the module docstring, per backend, for the modes the run has."""
-    by = {(r["backend"], r["checkpointing"]): r for r in results}
+    """The goals of the module docstring, per backend, for the modes the run has, each over
+    the pooled repeats of its modes (:func:`pooled`)."""
+    by = {(s["backend"], s["checkpointing"]): s for s in pooled(results)}
     goals: dict[str, dict[str, Any]] = {}
 
     def goal(name: str, ratio: float, target: float) -> None:
@@ -141,11 +185,9 @@ def compute_goals(results: Sequence[dict[str, Any]], model: str
         goal(f"{at}: p90, async behind {model} <= {GOAL_TAIL_RATIO:g}x its median",
              asyn["p90_s"] / asyn["median_s"], GOAL_TAIL_RATIO)
         goal(f"{at}: synchronous snapshot phase <= {GOAL_SYNC_FRACTION:.0%} of the median "
-             f"batch (async)", (asyn["phases_median_s"]["sync_s"] or 0.0) / asyn["median_s"],
-             GOAL_SYNC_FRACTION)
+             f"batch (async)", asyn["sync_s"] / asyn["median_s"], GOAL_SYNC_FRACTION)
         if sync is not None:
-            added = (_median(output_latencies(asyn["per_batch"]))
-                     - _median(output_latencies(sync["per_batch"])))
+            added = _median(asyn["output_latency_s"]) - _median(sync["output_latency_s"])
             goal(f"{at}: output latency, async adds <= {GOAL_ADDED_INTERVALS:g} batch "
                  f"interval to sync's (median)", added / asyn["median_s"],
                  GOAL_ADDED_INTERVALS)
@@ -160,10 +202,11 @@ COLORS = {LOCAL_DISK: "#7f7f7f", LATENCY_SYNC: "#ff7f0e", LATENCY_ASYNC: "#1f77b
 
 
 def plot(result: dict[str, Any], path: str) -> str:
-    """One column per backend. Above, each measured batch's seconds in each mode, their
-    medians (dotted) and the goals' lines (dashed: 1.1x local disk's median, 1.5x the
-    asynchronous mode's); below, each batch's output latency, with the asynchronous
-    goal's line (the synchronous mode's median plus one batch interval). Returns ``path``."""
+    """One column per backend. Above, each measured batch's seconds in each mode (a mode's
+    repeats one after another), their pooled medians (dotted) and the goals' lines (dashed:
+    1.1x local disk's median, 1.5x the asynchronous mode's); below, each batch's output
+    latency, with the asynchronous goal's line (the synchronous mode's median plus one batch
+    interval). Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,21 +217,29 @@ def plot(result: dict[str, Any], path: str) -> str:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     fig, axes = plt.subplots(2, len(backends), figsize=(6.5 * len(backends), 8), dpi=120,
                              sharey="row", squeeze=False)
+    summaries = pooled(results)
     for column, backend in enumerate(backends):
         top, bottom = axes[0][column], axes[1][column]
-        mine = {r["checkpointing"]: r for r in results if r["backend"] == backend}
-        for name, r in mine.items():
-            measured = [b for b in r["per_batch"] if b["phase"] == "measured"]
-            xs = range(1, len(measured) + 1)
+        mine = {s["checkpointing"]: s for s in summaries if s["backend"] == backend}
+        for name, summary in mine.items():
             color = COLORS.get(name, "#2ca02c")
-            sync_s = r["phases_median_s"]["sync_s"] or 0.0
-            top.plot(xs, [b["trigger_s"] for b in measured], marker="o", markersize=3,
-                     color=color, label=f"{name}: median {r['median_s']:.2f} s, p90 "
-                                        f"{r['p90_s']:.2f}, sync phase {sync_s:.2f}")
-            top.axhline(r["median_s"], color=color, linestyle=":", linewidth=1)
-            latency = output_latencies(r["per_batch"])
-            bottom.plot(xs, latency, marker="o", markersize=3, color=color,
-                        label=f"{name}: median {_median(latency):.2f} s")
+            runs = [r for r in results
+                    if r["backend"] == backend and r["checkpointing"] == name]
+            first = 1
+            for repeat, r in enumerate(runs):
+                # the repeats one after another along the axis, the pooled figures labelled once
+                measured = [b for b in r["per_batch"] if b["phase"] == "measured"]
+                xs = range(first, first + len(measured))
+                first += len(measured)
+                top.plot(xs, [b["trigger_s"] for b in measured], marker="o", markersize=3,
+                         color=color, label=None if repeat else (
+                             f"{name}: median {summary['median_s']:.2f} s, p90 "
+                             f"{summary['p90_s']:.2f}, sync phase {summary['sync_s']:.2f}"))
+                bottom.plot(xs, output_latencies(r["per_batch"]), marker="o", markersize=3,
+                            color=color, label=None if repeat else (
+                                f"{name}: median "
+                                f"{_median(summary['output_latency_s']):.2f} s"))
+            top.axhline(summary["median_s"], color=color, linestyle=":", linewidth=1)
         if LOCAL_DISK in mine:
             top.axhline(GOAL_MEDIAN_RATIO * mine[LOCAL_DISK]["median_s"], color="#2ca02c",
                         linestyle="--", linewidth=1,
@@ -198,7 +249,7 @@ def plot(result: dict[str, Any], path: str) -> str:
             top.axhline(GOAL_TAIL_RATIO * asyn["median_s"], color="#d62728", linestyle="--",
                         linewidth=1, label=f"goal: async p90 <= {GOAL_TAIL_RATIO:g}x its median")
             if LATENCY_SYNC in mine:
-                bound = _median(output_latencies(mine[LATENCY_SYNC]["per_batch"])) \
+                bound = _median(mine[LATENCY_SYNC]["output_latency_s"]) \
                     + GOAL_ADDED_INTERVALS * asyn["median_s"]
                 bottom.axhline(bound, color="#d62728", linestyle="--", linewidth=1,
                                label="goal: async <= sync's median + one batch")
@@ -207,7 +258,8 @@ def plot(result: dict[str, Any], path: str) -> str:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(fontsize=7, loc="upper left")
         top.set_title(backend, fontsize=10)
-        bottom.set_xlabel("measured batch")
+        bottom.set_xlabel("measured batch (a mode's repeats one after another)"
+                          if any(s["repeats"] > 1 for s in summaries) else "measured batch")
     axes[0][0].set_ylabel("seconds per batch (Spark's triggerExecution)")
     axes[1][0].set_ylabel("output latency, s (trigger start to sink commit)")
     for ax in axes[0]:

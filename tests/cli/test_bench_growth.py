@@ -1,7 +1,7 @@
 """``keyedstate bench growth``'s generated batches and its output check (no Spark): the loading
 batches hold every key once, each later batch its exact number of distinct keys, and a job's
 output with a key missing, doubled or miscounted is refused; the command's
-``--compare-checkpointing``."""
+``--compare-checkpointing`` and its repeats."""
 
 from __future__ import annotations
 
@@ -94,3 +94,56 @@ def test_the_sink_fails_the_run_for_a_batch_never_committed_or_not_generated(tmp
     assert sink.verified == {3: False}
     with pytest.raises(AssertionError, match="batch 3 was not generated"):
         sink.check("rocksdb-20")
+
+
+def _fake_run(backend: str, mode: str, seconds: list[float]) -> dict[str, Any]:
+    """A run's result as :func:`growth.run_one` gives it, with only what the comparison reads."""
+    per_batch = [{"phase": "measured", "trigger_s": s, "sync_s": 0.01, "async_s": 0.2,
+                  "output_latency_s": 2 * s, "cpu_s": None} for s in seconds]
+    return {"backend": backend, "keys": 1000, "checkpointing": mode, "per_batch": per_batch,
+            "median_s": float(np.median(seconds))}
+
+
+def test_repeats_run_the_modes_in_order_then_reversed_and_pool_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    ran: list[tuple[str, str]] = []
+    # local disk's repeats at 1.0 s then 2.0 s (the machine got slower), async's at 1.05 s
+    # then 2.0 s: each repeat alone says 1.05x and 1.0x, the pooled medians 1.525 / 1.5 s
+    seconds = {("local-disk", 0): [1.0] * 3, ("local-disk", 1): [2.0] * 3,
+               ("latency-sync", 0): [3.0] * 3, ("latency-sync", 1): [3.0] * 3,
+               ("latency-async", 0): [1.05] * 3, ("latency-async", 1): [2.0] * 3}
+
+    def fake_run_one(spark: Any, store: Any, backend: str, keys: int, workload: Any,
+                     root: str, parallelism: int, mode: Any = None, **kwargs: Any
+                     ) -> dict[str, Any]:
+        ran.append((backend, mode.name))
+        repeat = sum(1 for b, m in ran if (b, m) == (backend, mode.name)) - 1
+        return _fake_run(backend, mode.name, seconds[mode.name, repeat])
+
+    class FakeSpark:
+        class sparkContext:
+            master = "local[2]"
+
+    monkeypatch.setattr(growth, "run_one", fake_run_one)
+    figures = growth.run(keys=1000, small_keys=500, batches=3, events_per_batch=100,
+                         distinct_keys=10, load_batch_keys=1000, session_warm_up_batches=0,
+                         spark=FakeSpark(), store="local", latency="ms=1", backends=["heap"],
+                         checkpointing=growth_checkpointing.MODES, repeats=2)
+    assert ran == [("heap", m) for m in ("local-disk", "latency-sync", "latency-async",
+                                         "latency-async", "latency-sync", "local-disk")]
+    assert [r["repeat"] for r in figures["results"]] == [0, 0, 0, 1, 1, 1]
+    assert figures["workload"]["repeats"] == 2
+    rows = {r["checkpointing"]: r for r in figures["comparison"]}
+    assert rows["latency-async"]["repeats"] == 2 and rows["latency-async"]["batches"] == 6
+    assert rows["latency-async"]["median_s"] == pytest.approx(1.525)
+    assert rows["latency-async"]["median_over_local_disk"] == pytest.approx(1.525 / 1.5)
+    assert rows["latency-async"]["median_over_local_disk_by_repeat"] == pytest.approx([1.05, 1.0])
+    median_goal = next(g for name, g in figures["goals"].items() if "median, async" in name)
+    assert median_goal["ratio"] == pytest.approx(1.525 / 1.5) and median_goal["met"]
+    growth_checkpointing.plot(figures, str(tmp_path / "figure.png"))
+    assert (tmp_path / "figure.png").stat().st_size > 0
+    # a repeat needs modes to alternate
+    with pytest.raises(ValueError, match="repeats"):
+        growth.run(keys=1000, small_keys=500, batches=3, events_per_batch=100,
+                   distinct_keys=10, spark=FakeSpark(), repeats=2)
+
