@@ -257,13 +257,14 @@ def _epoch(timestamp: str) -> float:
 def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, keys: int,
             workload: Sequence[Batch], root: str, parallelism: int,
             mode: Checkpointing | None = None, job_options: Mapping[str, str] | None = None,
-            cpu: CpuSampler | None = None) -> dict[str, Any]:
+            cpu: CpuSampler | None = None, repeat: int = 0) -> dict[str, Any]:
     """:func:`run_job` for ``backend`` at ``keys`` keys (checkpointing as ``mode`` says, if
-    given), and the summary of its measured batches: median, p90 and max seconds (also the
+    given; ``repeat``: which run of that mode, with checkpoints of its own), and the summary of its measured batches: median, p90 and max seconds (also the
     median of the batches where every subtask reused its live copy and of those where one
     restored: placement), output latency, uploads, state size, CPU seconds by process."""
     load_before = os.getloadavg()[0]
-    name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "")
+    name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "") \
+        + (f"-repeat-{repeat}" if repeat else "")
     per_batch, wall_s = run_job(spark, store, backend, workload, root, parallelism, name,
                                 async_upload=mode is not None and mode.async_upload,
                                 job_options=job_options, cpu=cpu)
@@ -273,7 +274,7 @@ def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, key
     latency = [b["output_latency_s"] for b in measured]
     return {
         "backend": backend, "keys": keys,
-        **({"checkpointing": mode.name} if mode is not None else {}),
+        **({"checkpointing": mode.name, "repeat": repeat} if mode is not None else {}),
         "load_batches": sum(b["phase"] == LOAD for b in per_batch),
         "load_s": sum(b["trigger_s"] for b in per_batch if b["phase"] == LOAD),
         "batches": len(measured),
@@ -430,14 +431,13 @@ def run(keys: int = 5_000_000, small_keys: int = SMALL_KEYS, batches: int = 30,
                         for mode in chosen if repeat % 2 == 0 else chosen[::-1]:
                             workload = workloads[size]
                             named = f"{backend}-{size}" + (f"-{mode.name}" if mode else "") \
-                                + (f"-repeat-{repeat}" if repeats > 1 else "")
+                                + (f"-repeat-{repeat}" if repeat else "")
                             say(f"{named}: {sum(b.phase == LOAD for b in workload)} loading + "
                                 f"{warm_up_batches} warm-up + {batches} measured batches")
-                            result = run_one(spark, location_of(mode), backend, size,
-                                             workload, os.path.join(root, named), parallelism,
-                                             mode, job_options=job_options, cpu=cpu)
-                            results.append({**result, "repeat": repeat} if checkpointing
-                                           else result)
+                            results.append(run_one(spark, location_of(mode), backend, size,
+                                                   workload, os.path.join(root, named),
+                                                   parallelism, mode, job_options=job_options,
+                                                   cpu=cpu, repeat=repeat))
             master = spark.sparkContext.master  # a session given may run elsewhere
         finally:
             if own_session:

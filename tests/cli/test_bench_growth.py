@@ -107,6 +107,7 @@ def _fake_run(backend: str, mode: str, seconds: list[float]) -> dict[str, Any]:
 def test_repeats_run_the_modes_in_order_then_reversed_and_pool_them(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     ran: list[tuple[str, str]] = []
+    roots: set[str] = set()
     # local disk's repeats at 1.0 s then 2.0 s (the machine got slower), async's at 1.05 s
     # then 2.0 s: each repeat alone says 1.05x and 1.0x, the pooled medians 1.525 / 1.5 s
     seconds = {("local-disk", 0): [1.0] * 3, ("local-disk", 1): [2.0] * 3,
@@ -114,11 +115,11 @@ def test_repeats_run_the_modes_in_order_then_reversed_and_pool_them(
                ("latency-async", 0): [1.05] * 3, ("latency-async", 1): [2.0] * 3}
 
     def fake_run_one(spark: Any, store: Any, backend: str, keys: int, workload: Any,
-                     root: str, parallelism: int, mode: Any = None, **kwargs: Any
-                     ) -> dict[str, Any]:
+                     root: str, parallelism: int, mode: Any = None, repeat: int = 0,
+                     **kwargs: Any) -> dict[str, Any]:
         ran.append((backend, mode.name))
-        repeat = sum(1 for b, m in ran if (b, m) == (backend, mode.name)) - 1
-        return _fake_run(backend, mode.name, seconds[mode.name, repeat])
+        roots.add(root)
+        return {**_fake_run(backend, mode.name, seconds[mode.name, repeat]), "repeat": repeat}
 
     class FakeSpark:
         class sparkContext:
@@ -132,6 +133,7 @@ def test_repeats_run_the_modes_in_order_then_reversed_and_pool_them(
     assert ran == [("heap", m) for m in ("local-disk", "latency-sync", "latency-async",
                                          "latency-async", "latency-sync", "local-disk")]
     assert [r["repeat"] for r in figures["results"]] == [0, 0, 0, 1, 1, 1]
+    assert len(roots) == 6  # every run its own folder
     assert figures["workload"]["repeats"] == 2
     rows = {r["checkpointing"]: r for r in figures["comparison"]}
     assert rows["latency-async"]["repeats"] == 2 and rows["latency-async"]["batches"] == 6

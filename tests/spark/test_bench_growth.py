@@ -92,6 +92,24 @@ def test_bench_growth_compares_checkpointing_modes_in_one_run(spark: Any, tmp_pa
     assert (tmp_path / "growth-checkpointing.png").stat().st_size > 0 and path
 
 
+def test_bench_growth_repeats_each_mode_with_checkpoints_of_its_own(spark: Any) -> None:
+    """``--repeats 2``, tiny: every run of a mode is a new job in its own checkpoint directory
+    (the second run of a mode in the first's directory would be refused as a restart with
+    an empty Spark checkpoint location), and the comparison pools the repeats."""
+    modes = [growth_checkpointing.LOCAL_DISK, growth_checkpointing.LATENCY_ASYNC]
+    figures = growth.run(keys=1000, small_keys=500, batches=2, warm_up_batches=0,
+                         events_per_batch=400, distinct_keys=100, load_batch_keys=1000,
+                         session_warm_up_batches=0, spark=spark, latency="ms=1",
+                         backends=["heap"], checkpointing=modes, repeats=2)
+    assert [(r["checkpointing"], r["repeat"]) for r in figures["results"]] == [
+        (modes[0], 0), (modes[1], 0), (modes[1], 1), (modes[0], 1)]
+    assert all(r["verified"] for r in figures["results"])
+    rows = figures["comparison"]
+    assert [(r["checkpointing"], r["repeats"], r["batches"]) for r in rows] == [
+        (modes[0], 2, 4), (modes[1], 2, 4)]
+    assert len(rows[1]["median_over_local_disk_by_repeat"]) == 2
+
+
 def test_bench_growth_refuses_a_large_state_not_larger_than_the_small(spark: Any) -> None:
     with pytest.raises(ValueError, match="must be more than"):
         growth.run(keys=100_000, spark=spark)
