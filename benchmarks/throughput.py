@@ -33,6 +33,9 @@ source with ``maxFilesPerTrigger=1`` and ``trigger(availableNow=True)``, in one 
   ``spark-two-phase-arrow-combine-handoff`` (no runtime plan: each input partition counted per
   key with pyarrow in a ``mapInArrow`` before the shuffle, the counts summed per key after
   it, in the JVM).
+- ``keyedstate-stateless`` / ``keyedstate-stateless-two-phase``: keyedstate's job with no
+  state, per key and two-phase (heap backend, every batch checkpointed), emitting each key's
+  count in its batch: the floor of keyedstate's own protocol (:mod:`.throughput_stateless`).
 
 Every system reads only the key column (``events.select("user_id")``): Spark's built-in
 aggregation prunes the unused columns by itself, a Python function is given what the query
@@ -75,6 +78,12 @@ from keyedstate.state.api import ValueState
 from keyedstate.state.descriptors import ValueStateDescriptor
 
 from .common import machine, save_figure, workdir
+from .throughput_stateless import (
+    KEYEDSTATE_STATELESS,
+    KEYEDSTATE_STATELESS_TWO_PHASE,
+    STATELESS_SYSTEMS,
+    check_batch_counts,
+)
 
 KEYEDSTATE_ROCKSDB = "keyedstate-rocksdb"
 KEYEDSTATE_HEAP = "keyedstate-heap"
@@ -99,10 +108,10 @@ HANDOFF_PLANS: dict[str, str | None] = {
     TWO_PHASE_PARTIAL_HANDOFF: PARTIAL_AGGREGATE,
     TWO_PHASE_ARROW_COMBINE_HANDOFF: ARROW_COMBINE}
 HANDOFFS = tuple(HANDOFF_PLANS)
-SYSTEMS = (BUILTIN_AGG, *HANDOFFS, KEYEDSTATE_ROCKSDB,
-           KEYEDSTATE_HEAP, KEYEDSTATE_ROCKSDB_VECTORIZED, KEYEDSTATE_HEAP_VECTORIZED,
-           KEYEDSTATE_ROCKSDB_TWO_PHASE, KEYEDSTATE_HEAP_TWO_PHASE, APPLY_IN_PANDAS_WITH_STATE,
-           TRANSFORM_WITH_STATE_IN_PANDAS)
+SYSTEMS = (BUILTIN_AGG, *HANDOFFS, KEYEDSTATE_STATELESS, KEYEDSTATE_STATELESS_TWO_PHASE,
+           KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP, KEYEDSTATE_ROCKSDB_VECTORIZED,
+           KEYEDSTATE_HEAP_VECTORIZED, KEYEDSTATE_ROCKSDB_TWO_PHASE, KEYEDSTATE_HEAP_TWO_PHASE,
+           APPLY_IN_PANDAS_WITH_STATE, TRANSFORM_WITH_STATE_IN_PANDAS)
 #: the Spark systems that run Python per key: slow, so they get fewer batches
 PYTHON_BASELINES = (APPLY_IN_PANDAS_WITH_STATE, TRANSFORM_WITH_STATE_IN_PANDAS)
 #: each path's (RocksDB, heap) systems and the floor under both: the same rows handed to Python
@@ -172,12 +181,13 @@ class TwoPhaseKeyedCount(VectorizedKeyedCount):
 
 
 #: keyedstate's systems: the state backend and the count's function
-KEYEDSTATE_SYSTEMS: dict[str, tuple[str, type[KeyedCount]]] = {
+KEYEDSTATE_SYSTEMS: dict[str, tuple[str, type[KeyedProcessFunction]]] = {
     KEYEDSTATE_ROCKSDB: ("rocksdb", KeyedCount), KEYEDSTATE_HEAP: ("heap", KeyedCount),
     KEYEDSTATE_ROCKSDB_VECTORIZED: ("rocksdb", VectorizedKeyedCount),
     KEYEDSTATE_HEAP_VECTORIZED: ("heap", VectorizedKeyedCount),
     KEYEDSTATE_ROCKSDB_TWO_PHASE: ("rocksdb", TwoPhaseKeyedCount),
     KEYEDSTATE_HEAP_TWO_PHASE: ("heap", TwoPhaseKeyedCount),
+    **STATELESS_SYSTEMS,
 }
 
 
@@ -455,8 +465,9 @@ class SystemRun:
 
     :meth:`start` starts the query over the files its input folder holds (``paths`` linked
     there by :meth:`add`); :meth:`finish` stops it (after an ``availableNow`` query ended by
-    itself) and :meth:`result` verifies every batch's output against ``expected`` and reports
-    the batches' times (Spark's ``triggerExecution``)."""
+    itself) and :meth:`result` verifies every batch's output against ``expected`` (a stateless
+    system's against each batch's own counts in the files :meth:`add` linked, its length
+    the number of batches) and reports the batches' times (Spark's ``triggerExecution``)."""
 
     def __init__(self, spark: Any, system: str, expected: Sequence[tuple[int, int, int]],
                  root: str, events_per_batch: int, parallelism: int,
@@ -476,6 +487,7 @@ class SystemRun:
         self.query: Any = None  # Spark's streaming query
         self.extra: dict[str, Any] = {}
         self.input_dir = os.path.join(root, "input")
+        self.paths: list[str] = []  # the files added, in order: a batch each
         self.started = 0.0
         self.load_before = 0.0
         self.wall_s = 0.0
@@ -487,6 +499,7 @@ class SystemRun:
         os.makedirs(self.input_dir, exist_ok=True)
         for path in paths:
             os.link(path, os.path.join(self.input_dir, os.path.basename(path)))
+            self.paths.append(path)
 
     def start(self, trigger: Mapping[str, Any] = AVAILABLE_NOW) -> None:
         """Start the system's query with Spark's ``trigger`` (keyword arguments of
@@ -545,6 +558,8 @@ class SystemRun:
         batches = len(self.expected)
         if system in HANDOFFS:
             self.handoff.verify(system, events_per_batch, batches)
+        elif system in STATELESS_SYSTEMS:  # each key's count in its own batch, not so far
+            check_batch_counts(system, self.sink.seen, self.paths[:batches])
         else:
             self.sink.verify(system, self.expected)
         if [p.numInputRows for p in progress] != [events_per_batch] * batches:

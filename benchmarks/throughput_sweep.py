@@ -59,7 +59,9 @@ FLOOR_OF = {t.KEYEDSTATE_ROCKSDB_TWO_PHASE: t.TWO_PHASE_HANDOFF,
             t.KEYEDSTATE_HEAP_TWO_PHASE: t.TWO_PHASE_HANDOFF,
             t.KEYEDSTATE_ROCKSDB_VECTORIZED: t.ARROW_HANDOFF,
             t.KEYEDSTATE_HEAP_VECTORIZED: t.ARROW_HANDOFF,
-            t.KEYEDSTATE_ROCKSDB: t.ARROW_HANDOFF, t.KEYEDSTATE_HEAP: t.ARROW_HANDOFF}
+            t.KEYEDSTATE_ROCKSDB: t.ARROW_HANDOFF, t.KEYEDSTATE_HEAP: t.ARROW_HANDOFF,
+            t.KEYEDSTATE_STATELESS: t.ARROW_HANDOFF,
+            t.KEYEDSTATE_STATELESS_TWO_PHASE: t.TWO_PHASE_HANDOFF}
 #: the per-batch phases of a keyedstate system whose medians a point keeps
 PHASES = ("trigger_s", "driver_s", "sink_s", "slowest_subtask_s", "other_s")
 SUBTASK_PHASES = ("restore_s", "process_s", "sync_s", "async_s")
