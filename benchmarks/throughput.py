@@ -667,8 +667,10 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
     :data:`SYSTEMS`); with ``interleave``, batch by batch in turns, each round one batch of
     each in a rotating order, each system keeping its query and state across rounds
     (:mod:`.throughput_interleave`; ``systems`` None: the floors and keyedstate's six
-    systems), and the state overheads are also compared round by round (the JSON's
-    ``rounds`` and ``round_overheads``)."""
+    systems; its ``FLOOR_SYSTEMS`` adds the built-in aggregation and the stateless systems),
+    and the state overheads are also compared round by round (the JSON's ``rounds`` and
+    ``round_overheads``), and with the built-in aggregation, events/s round by round (its
+    ``round_ratios_to_builtin`` and ``floor_checks``)."""
     from keyedstate.spark.session import local_session
 
     from . import throughput_interleave
@@ -726,7 +728,11 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
     if interleave:
         per_round = throughput_interleave.round_overheads(rounds)
         goals.update(throughput_interleave.round_goals(per_round))
-        interleaved = {"rounds": rounds, "round_overheads": per_round}
+        against = throughput_interleave.round_ratios_to_builtin(rounds)
+        goals.update(throughput_interleave.builtin_round_goals(against))
+        interleaved = {"rounds": rounds, "round_overheads": per_round,
+                       "round_ratios_to_builtin": against,
+                       "floor_checks": throughput_interleave.floor_checks(against)}
     return {
         "benchmark": "throughput",
         "mode": "interleaved" if interleave else "sequential",
@@ -749,6 +755,15 @@ def run(keys: int = 100_000, events_per_batch: int = 1_000_000, batches: int = 8
         "goals_met": all(g["met"] for g in goals.values()),
         **interleaved,
     }
+
+
+def system_sets() -> dict[str, tuple[str, ...]]:
+    """The named sets of systems ``keyedstate bench throughput --systems`` takes besides
+    system names: ``all`` (:data:`SYSTEMS`), ``interleaved`` (the interleaved mode's default)
+    and ``floor`` (that, the built-in aggregation and the stateless systems)."""
+    from . import throughput_interleave as ti
+
+    return {"all": SYSTEMS, "interleaved": ti.OVERHEAD_SYSTEMS, "floor": ti.FLOOR_SYSTEMS}
 
 
 def compute_goals(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -16,6 +16,25 @@ Per path (:data:`~benchmarks.throughput.STATE_PATHS`) and round after the first,
 system's overhead is its batch's time minus its floor's batch of the same round; the
 RocksDB/heap ratio is reported as the median of the per-round ratios and as the ratio of the
 median per-round overheads, with the spread of the per-round ratios (:func:`round_overheads`).
+
+Against Spark's built-in aggregation (``spark-builtin-agg``, run beside the others by
+:data:`FLOOR_SYSTEMS`; ``keyedstate bench throughput --interleave --systems floor``), per round
+after the first, each system of :data:`BUILTIN_TARGETS` gets its events/s over the built-in's
+of the same round, the built-in's seconds over its own (:func:`round_ratios_to_builtin`, the
+JSON's ``round_ratios_to_builtin``: per system ``reference``, ``target``, ``rounds`` (each
+round's ``builtin_s``, ``system_s`` and ``ratio``), ``judged_rounds``, ``median_ratio``,
+``ratio_of_medians`` (the built-in's median seconds over the system's), ``min_ratio`` and
+``max_ratio``). Two goals judge them (:func:`builtin_round_goals`): "keyedstate-rocksdb >= 1x
+spark-builtin-agg, round by round" and "keyedstate-rocksdb-two-phase >= 1.3x
+spark-builtin-agg, round by round", met when both the median ratio and the ratio of medians
+reach the target. The same targets applied to keyedstate's stateless systems
+(:mod:`.throughput_stateless`: the job and its checkpoints with no state) are not goals but
+``floor_checks`` (:func:`floor_checks`): per stateless system, the goal it bounds
+(``goal``, ``bounds``: the systems of its path), the ``target``, its ``median_ratio`` and
+``ratio_of_medians``, ``reaches_target`` (both at least the target) and ``verdict``:
+``"reaches"``, ``"below"`` (both under it: no backend on that path can meet the goal, which
+lies beyond the protocol's own floor) or ``"split"`` (one measure each side: the run does not
+tell).
 """
 
 from __future__ import annotations
@@ -27,12 +46,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .throughput import (
     ARROW_HANDOFF,
+    BUILTIN_AGG,
     KEYEDSTATE_HEAP,
     KEYEDSTATE_HEAP_TWO_PHASE,
     KEYEDSTATE_HEAP_VECTORIZED,
     KEYEDSTATE_ROCKSDB,
     KEYEDSTATE_ROCKSDB_TWO_PHASE,
     KEYEDSTATE_ROCKSDB_VECTORIZED,
+    KEYEDSTATE_STATELESS,
+    KEYEDSTATE_STATELESS_TWO_PHASE,
     PYTHON_BASELINES,
     ROCKSDB_OVERHEAD_TARGET,
     STATE_PATHS,
@@ -45,6 +67,21 @@ from .throughput import (
 OVERHEAD_SYSTEMS = (ARROW_HANDOFF, TWO_PHASE_HANDOFF, KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP,
                     KEYEDSTATE_ROCKSDB_VECTORIZED, KEYEDSTATE_HEAP_VECTORIZED,
                     KEYEDSTATE_ROCKSDB_TWO_PHASE, KEYEDSTATE_HEAP_TWO_PHASE)
+#: the run that judges the goals against the built-in aggregation: the systems above, the
+#: built-in aggregation itself and keyedstate's two stateless systems (the protocol's floors)
+FLOOR_SYSTEMS = (*OVERHEAD_SYSTEMS, BUILTIN_AGG, KEYEDSTATE_STATELESS,
+                 KEYEDSTATE_STATELESS_TWO_PHASE)
+#: the systems compared with the built-in aggregation round by round, and the events/s ratio
+#: each must reach: the per-key and two-phase RocksDB goals, and the same targets for the
+#: stateless systems on the same paths (their floor checks)
+BUILTIN_TARGETS: dict[str, float] = {
+    KEYEDSTATE_ROCKSDB: 1.0, KEYEDSTATE_ROCKSDB_TWO_PHASE: 1.3,
+    KEYEDSTATE_STATELESS: 1.0, KEYEDSTATE_STATELESS_TWO_PHASE: 1.3}
+#: each stateless system and the systems of its path it bounds: the same plan and protocol,
+#: with a state (the goal's system first)
+FLOOR_BOUNDS: dict[str, tuple[str, ...]] = {
+    KEYEDSTATE_STATELESS: (KEYEDSTATE_ROCKSDB, KEYEDSTATE_HEAP),
+    KEYEDSTATE_STATELESS_TWO_PHASE: (KEYEDSTATE_ROCKSDB_TWO_PHASE, KEYEDSTATE_HEAP_TWO_PHASE)}
 #: the trigger of every query in this mode: a query waiting for its turn looks for a new file
 #: twice a second (a directory listing, no batch), light next to a batch of the one whose turn
 #: it is; the wait for a file to be picked up is not in any batch's time
@@ -199,3 +236,72 @@ def round_goals(overheads: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[st
             "met": median is not None and of_medians is not None
             and median <= ROCKSDB_OVERHEAD_TARGET and of_medians <= ROCKSDB_OVERHEAD_TARGET}
     return goals
+
+
+def round_ratios_to_builtin(rounds: Sequence[Mapping[str, Any]]
+                            ) -> dict[str, dict[str, Any]]:
+    """Per system of :data:`BUILTIN_TARGETS` that ran beside the built-in aggregation, and
+    per round after the first (which only creates state) where both ran: its events/s over
+    the built-in's, which with the same events in every batch is the built-in's seconds over
+    its own. ``median_ratio`` is the median of the rounds' ratios, ``ratio_of_medians`` the
+    built-in's median seconds over the system's, ``min_ratio`` / ``max_ratio`` the spread;
+    a system without a judged round is left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for system, target in BUILTIN_TARGETS.items():
+        per_round = [{"round": rnd["round"], "builtin_s": rnd["seconds"][BUILTIN_AGG],
+                      "system_s": rnd["seconds"][system],
+                      "ratio": rnd["seconds"][BUILTIN_AGG] / rnd["seconds"][system]}
+                     for rnd in rounds[1:]
+                     if BUILTIN_AGG in rnd["seconds"] and system in rnd["seconds"]]
+        if not per_round:
+            continue
+        ratios = [x["ratio"] for x in per_round]
+        out[system] = {
+            "reference": BUILTIN_AGG, "target": target, "rounds": per_round,
+            "judged_rounds": len(per_round), "median_ratio": statistics.median(ratios),
+            "ratio_of_medians": statistics.median(x["builtin_s"] for x in per_round)
+            / statistics.median(x["system_s"] for x in per_round),
+            "min_ratio": min(ratios), "max_ratio": max(ratios)}
+    return out
+
+
+def builtin_goal_name(system: str) -> str:
+    """The name, in ``goals``, of ``system``'s goal against the built-in, round by round."""
+    return f"{system} >= {BUILTIN_TARGETS[system]:g}x {BUILTIN_AGG}, round by round"
+
+
+def builtin_round_goals(ratios: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The goals against the built-in aggregation, round by round, of the systems in
+    ``ratios`` (:func:`round_ratios_to_builtin`) that are not stateless: met when both the
+    median of the per-round ratios and the ratio of the median seconds reach the target."""
+    goals: dict[str, dict[str, Any]] = {}
+    for system, r in ratios.items():
+        if system in FLOOR_BOUNDS:
+            continue  # a floor's check, not a goal: floor_checks
+        goals[builtin_goal_name(system)] = {
+            "ratio": r["median_ratio"], "ratio_of_medians": r["ratio_of_medians"],
+            "min_ratio": r["min_ratio"], "max_ratio": r["max_ratio"], "target": r["target"],
+            "met": r["median_ratio"] >= r["target"] and r["ratio_of_medians"] >= r["target"]}
+    return goals
+
+
+def floor_checks(ratios: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per stateless system in ``ratios`` (:func:`round_ratios_to_builtin`), whether the
+    protocol with no state reaches the target of the goal it bounds: ``verdict`` "reaches"
+    when both the median ratio and the ratio of medians are at least the target, "below"
+    when both are under it (the goal lies beyond this floor: no backend on its path can meet
+    it), "split" otherwise. Not goals: they do not count in ``goals_met``."""
+    checks: dict[str, dict[str, Any]] = {}
+    for floor, bounded in FLOOR_BOUNDS.items():
+        if floor not in ratios:
+            continue
+        r = ratios[floor]
+        at_least = [r["median_ratio"] >= r["target"], r["ratio_of_medians"] >= r["target"]]
+        checks[floor] = {
+            "goal": builtin_goal_name(bounded[0]), "bounds": list(bounded),
+            "reference": r["reference"], "target": r["target"],
+            "median_ratio": r["median_ratio"], "ratio_of_medians": r["ratio_of_medians"],
+            "reaches_target": all(at_least),
+            "verdict": "reaches" if all(at_least) else "below" if not any(at_least)
+            else "split"}
+    return checks

@@ -75,9 +75,14 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
                    "rotating, every query and its state kept across rounds), so that the "
                    "machine's load drifts under all alike, and compare RocksDB's state "
                    "overhead with the heap's round by round (docs/benchmarks-spark.md).")
+@click.option("--systems", metavar="NAMES", default=None,
+              help="throughput only: the systems to run, comma-separated names or named "
+                   "sets: all, interleaved (--interleave's default), floor (that, the "
+                   "built-in aggregation and the stateless systems, judged against it round "
+                   "by round; docs/benchmarks-spark.md).")
 def bench(name: str, keys: int | None, batches: int | None, as_json: bool, out: str | None,
           latency: str | None, sweep: bool, cold_restore: bool,
-          compare_checkpointing: bool, interleave: bool) -> None:
+          compare_checkpointing: bool, interleave: bool, systems: str | None) -> None:
     """Run a benchmark (figures belong in docs/benchmarks.md)."""
     if sweep and name not in SWEEPS:
         raise click.BadParameter(f"benchmark {name!r} has no sweep; only "
@@ -107,6 +112,8 @@ def bench(name: str, keys: int | None, batches: int | None, as_json: bool, out: 
                                      f"interleaved mode; only throughput has",
                                      param_hint="--interleave")
         kwargs["interleave"] = True
+    if systems is not None:
+        kwargs["systems"] = _systems(module, name, systems)
     if latency is not None:
         from keyedstate.testing.latency import parse_latency
 
@@ -135,3 +142,25 @@ def bench(name: str, keys: int | None, batches: int | None, as_json: bool, out: 
         click.echo(text)
     else:
         stderr.print_json(text)
+
+
+def _systems(module: Any, name: str, value: str) -> list[str]:
+    """``--systems``' value as the benchmark's ``systems``: each comma-separated part a
+    system's name or a set's (the benchmark's ``system_sets()``), expanded in order, each
+    system once. Refused where ``run`` takes no systems, and for a name the benchmark does
+    not know (its ``SYSTEMS``, where it has one)."""
+    if "systems" not in inspect.signature(module.run).parameters:
+        raise click.BadParameter(f"benchmark {name!r} has no systems to choose",
+                                 param_hint="--systems")
+    sets: dict[str, tuple[str, ...]] = (module.system_sets() if hasattr(module, "system_sets")
+                                        else {})
+    names: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        names.extend(sets.get(part, (part,)) if part else ())
+    known = getattr(module, "SYSTEMS", None)
+    unknown = [n for n in names if known is not None and n not in known]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"unknown systems {unknown}; known: {', '.join([*sets, *(known or ())])}"
+            if unknown else "name at least one system", param_hint="--systems")
+    return list(dict.fromkeys(names))
