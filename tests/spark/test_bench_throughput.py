@@ -118,14 +118,20 @@ def test_sweep_runs_a_tiny_grid_and_draws_its_figure(spark: Any, tmp_path: Any) 
 
 
 def test_interleaved_run_takes_turns_and_checks_every_output(spark: Any) -> None:
-    """The floor and both per-key systems run batch by batch in turns, each keeping its
-    query and state across rounds: every output is checked as in the sequential mode, each
-    round's times are recorded in its rotating order, and the overheads are compared round by
-    round."""
+    """The floor, both per-key systems, the built-in aggregation and both stateless systems
+    run batch by batch in turns, each keeping its query and state across rounds: every output
+    is checked as in the sequential mode (the stateless ones against each batch's own
+    counts), each round's times are recorded in its rotating order, the overheads are
+    compared round by round, and so are the events/s against the built-in's."""
     from benchmarks import throughput_interleave
 
+    builtin, stateless, stateless_two_phase = (throughput.BUILTIN_AGG,
+                                               throughput.KEYEDSTATE_STATELESS,
+                                               throughput.KEYEDSTATE_STATELESS_TWO_PHASE)
     systems = [throughput.ARROW_HANDOFF, throughput.KEYEDSTATE_ROCKSDB,
-               throughput.KEYEDSTATE_HEAP]
+               throughput.KEYEDSTATE_HEAP, builtin, stateless, stateless_two_phase]
+    ours = [throughput.KEYEDSTATE_ROCKSDB, throughput.KEYEDSTATE_HEAP, stateless,
+            stateless_two_phase]
     figures = throughput.run(keys=50, events_per_batch=400, batches=3, parallelism=2,
                              systems=systems, spark=spark, interleave=True)
     json.dumps(figures)  # all of it is JSON
@@ -133,8 +139,13 @@ def test_interleaved_run_takes_turns_and_checks_every_output(spark: Any) -> None
     assert {"commit", "load_average"} <= set(figures["machine"])
     results = {r["system"]: r for r in figures["results"]}
     assert all(results[s]["verified"] and results[s]["batches"] == 3 for s in systems)
-    # Both keyedstate systems kept one job: three checkpoints each, none restored.
-    assert [len(results[s]["keyedstate"]) for s in systems[1:]] == [3, 3]
+    # Every keyedstate system kept one job: three checkpoints each, none restored.
+    assert [len(results[s]["keyedstate"]) for s in ours] == [3, 3, 3, 3]
+    assert results[builtin]["state_store"] == "rocksdb"
+    # The stateless two-phase function received one row per key and batch, not every event.
+    for batch in results[stateless_two_phase]["keyedstate"]:
+        assert sum(s["rows_in"] for s in batch["subtasks"]) == 400
+        assert sum(s["function_rows"] for s in batch["subtasks"]) <= 50
     rounds = figures["rounds"]
     assert [r["order"] for r in rounds] == [throughput_interleave.round_order(systems, r)
                                             for r in range(3)]
@@ -146,7 +157,19 @@ def test_interleaved_run_takes_turns_and_checks_every_output(spark: Any) -> None
     assert per_key["floor"] == throughput.ARROW_HANDOFF
     assert f"{throughput.KEYEDSTATE_ROCKSDB} overhead <= 1.2x {throughput.KEYEDSTATE_HEAP}'s, " \
         "round by round" in figures["goals"]
-    assert set(figures["state_overheads"]) == set(systems[1:])  # the medians' too
+    assert set(figures["state_overheads"]) == set(ours[:2])  # the medians' too
+    # Against the built-in, round by round: the per-key goal; the floors' checks, not goals.
+    against = figures["round_ratios_to_builtin"]
+    assert set(against) == {throughput.KEYEDSTATE_ROCKSDB, stateless, stateless_two_phase}
+    assert [x["round"] for x in against[stateless]["rounds"]] == [1, 2]
+    assert [x["builtin_s"] for x in against[stateless]["rounds"]] == \
+        results[builtin]["seconds_per_batch"][1:]
+    assert f"{throughput.KEYEDSTATE_ROCKSDB} >= 1x {builtin}, round by round" in figures["goals"]
+    assert not any(g.startswith(f"{stateless}") for g in figures["goals"])
+    checks = figures["floor_checks"]
+    assert set(checks) == {stateless, stateless_two_phase}
+    assert checks[stateless_two_phase]["target"] == 1.3
+    assert all(c["verdict"] in ("reaches", "below", "split") for c in checks.values())
 
 
 def test_interleaved_run_fails_on_an_output_that_differs(spark: Any, tmp_path: Any) -> None:
