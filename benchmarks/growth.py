@@ -70,7 +70,8 @@ reads the batch's file (the file taken as published then) to the end of its sink
 **Comparing checkpointing** (``--compare-checkpointing``, ``checkpointing=`` of :func:`run`;
 :mod:`.growth_checkpointing`): at ``keys`` only, per backend, the job once with checkpoints on
 local disk (no latency), once behind the latency model (synchronous) and once behind it in the
-asynchronous mode (``async-upload``, one checkpoint in flight), judged by that module's goals.
+asynchronous mode (``async-upload``, one checkpoint in flight), judged by that module's goals;
+``--repeats N`` runs them N times per backend, in order then reversed, and pools them.
 In the asynchronous mode a batch's statistics come when its checkpoint completes, during the
 next batch: its ``driver_s`` runs to its sink commit there, and a batch's window of requests
 holds the previous batch's ``_metadata`` and commit.
