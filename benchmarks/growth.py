@@ -260,9 +260,10 @@ def run_one(spark: Any, store: Callable[[str, str], Location], backend: str, key
             mode: Checkpointing | None = None, job_options: Mapping[str, str] | None = None,
             cpu: CpuSampler | None = None, repeat: int = 0) -> dict[str, Any]:
     """:func:`run_job` for ``backend`` at ``keys`` keys (checkpointing as ``mode`` says, if
-    given; ``repeat``: which run of that mode, with checkpoints of its own), and the summary of its measured batches: median, p90 and max seconds (also the
-    median of the batches where every subtask reused its live copy and of those where one
-    restored: placement), output latency, uploads, state size, CPU seconds by process."""
+    given; ``repeat``: which run of that mode, with checkpoints of its own), and the summary
+    of its measured batches: median, p90 and max seconds (also the median of the batches
+    where every subtask reused its live copy and of those where one restored: placement),
+    output latency, uploads, state size, CPU seconds by process."""
     load_before = os.getloadavg()[0]
     name = f"{backend}-{keys}" + (f"-{mode.name}" if mode is not None else "") \
         + (f"-repeat-{repeat}" if repeat else "")
