@@ -55,9 +55,11 @@ from .throughput import (
     KEYEDSTATE_ROCKSDB_VECTORIZED,
     KEYEDSTATE_STATELESS,
     KEYEDSTATE_STATELESS_TWO_PHASE,
+    PER_KEY_BUILTIN_TARGET,
     PYTHON_BASELINES,
     ROCKSDB_OVERHEAD_TARGET,
     STATE_PATHS,
+    TWO_PHASE_BUILTIN_TARGET,
     TWO_PHASE_HANDOFF,
     SystemRun,
 )
@@ -75,8 +77,9 @@ FLOOR_SYSTEMS = (*OVERHEAD_SYSTEMS, BUILTIN_AGG, KEYEDSTATE_STATELESS,
 #: each must reach: the per-key and two-phase RocksDB goals, and the same targets for the
 #: stateless systems on the same paths (their floor checks)
 BUILTIN_TARGETS: dict[str, float] = {
-    KEYEDSTATE_ROCKSDB: 1.0, KEYEDSTATE_ROCKSDB_TWO_PHASE: 1.3,
-    KEYEDSTATE_STATELESS: 1.0, KEYEDSTATE_STATELESS_TWO_PHASE: 1.3}
+    KEYEDSTATE_ROCKSDB: PER_KEY_BUILTIN_TARGET, KEYEDSTATE_STATELESS: PER_KEY_BUILTIN_TARGET,
+    KEYEDSTATE_ROCKSDB_TWO_PHASE: TWO_PHASE_BUILTIN_TARGET,
+    KEYEDSTATE_STATELESS_TWO_PHASE: TWO_PHASE_BUILTIN_TARGET}
 #: each stateless system and the systems of its path it bounds: the same plan and protocol,
 #: with a state (the goal's system first)
 FLOOR_BOUNDS: dict[str, tuple[str, ...]] = {

@@ -24,10 +24,10 @@ With the asynchronous phase (``--checkpointing mixed``, seed 54 of 30 files, Roc
 soak of that backend): the same kinds and edges, and every point of the asynchronous phase
 once: storage errors on an upload, an acknowledgement, a ``_metadata`` and the registry, the
 driver killed before and after a completed checkpoint's sink commit and between Spark's commit
-log entry and the completion, a worker killed while it uploads; jobs in both modes (a sync job, then async ones,
-one with two checkpoints in flight and ended by a crash, one ended from inside its sink
-commit, then a sync rollback), and a driver killed at a commit step of an async job restarted
-synchronously.
+log entry and the completion, a worker killed while it uploads; jobs in both modes (a sync
+job, then async ones, one with two checkpoints in flight and ended by a crash, one ended from
+inside its sink commit, then a sync rollback), and a driver killed at a commit step of an
+async job restarted synchronously.
 """
 
 from __future__ import annotations
