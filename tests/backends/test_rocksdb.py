@@ -160,12 +160,15 @@ def test_backend_pickles_and_loads_by_name() -> None:
         RocksDBStateBackend(rescale_strategy="delete")
     with pytest.raises(ConfigurationError, match="compression"):
         RocksDBOptions(compression="brotli")
+    with pytest.raises(ConfigurationError, match="max_file_opening_threads"):
+        RocksDBOptions(max_file_opening_threads=0)
 
 
 def test_memory_options_are_applied_and_the_cache_is_shared(local_dir: str) -> None:
     options = RocksDBOptions(block_cache_size=24 * MiB, write_buffer_size=4 * MiB,
                              max_write_buffer_number=3, write_buffer_manager_size=12 * MiB,
-                             block_size=8 * 1024, compression="zstd")
+                             block_size=8 * 1024, compression="zstd",
+                             max_file_opening_threads=3)
     backend = RocksDBStateBackend(options)
     with _backend(backend, KeyGroupRange(0, 63), local_dir) as a, \
             _backend(backend, KeyGroupRange(64, 127), local_dir, 1) as b:
@@ -174,6 +177,7 @@ def test_memory_options_are_applied_and_the_cache_is_shared(local_dir: str) -> N
         db_dir = os.path.join(a.instance_dir, "db")
         options_file = max(f for f in os.listdir(db_dir) if f.startswith("OPTIONS-"))
         text = open(os.path.join(db_dir, options_file)).read()
+        assert "max_file_opening_threads=3" in text.split("[CFOptions")[0]  # a DB option
         state_cf = text.split('[CFOptions "count"]')[1]  # the state's own column family
         for setting in ("write_buffer_size=4194304", "max_write_buffer_number=3",
                         "compression=kZSTD", "block_size=8192", "filter_policy=bloomfilter",
