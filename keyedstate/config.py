@@ -190,6 +190,15 @@ class JobConfig:
     rocksdb_value_cache_size: Bytes | None = field(
         default=None,
         metadata=_key("keyedstate.backend.rocksdb.value-cache-size", minimum=0))
+    #: RocksDB backend: the key-group shards (RocksDB instances) a fresh subtask's state is
+    #: split into (None: the backend's default, 8). Set, it goes into ``backend_options``'
+    #: ``options`` as ``key_group_shards``; the heap backend ignores it. Fewer suit a small
+    #: state: each shard costs a DB to open on every restore and a flush at every snapshot;
+    #: more bound a checkpoint's upload as the state grows. docs/rocksdb-backend.md,
+    #: "What a shard costs"
+    rocksdb_key_group_shards: int | None = field(
+        default=None,
+        metadata=_key("keyedstate.backend.rocksdb.key-group-shards", minimum=1))
     # -- object storage (docs/object-storage.md) -----------------------------------------------
     transfer_threads: int = field(
         default=4,
@@ -261,11 +270,25 @@ class JobConfig:
             object.__setattr__(self, option.field_name,
                                option.parse(getattr(self, option.field_name)))
         check_parallelism(self.parallelism, self.effective_max_parallelism)
-        if self.rocksdb_value_cache_size is not None and self.backend == "rocksdb":
+        if self.backend == "rocksdb":
             # The backend is built from backend_options alone (load_backend).
-            object.__setattr__(self, "backend_options", {
-                **self.backend_options, "value_cache_size": self.rocksdb_value_cache_size})
+            object.__setattr__(self, "backend_options", self._rocksdb_options())
         self.transfer_options()  # checks the transfer settings together
+
+    def _rocksdb_options(self) -> dict[str, Any]:
+        """``backend_options`` with the RocksDB settings that have keys of their own put in,
+        overriding what is there."""
+        options = dict(self.backend_options)
+        if self.rocksdb_value_cache_size is not None:
+            options["value_cache_size"] = self.rocksdb_value_cache_size
+        if self.rocksdb_key_group_shards is not None:
+            given: Any = options.get("options")
+            # RocksDBOptions itself is not imported here (the vocabulary imports no floor).
+            options["options"] = (
+                dataclasses.replace(given, key_group_shards=self.rocksdb_key_group_shards)
+                if dataclasses.is_dataclass(given) and not isinstance(given, type)
+                else {**(given or {}), "key_group_shards": self.rocksdb_key_group_shards})
+        return options
 
     @classmethod
     def options(cls) -> tuple[ConfigOption, ...]:

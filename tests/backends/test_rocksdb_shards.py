@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from keyedstate.backends import load_backend
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.backends.rocksdb.backend import RocksDBKeyedStateBackend
 from keyedstate.backends.rocksdb.snapshot import PROP_COMPACTED_INSTANCE, split_instances
-from keyedstate.errors import KeyedStateError
+from keyedstate.config import JobConfig
+from keyedstate.errors import ConfigurationError, KeyedStateError
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.state.descriptors import StateTtlConfig, ValueStateDescriptor
 from keyedstate.state.timers import TimeDomain
@@ -67,6 +69,37 @@ def test_default_options_shard_a_fresh_backend(tmp_path: Path) -> None:
     assert RocksDBOptions().automatic_size_amplification_percent == 800
     assert ONE_SHARD.automatic_size_amplification_percent == 200
     assert not RocksDBOptions(compaction_style="level").rolling_compaction
+
+
+def test_the_key_group_shards_key_reaches_the_backend(tmp_path: Path) -> None:
+    def backend_of(**settings: Any) -> Any:
+        config = JobConfig.from_mapping({"execution.checkpointing.dir": "/tmp/x", **settings})
+        return load_backend(config.backend, **config.backend_options)
+
+    key = "keyedstate.backend.rocksdb.key-group-shards"
+    assert backend_of().options == RocksDBOptions()
+    assert backend_of(**{key: "2"}).options == RocksDBOptions(key_group_shards=2)
+    # It overrides the shards of options given, and keeps their other fields, whichever form
+    # they were given in; the value cache's key goes in beside it.
+    given = RocksDBOptions(block_size=8192, key_group_shards=4)
+    both = backend_of(**{key: 1, "keyedstate.backend.options": {"options": given},
+                         "keyedstate.backend.rocksdb.value-cache-size": "1 mb"})
+    assert both.options == RocksDBOptions(block_size=8192, key_group_shards=1)
+    assert both.value_cache_size == 1 << 20
+    assert backend_of(**{key: 1, "keyedstate.backend.options":
+                         '{"options": {"block_size": 8192}}'}).options == \
+        RocksDBOptions(block_size=8192, key_group_shards=1)
+    assert backend_of(**{key: 1, "state.backend.type": "heap"}).name == "heap"
+    for bad in (0, "many", True):
+        with pytest.raises(ConfigurationError, match="key-group-shards"):
+            backend_of(**{key: bad})
+    # A fresh subtask gets that many instances.
+    harness = Harness(backend_of(**{key: 2}), tmp_path)
+    try:
+        kb = harness.create(0, 2)
+        assert isinstance(kb, RocksDBKeyedStateBackend) and len(kb.instances) == 2
+    finally:
+        harness.close_all()
 
 
 @pytest.mark.parametrize("ttl", sorted(TTLS))
