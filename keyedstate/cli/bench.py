@@ -27,6 +27,7 @@ BENCHMARKS = {
     "sinks": "keyedstate_benchmarks.sinks",
     "growth": "keyedstate_benchmarks.growth",
     "scale-model": "keyedstate_benchmarks.scale_model",
+    "shards": "keyedstate_benchmarks.shards",
 }
 #: the benchmarks ``--sweep`` runs over a grid of sizes instead of one, and the module of each
 SWEEPS = {"throughput": "keyedstate_benchmarks.throughput_sweep"}
@@ -48,7 +49,7 @@ def _load_benchmark(name: str, sweep: bool = False) -> Any:
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.option("--keys", type=int, default=None, help="Override the benchmark's key count.")
 @click.option("--batches", type=click.IntRange(min=2), default=None,
-              help="Override the benchmark's measured batches (growth, remote, sinks, "
+              help="Override the benchmark's measured batches (growth, remote, shards, sinks, "
                    "throughput: with --interleave, the rounds).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,

@@ -165,3 +165,16 @@ def test_bench_checkpoint_runs_small():
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output[result.output.index("{"):])
     assert {r["backend"] for r in figures["results"]} == {"heap", "rocksdb", "rocksdb-level"}
+
+
+def test_bench_shards_runs_small(tmp_path):
+    out = tmp_path / "shards.json"
+    result = CliRunner().invoke(main, ["bench", "shards", "--keys", "2000", "--batches", "4",
+                                       "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    rows = figures["results"]
+    assert [(r["key_group_shards"], r["max_file_opening_threads"]) for r in rows] == \
+        [(8, 1), (8, 16), (4, 1), (2, 1), (1, 1)]
+    assert rows[0]["batch_over_default"] == 1.0 and figures["workload"]["warmup"] == 1
+    assert all(len(r["batches"]["restore_s"]) == 4 and r["restore_s"] > 0 for r in rows)
