@@ -1,6 +1,6 @@
 """What RocksDB's key-group shards cost a subtask whose state is small: per batch, the
 per-key processing, the snapshot and a restore, by ``RocksDBOptions.key_group_shards`` and
-``max_file_opening_threads`` (docs/rocksdb-backend.md, "Key-group shards").
+``max_file_opening_threads`` (docs/rocksdb-backend.md, "What a shard costs"), with the heap backend for reference.
 
 The workload is one subtask (of 2, max parallelism 128) of the throughput benchmark's job:
 ``keys`` keys over the two subtasks, a ``bigint`` count per key (a ``ValueState``), every key of
@@ -22,8 +22,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from keyedstate.backends.base.backend import KeyedStateBackend
+from keyedstate.backends.base.backend import KeyedStateBackend, StateBackend
 from keyedstate.backends.base.parameters import KeyedStateBackendParameters
+from keyedstate.backends.heap import HeapStateBackend
 from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.keygroups import KeyGroupRange
 from keyedstate.keys import KeySerializer
@@ -45,11 +46,13 @@ CONFIGURATIONS: tuple[tuple[int, int], ...] = (
 
 @dataclass
 class _Subtask:
-    """One configuration's subtask 0: its backend, storage and per-batch figures."""
+    """One configuration's subtask 0: its state backend (what it restores with), keyed
+    backend, storage and per-batch figures; ``shards`` and ``threads`` None for the heap."""
 
     name: str
-    shards: int
-    threads: int
+    shards: int | None
+    threads: int | None
+    state_backend: StateBackend
     backend: KeyedStateBackend
     storage: CheckpointStorage
     process_s: list[float]
@@ -83,17 +86,15 @@ def _batch(sub: _Subtask, batch: int, mine: list[tuple[Any, int]], ks: KeySerial
         result = sub.backend.snapshot(batch, sub.storage.location(batch, 0))
         handle = result.materialize()
         sub.backend.notify_checkpoint_complete(batch)
-    backend = RocksDBStateBackend(RocksDBOptions(key_group_shards=sub.shards,
-                                                 max_file_opening_threads=sub.threads))
     with timed() as restore:
-        restored = backend.create_keyed_backend(_parameters(sub.storage, local_dir, ks,
-                                                            [handle]))
+        restored = sub.state_backend.create_keyed_backend(
+            _parameters(sub.storage, local_dir, ks, [handle]))
         restored.close()
     sub.process_s.append(process.seconds)
     sub.snapshot_s.append(snapshot.seconds)
     sub.restore_s.append(restore.seconds)
-    with backend.create_keyed_backend(_parameters(sub.storage, local_dir, ks,
-                                                  [handle])) as check:  # untimed
+    with sub.state_backend.create_keyed_backend(
+            _parameters(sub.storage, local_dir, ks, [handle])) as check:  # untimed
         counts = {e.value for e in check.iter_entries(DESCRIPTOR.name)}
         entries = sum(1 for _ in check.iter_entries(DESCRIPTOR.name))
     if counts != {batch} or entries != len(mine):
@@ -125,12 +126,16 @@ def run(keys: int = 100_000, batches: int = 16,
     with workdir("shards") as root:
         subs: list[_Subtask] = []
         try:
-            for shards, threads in configurations:
-                storage = CheckpointStorage(f"{root}/checkpoints-{shards}-{threads}")
-                backend = RocksDBStateBackend(RocksDBOptions(key_group_shards=shards,
-                                                             max_file_opening_threads=threads))
-                subs.append(_Subtask(_name(shards, threads), shards, threads,
-                                     backend.create_keyed_backend(
+            rows: list[tuple[str, int | None, int | None, StateBackend]] = [
+                (_name(shards, threads), shards, threads,
+                 RocksDBStateBackend(RocksDBOptions(key_group_shards=shards,
+                                                    max_file_opening_threads=threads)))
+                for shards, threads in configurations]
+            rows.append(("heap, for reference", None, None, HeapStateBackend()))
+            for n, (name, shards, threads, state_backend) in enumerate(rows):
+                storage = CheckpointStorage(f"{root}/checkpoints-{n}")
+                subs.append(_Subtask(name, shards, threads, state_backend,
+                                     state_backend.create_keyed_backend(
                                          _parameters(storage, f"{root}/local", ks, [])),
                                      storage, [], [], []))
             for batch in range(1, batches + 1):

@@ -175,6 +175,7 @@ def test_bench_shards_runs_small(tmp_path):
     figures = json.loads(out.read_text())
     rows = figures["results"]
     assert [(r["key_group_shards"], r["max_file_opening_threads"]) for r in rows] == \
-        [(8, 1), (8, 16), (4, 1), (2, 1), (1, 1)]
+        [(8, 1), (8, 16), (4, 1), (2, 1), (1, 1), (None, None)]
     assert rows[0]["batch_over_default"] == 1.0 and figures["workload"]["warmup"] == 1
     assert all(len(r["batches"]["restore_s"]) == 4 and r["restore_s"] > 0 for r in rows)
+    assert rows[-1]["configuration"] == "heap, for reference"
