@@ -1,6 +1,7 @@
 """What RocksDB's key-group shards cost a subtask whose state is small: per batch, the
 per-key processing, the snapshot and a restore, by ``RocksDBOptions.key_group_shards`` and
-``max_file_opening_threads`` (docs/rocksdb-backend.md, "What a shard costs"), with the heap backend for reference.
+``max_file_opening_threads``, with the heap backend for reference (docs/rocksdb-backend.md,
+"What a shard costs").
 
 The workload is one subtask (of 2, max parallelism 128) of the throughput benchmark's job:
 ``keys`` keys over the two subtasks, a ``bigint`` count per key (a ``ValueState``), every key of

@@ -71,8 +71,9 @@ class RocksDBOptions:
     #: threads RocksDB starts, at every open and for each column family, to open the SST files
     #: (``max_open_files`` -1 opens them all at open). 1 opens them in the caller's thread: a
     #: key-group shard holds a handful of small files, and starting RocksDB's default 16
-    #: threads per column family cost more than they saved (opening a subtask's 8 shards of
-    #: 50,000 keys, with their close: 0.11 s, 0.08 s with 1; docs/rocksdb-backend.md).
+    #: threads per column family cost more than they saved (a restore and close of a
+    #: subtask's 8 shards of 50,000 keys: 0.175 s, 0.138 s with 1; ``keyedstate bench
+    #: shards``, docs/rocksdb-backend.md "What a shard costs").
     max_file_opening_threads: int = 1
     target_file_size_base: int = 64 * MiB
     compression: str = "lz4"
