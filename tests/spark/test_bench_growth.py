@@ -79,7 +79,10 @@ def test_bench_growth_compares_checkpointing_modes_in_one_run(spark: Any, tmp_pa
         assert all(c is not None and c["jvm"] > 0 for c in cpu), cpu
         assert result["cpu_median_s"]["total"] > 0
         if not behind:
-            assert all(c["store"] == 0 for c in cpu), cpu
+            # No request reaches the store from a local-disk batch (the request check above);
+            # the idle server's own loop, and an earlier mode's job finishing its deletions,
+            # still cost it a little CPU (0.01-0.03 s a batch seen in CI), never a request's.
+            assert all(c["store"] < 0.1 for c in cpu), cpu
     rows = figures["comparison"]
     assert len(rows) == 6 and all(r["median_over_local_disk"] > 0 for r in rows)
     assert {r["median_over_local_disk"] for r in rows
