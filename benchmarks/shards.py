@@ -96,10 +96,10 @@ def _batch(sub: _Subtask, batch: int, mine: list[tuple[Any, int]], ks: KeySerial
     sub.restore_s.append(restore.seconds)
     with sub.state_backend.create_keyed_backend(
             _parameters(sub.storage, local_dir, ks, [handle])) as check:  # untimed
-        counts = {e.value for e in check.iter_entries(DESCRIPTOR.name)}
-        entries = sum(1 for _ in check.iter_entries(DESCRIPTOR.name))
-    if counts != {batch} or entries != len(mine):
-        raise AssertionError(f"{sub.name}: the restore of batch {batch} holds {entries} keys "
+        values = [e.value for e in check.iter_entries(DESCRIPTOR.name)]
+    counts = set(values)
+    if counts != {batch} or len(values) != len(mine):
+        raise AssertionError(f"{sub.name}: the restore of batch {batch} holds {len(values)} keys "
                              f"with counts {sorted(counts)[:5]}, expected {len(mine)} at "
                              f"{batch}")
 
