@@ -225,7 +225,9 @@ class AsyncBatchLoop(BatchLoop[BatchT, ContextT]):
         except BaseException as exc:
             completion.commit_failed = exc
             return completion
-        if keep_acks_of is None:
+        if keep_acks_of is None and len(self._in_flight) <= leave:
+            # Nothing completes here to delete them first (complete_oldest does, before it
+            # subsumes their checkpoint): off the path.
             self._in_flight.delete_kept_acks(self.storage, self._cleanups)
         while len(self._in_flight) > leave:
             oldest = next(iter(self._in_flight)).checkpoint_id

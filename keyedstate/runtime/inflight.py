@@ -276,19 +276,29 @@ class InFlightCheckpoints(Generic[ContextT]):
                                    list[SubtaskReport]]:
         """Complete the oldest checkpoint in flight: its ``acks`` once written (the engine's
         way: waiting for its uploads, reading them), complete it (``_metadata``, registry,
-        subsumption) and drop the acknowledgements, with those kept before
-        (:meth:`delete_kept_acks`).
+        subsumption) and drop its acknowledgements; those kept before
+        (:meth:`delete_kept_acks`) are deleted beside the reading, and are gone before the
+        subsumption.
         ``keep_acks``: keep its own until then instead, because a batch running meanwhile may
         restore from them (its plan's restore source is this checkpoint in flight). Returns
         it, the completed checkpoint and its reports with handles. On failure it stays the
-        oldest in flight (the caller discards). ``cleaner``: where the deletions go, off the
-        caller's path (None: on it)."""
+        oldest in flight (the caller discards). ``cleaner``: where the deletion of its own
+        goes, off the caller's path (None: on it)."""
         flight = self._flights[0]
         storage = coordinator.storage
-        # Handed before the completion subsumes their checkpoint (and deletes its folder):
-        # run beside it, either may find a file gone, which both take as deleted.
-        self.delete_kept_acks(storage, cleaner)
-        reports = acknowledged_reports(flight, acks(flight))
+        # The kept ones go beside the reading of this checkpoint's, and are gone before the
+        # completion subsumes their checkpoint (its folder holds them): deleted beside or
+        # after the subsumption, they would be deleted twice (a bulk delete of files gone
+        # fails and is tried file by file), or a local disk's two recursive deletes of one
+        # folder could each find a file gone half-way and leave the folder behind.
+        kept, self._kept_acks = self._kept_acks, []
+        deleting = threading.Thread(target=_delete_acks, args=(storage, kept),
+                                    name="keyedstate-acks", daemon=True)
+        deleting.start()
+        try:
+            reports = acknowledged_reports(flight, acks(flight))
+        finally:
+            deleting.join()
         completed, ordered, _ = complete_batch(
             coordinator, flight.pending, reports, parallelism=config.parallelism,
             batch_id=flight.batch_id, watermark=flight.watermark,
