@@ -17,9 +17,14 @@ from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, meta_info_of
 from keyedstate.backends.rocksdb import RocksDBStateBackend
 from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
-from keyedstate.backends.rocksdb.value_cache import DEFAULT_VALUE_CACHE_SIZE, ValueCache
+from keyedstate.backends.rocksdb.value_cache import (
+    ABSENT,
+    DEFAULT_VALUE_CACHE_SIZE,
+    ValueCache,
+)
 from keyedstate.config import JobConfig
 from keyedstate.errors import BackendError, ConfigurationError
+from keyedstate.keygroups import key_group_prefix_bytes
 from keyedstate.serde import serialize_namespace, serializer_for
 from keyedstate.state.descriptors import (
     AggregatingStateDescriptor,
@@ -151,6 +156,72 @@ def test_rescaling_and_scans_see_buffered_writes(tmp_path: Path) -> None:
         for k in range(300):
             b = harness.at(backends, k)
             assert b.get_state(ValueStateDescriptor("value", "bigint")).value() == expected[k]
+    finally:
+        harness.close_all()
+
+
+def test_a_restored_state_is_read_back_by_one_scan(tmp_path: Path) -> None:
+    """Restored at parallelism 2 (each subtask clips its key groups out of the snapshot),
+    every cached state but the TTL one is filled by a scan when the job first gets it: its
+    keys read as hits, and every value as the same restore without a cache reads it; the
+    cache holds no key of another subtask's key groups."""
+    harness = Harness(CACHED, tmp_path)
+    try:
+        backend = harness.create()
+        workload(harness, backend, range(60))
+        handles = harness.snapshot_all([backend])
+        cached = harness.create_all(2, handles=handles, state_backend=CACHED)
+        uncached = harness.create_all(2, handles=handles, state_backend=UNCACHED)
+        for b in cached:
+            cache = cache_of(b)
+            states = {name: b.get_state(d) for name, d in descriptors().items()}
+            assert cache.warmed > 0 and cache.misses == 0 and not cache.dirty
+            n = key_group_prefix_bytes(b.max_parallelism)  # a cache key: state id, then
+            assert {int.from_bytes(ck[2:2 + n], "big")  # the stored key: key group first
+                    for ck in cache.entries} <= set(b.key_group_range)
+            warmed = set(cache.entries)
+            for k in range(60):
+                if harness.at(cached, k) is not b:
+                    continue
+                b.set_current_key(k)
+                other = harness.at(uncached, k)
+                other.set_current_key(k)
+                for name, d in descriptors().items():
+                    assert _read(states[name], d) == _read(other.get_state(d), d), (name, k)
+            ttl_id = cache.state_id("last")
+            assert not any(ck[:2] == ttl_id for ck in warmed)  # TTL states are not warmed
+            # Read since: the TTL state's values and the keys with no value (cleared) only.
+            assert all(ck[:2] == ttl_id or cache.entries[ck][0] is ABSENT
+                       for ck in set(cache.entries) - warmed)
+    finally:
+        harness.close_all()
+
+
+def _read(state: Any, descriptor: Any) -> Any:
+    return state.value() if isinstance(descriptor, ValueStateDescriptor) else state.get()
+
+
+def test_a_state_larger_than_the_cache_is_not_warmed_past_its_room(tmp_path: Path) -> None:
+    """A cache of 16 kb and 2,000 keys: the warm-up evicts and writes nothing and stops below
+    the point where the cache makes room; every value still reads as stored."""
+    harness = Harness(UNCACHED, tmp_path)
+    try:
+        backend = harness.create()
+        d = ValueStateDescriptor("count", "bigint")
+        state = backend.get_state(d)
+        for k in range(2000):
+            backend.set_current_key(k)
+            state.update(k)
+        handles = harness.snapshot_all([backend])
+        small = RocksDBStateBackend(value_cache_size="16 kb")
+        restored_backend = harness.create(handles=handles, state_backend=small)
+        cache = cache_of(restored_backend)
+        state = restored_backend.get_state(d)
+        assert cache.evictions == 0 and cache.written == 0
+        assert cache.bytes <= cache.capacity - cache.capacity // 8
+        for k in range(2000):
+            restored_backend.set_current_key(k)
+            assert state.value() == k
     finally:
         harness.close_all()
 

@@ -24,7 +24,7 @@ from keyedstate.backends.base.backend import (
     meta_info_of,
 )
 from keyedstate.backends.base.migration import TTL_ON, StateMigration, plan_migration
-from keyedstate.backends.rocksdb.base_state import RocksDBState
+from keyedstate.backends.rocksdb.base_state import RocksDBCachedState, RocksDBState
 from keyedstate.backends.rocksdb.instance import RocksDBInstance, rolling_compaction
 from keyedstate.backends.rocksdb.key_layout import (
     SEQUENCE,
@@ -284,6 +284,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             state_class = CACHED_STATE_CLASSES.get(descriptor.kind, state_class)
         state = state_class(self, bound, self.current_instance)
         self._states[descriptor.name] = state
+        if restored is not None and isinstance(state, RocksDBCachedState):
+            # Restored values read back by one scan before the job's first read, not by a
+            # point get each (docs/rocksdb-backend.md, "The value cache").
+            state.warm()
         return cast(S, state)
 
     def _migrate_eagerly(self, name: str, migration: StateMigration, ttl: bool) -> None:

@@ -23,7 +23,7 @@ is: moving it would cost every write a dict slot).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pyarrow as pa
 import rocksdict
@@ -157,6 +157,8 @@ class ValueCache:
         self.misses = 0
         self.evictions = 0
         self.written = 0
+        #: entries filled by :meth:`warm`
+        self.warmed = 0
 
     def state_id(self, name: str) -> bytes:
         """The two-byte prefix of every cache key of state ``name`` (one per name)."""
@@ -193,6 +195,34 @@ class ValueCache:
         self.bytes += entry[1] if old is None else entry[1] - old[1]
         if self.bytes > self.capacity:
             self.make_room()
+
+    # -- warming -------------------------------------------------------------------------------
+
+    def room_for(self, entries: int) -> bool:
+        """Whether ``entries`` more entries may fit below the point where the cache makes room
+        (counted at their overhead alone: a lower bound of what they take)."""
+        return self.bytes + entries * ENTRY_OVERHEAD <= self._low_water
+
+    def warm(self, sid: bytes, stored: Iterable[tuple[bytes, bytes]],
+             form: Callable[[bytes], Any]) -> int:
+        """Fill the cache with state ``sid``'s stored ``(key, bytes)`` pairs (a scan of
+        RocksDB; ``form``: the cached form of the bytes) until one would pass the point where
+        the cache makes room: nothing is evicted or written, and no entry already cached is
+        replaced (it may be newer than RocksDB). How many were filled (:attr:`warmed`)."""
+        entries = self.entries
+        low_water = self._low_water
+        filled = 0
+        for key, raw in stored:
+            ck = sid + key
+            size = ENTRY_OVERHEAD + len(ck) + len(raw)
+            if self.bytes + size > low_water:
+                break
+            if ck not in entries:
+                entries[ck] = (form(raw), size)
+                self.bytes += size
+                filled += 1
+        self.warmed += filled
+        return filled
 
     # -- writing out -------------------------------------------------------------------------
 
