@@ -1,15 +1,18 @@
 """What RocksDB's key-group shards cost a subtask whose state is small: per batch, the
 per-key processing, the snapshot and a restore, by ``RocksDBOptions.key_group_shards`` and
-``max_file_opening_threads``, with the heap backend for reference (docs/rocksdb-backend.md,
-"What a shard costs").
+``max_file_opening_threads``, then with a value cache that holds the state
+(``value_cache_size``), with the heap backend for reference (docs/rocksdb-backend.md,
+"What a shard costs" and "The value cache").
 
 The workload is one subtask (of 2, max parallelism 128) of the throughput benchmark's job:
 ``keys`` keys over the two subtasks, a ``bigint`` count per key (a ``ValueState``), every key of
 the subtask read and incremented in each batch, then an incremental snapshot to a local file
-system (synchronous part and materialization), then a restore from that snapshot and its close
-(what a batch pays when Spark places it on a Python worker without the copy:
-docs/benchmarks-spark.md). Every restore is checked, untimed: the subtask's keys, each at the
-batch's count.
+system (synchronous part and materialization), then a restore from that snapshot, the first
+get of its state (where a value cache is on, its warm-up: docs/rocksdb-backend.md, "After a
+restore") and its close (what a batch pays when Spark places it on a Python worker without
+the copy: docs/benchmarks-spark.md). With a cache, the processing hits it (the subtask's
+backend lives on) and the snapshot writes the batch's values out first. Every restore is
+checked, untimed: the subtask's keys, each at the batch's count.
 
 Each configuration keeps its own backend and checkpoints; they run batch by batch in turns,
 the order rotating each batch, so that the machine's load drifts under all alike. Figures are
@@ -38,21 +41,26 @@ from .common import machine, route, timed, user_keys, value_state, workdir
 DESCRIPTOR = ValueStateDescriptor("count", "bigint")
 MAX_PARALLELISM = 128
 PARALLELISM = 2
-#: (key_group_shards, max_file_opening_threads): the defaults first, then RocksDB's own
-#: default of opening threads, then fewer shards
-CONFIGURATIONS: tuple[tuple[int, int], ...] = (
-    (RocksDBOptions().key_group_shards, RocksDBOptions().max_file_opening_threads),
-    (8, 16), (4, 1), (2, 1), (1, 1))
+#: A value cache that holds a subtask's state of the default 100,000 keys (about 285
+#: estimated bytes a key).
+CACHE = 64 * 1024 * 1024
+#: (key_group_shards, max_file_opening_threads, value_cache_size): the defaults first, then
+#: RocksDB's own default of opening threads, then fewer shards, then the cache on
+CONFIGURATIONS: tuple[tuple[int, int, int], ...] = (
+    (RocksDBOptions().key_group_shards, RocksDBOptions().max_file_opening_threads, 0),
+    (8, 16, 0), (4, 1, 0), (2, 1, 0), (1, 1, 0), (8, 1, CACHE), (1, 1, CACHE))
 
 
 @dataclass
 class _Subtask:
     """One configuration's subtask 0: its state backend (what it restores with), keyed
-    backend, storage and per-batch figures; ``shards`` and ``threads`` None for the heap."""
+    backend, storage and per-batch figures; ``shards``, ``threads`` and ``cache`` None for
+    the heap."""
 
     name: str
     shards: int | None
     threads: int | None
+    cache: int | None
     state_backend: StateBackend
     backend: KeyedStateBackend
     storage: CheckpointStorage
@@ -61,9 +69,10 @@ class _Subtask:
     restore_s: list[float]
 
 
-def _name(shards: int, threads: int) -> str:
+def _name(shards: int, threads: int, cache: int) -> str:
     return (f"{shards} shard{'s' * (shards != 1)}, "
-            f"{threads} opening thread{'s' * (threads != 1)}")
+            f"{threads} opening thread{'s' * (threads != 1)}"
+            + (f", {cache >> 20} MB value cache" if cache else ""))
 
 
 def _parameters(storage: CheckpointStorage, local_dir: str, ks: KeySerializer,
@@ -90,6 +99,7 @@ def _batch(sub: _Subtask, batch: int, mine: list[tuple[Any, int]], ks: KeySerial
     with timed() as restore:
         restored = sub.state_backend.create_keyed_backend(
             _parameters(sub.storage, local_dir, ks, [handle]))
+        value_state(restored, DESCRIPTOR)
         restored.close()
     sub.process_s.append(process.seconds)
     sub.snapshot_s.append(snapshot.seconds)
@@ -109,7 +119,7 @@ def _summary(sub: _Subtask, warmup: int) -> dict[str, Any]:
              "restore_s": sub.restore_s[warmup:]}
     batch_s = [sum(p) for p in zip(*parts.values())]
     return {"configuration": sub.name, "key_group_shards": sub.shards,
-            "max_file_opening_threads": sub.threads,
+            "max_file_opening_threads": sub.threads, "value_cache_size": sub.cache,
             **{name: statistics.median(values) for name, values in parts.items()},
             "batch_s": statistics.median(batch_s),
             "batches": {"process_s": sub.process_s, "snapshot_s": sub.snapshot_s,
@@ -117,7 +127,7 @@ def _summary(sub: _Subtask, warmup: int) -> dict[str, Any]:
 
 
 def run(keys: int = 100_000, batches: int = 16,
-        configurations: tuple[tuple[int, int], ...] = CONFIGURATIONS,
+        configurations: tuple[tuple[int, int, int], ...] = CONFIGURATIONS,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every configuration over ``batches`` batches in turns; medians of the batches after
     the first quarter (the warm-up: the shards' first compactions)."""
@@ -127,15 +137,16 @@ def run(keys: int = 100_000, batches: int = 16,
     with workdir("shards") as root:
         subs: list[_Subtask] = []
         try:
-            rows: list[tuple[str, int | None, int | None, StateBackend]] = [
-                (_name(shards, threads), shards, threads,
+            rows: list[tuple[str, int | None, int | None, int | None, StateBackend]] = [
+                (_name(shards, threads, cache), shards, threads, cache,
                  RocksDBStateBackend(RocksDBOptions(key_group_shards=shards,
-                                                    max_file_opening_threads=threads)))
-                for shards, threads in configurations]
-            rows.append(("heap, for reference", None, None, HeapStateBackend()))
-            for n, (name, shards, threads, state_backend) in enumerate(rows):
+                                                    max_file_opening_threads=threads),
+                                     value_cache_size=cache))
+                for shards, threads, cache in configurations]
+            rows.append(("heap, for reference", None, None, None, HeapStateBackend()))
+            for n, (name, shards, threads, cache, state_backend) in enumerate(rows):
                 storage = CheckpointStorage(f"{root}/checkpoints-{n}")
-                subs.append(_Subtask(name, shards, threads, state_backend,
+                subs.append(_Subtask(name, shards, threads, cache, state_backend,
                                      state_backend.create_keyed_backend(
                                          _parameters(storage, f"{root}/local", ks, [])),
                                      storage, [], [], []))
