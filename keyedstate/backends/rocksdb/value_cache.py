@@ -127,7 +127,8 @@ class ValueCache:
     None deletes) written to the instance owning their key group.
 
     States read ``entries`` directly (bound ``entries.get``) and change it only through
-    :meth:`put` (a write: dirty until written) and :meth:`fill` (a value read from RocksDB).
+    :meth:`put` (a write: dirty until written), :meth:`fill` (a value read from RocksDB) and
+    :meth:`warm` (a restored state's values, read by one scan).
     """
 
     def __init__(self, capacity: int, instances: Sequence[RocksDBInstance],
