@@ -202,26 +202,35 @@ def _read(state: Any, descriptor: Any) -> Any:
 
 
 def test_a_state_larger_than_the_cache_is_not_warmed_past_its_room(tmp_path: Path) -> None:
-    """A cache of 16 kb and 2,000 keys: the warm-up evicts and writes nothing and stops below
-    the point where the cache makes room; every value still reads as stored."""
+    """A cache of 16 kb. 2,000 small values: RocksDB's estimate of their keys does not fit,
+    nothing is warmed. Then 20 values of 2 kb: the estimate fits, the sizes do not, and the
+    warm-up stops part-way. Neither evicts or writes, the cache stays below the point where it
+    makes room, and every value still reads as stored."""
     harness = Harness(UNCACHED, tmp_path)
     try:
         backend = harness.create()
-        d = ValueStateDescriptor("count", "bigint")
-        state = backend.get_state(d)
+        counts = ValueStateDescriptor("count", "bigint")
+        texts = ValueStateDescriptor("text", "string")
         for k in range(2000):
             backend.set_current_key(k)
-            state.update(k)
+            backend.get_state(counts).update(k)
+            if k < 20:
+                backend.get_state(texts).update(str(k) * 2048)
         handles = harness.snapshot_all([backend])
         small = RocksDBStateBackend(value_cache_size="16 kb")
         restored_backend = harness.create(handles=handles, state_backend=small)
         cache = cache_of(restored_backend)
-        state = restored_backend.get_state(d)
+        restored_backend.get_state(counts)
+        assert cache.warmed == 0
+        restored_backend.get_state(texts)
+        assert 0 < cache.warmed < 20
         assert cache.evictions == 0 and cache.written == 0
         assert cache.bytes <= cache.capacity - cache.capacity // 8
         for k in range(2000):
             restored_backend.set_current_key(k)
-            assert state.value() == k
+            assert restored_backend.get_state(counts).value() == k
+            assert restored_backend.get_state(texts).value() == (str(k) * 2048 if k < 20
+                                                                 else None)
     finally:
         harness.close_all()
 
