@@ -291,8 +291,7 @@ class InFlightCheckpoints(Generic[ContextT]):
         # after the subsumption, they would be deleted twice (a bulk delete of files gone
         # fails and is tried file by file), or a local disk's two recursive deletes of one
         # folder could each find a file gone half-way and leave the folder behind.
-        kept, self._kept_acks = self._kept_acks, []
-        deleting = threading.Thread(target=_delete_acks, args=(storage, kept),
+        deleting = threading.Thread(target=self.delete_kept_acks, args=(storage,),
                                     name="keyedstate-acks", daemon=True)
         deleting.start()
         try:

@@ -400,10 +400,9 @@ class RocksDBCachedState(RocksDBState):
             raise rocksdb_error(exc, self._what) from exc
         if keys == 0 or not self._cache.room_for(keys):
             return 0
-        deser = self._deser if self._decoded else None
+        form: Callable[[bytes], Any] = self._deser if self._decoded else bytes
         return self._cache.warm(
-            self._sid, (item for cf in cfs for item in scan(cf, None, None, self._what)),
-            (lambda raw: raw) if deser is None else deser)
+            self._sid, (item for cf in cfs for item in scan(cf, None, None, self._what)), form)
 
     # -- one key -------------------------------------------------------------------------------
 
