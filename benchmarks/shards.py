@@ -1,8 +1,9 @@
 """What RocksDB's key-group shards cost a subtask whose state is small: per batch, the
 per-key processing, the snapshot and a restore, by ``RocksDBOptions.key_group_shards`` and
 ``max_file_opening_threads``, then with a value cache that holds the state
-(``value_cache_size``), with the heap backend for reference (docs/rocksdb-backend.md,
-"What a shard costs" and "The value cache").
+(``value_cache_size``), then with that cache and the RocksDB working directories
+(``state.backend.local-dir``) on a memory file system, with the heap backend for reference
+(docs/rocksdb-backend.md, "What a shard costs" and "The value cache").
 
 The workload is one subtask (of 2, max parallelism 128) of the throughput benchmark's job:
 ``keys`` keys over the two subtasks, a ``bigint`` count per key (a ``ValueState``), every key of
@@ -22,7 +23,9 @@ three parts) is also given as a ratio to the default configuration's, in the sam
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,23 +47,30 @@ PARALLELISM = 2
 #: A value cache that holds a subtask's state of the default 100,000 keys (about 285
 #: estimated bytes a key).
 CACHE = 64 * 1024 * 1024
-#: (key_group_shards, max_file_opening_threads, value_cache_size): the defaults first, then
-#: RocksDB's own default of opening threads, then fewer shards, then the cache on
-CONFIGURATIONS: tuple[tuple[int, int, int], ...] = (
-    (RocksDBOptions().key_group_shards, RocksDBOptions().max_file_opening_threads, 0),
-    (8, 16, 0), (4, 1, 0), (2, 1, 0), (1, 1, 0), (8, 1, CACHE), (1, 1, CACHE))
+#: A memory file system for the RocksDB working directories (``state.backend.local-dir``):
+#: its configurations run where it exists (Linux) and are left out elsewhere.
+TMPFS = "/dev/shm"
+#: (key_group_shards, max_file_opening_threads, value_cache_size, working directory on
+#: :data:`TMPFS`): the defaults first, then RocksDB's own default of opening threads, then
+#: fewer shards, then the cache on, then the cache with the working directories in memory
+CONFIGURATIONS: tuple[tuple[int, int, int, bool], ...] = (
+    (RocksDBOptions().key_group_shards, RocksDBOptions().max_file_opening_threads, 0, False),
+    (8, 16, 0, False), (4, 1, 0, False), (2, 1, 0, False), (1, 1, 0, False),
+    (8, 1, CACHE, False), (1, 1, CACHE, False), (8, 1, CACHE, True), (1, 1, CACHE, True))
 
 
 @dataclass
 class _Subtask:
     """One configuration's subtask 0: its state backend (what it restores with), keyed
-    backend, storage and per-batch figures; ``shards``, ``threads`` and ``cache`` None for
-    the heap."""
+    backend, storage, working directory and per-batch figures; ``shards``, ``threads`` and
+    ``cache`` None for the heap."""
 
     name: str
     shards: int | None
     threads: int | None
     cache: int | None
+    tmpfs: bool
+    local_dir: str
     state_backend: StateBackend
     backend: KeyedStateBackend
     storage: CheckpointStorage
@@ -69,10 +79,11 @@ class _Subtask:
     restore_s: list[float]
 
 
-def _name(shards: int, threads: int, cache: int) -> str:
+def _name(shards: int, threads: int, cache: int, tmpfs: bool) -> str:
     return (f"{shards} shard{'s' * (shards != 1)}, "
             f"{threads} opening thread{'s' * (threads != 1)}"
-            + (f", {cache >> 20} MB value cache" if cache else ""))
+            + (f", {cache >> 20} MB value cache" if cache else "")
+            + (f", working directory on {TMPFS}" if tmpfs else ""))
 
 
 def _parameters(storage: CheckpointStorage, local_dir: str, ks: KeySerializer,
@@ -84,8 +95,7 @@ def _parameters(storage: CheckpointStorage, local_dir: str, ks: KeySerializer,
         storage=storage, local_dir=local_dir)
 
 
-def _batch(sub: _Subtask, batch: int, mine: list[tuple[Any, int]], ks: KeySerializer,
-           local_dir: str) -> None:
+def _batch(sub: _Subtask, batch: int, mine: list[tuple[Any, int]], ks: KeySerializer) -> None:
     """Batch ``batch`` (from 1) of one configuration: process, snapshot, restore and check."""
     state = value_state(sub.backend, DESCRIPTOR)
     with timed() as process:
@@ -98,14 +108,14 @@ def _batch(sub: _Subtask, batch: int, mine: list[tuple[Any, int]], ks: KeySerial
         sub.backend.notify_checkpoint_complete(batch)
     with timed() as restore:
         restored = sub.state_backend.create_keyed_backend(
-            _parameters(sub.storage, local_dir, ks, [handle]))
+            _parameters(sub.storage, sub.local_dir, ks, [handle]))
         value_state(restored, DESCRIPTOR)
         restored.close()
     sub.process_s.append(process.seconds)
     sub.snapshot_s.append(snapshot.seconds)
     sub.restore_s.append(restore.seconds)
     with sub.state_backend.create_keyed_backend(
-            _parameters(sub.storage, local_dir, ks, [handle])) as check:  # untimed
+            _parameters(sub.storage, sub.local_dir, ks, [handle])) as check:  # untimed
         values = [e.value for e in check.iter_entries(DESCRIPTOR.name)]
     counts = set(values)
     if counts != {batch} or len(values) != len(mine):
@@ -120,6 +130,7 @@ def _summary(sub: _Subtask, warmup: int) -> dict[str, Any]:
     batch_s = [sum(p) for p in zip(*parts.values())]
     return {"configuration": sub.name, "key_group_shards": sub.shards,
             "max_file_opening_threads": sub.threads, "value_cache_size": sub.cache,
+            "local_dir_on_tmpfs": sub.tmpfs,
             **{name: statistics.median(values) for name, values in parts.items()},
             "batch_s": statistics.median(batch_s),
             "batches": {"process_s": sub.process_s, "snapshot_s": sub.snapshot_s,
@@ -127,35 +138,41 @@ def _summary(sub: _Subtask, warmup: int) -> dict[str, Any]:
 
 
 def run(keys: int = 100_000, batches: int = 16,
-        configurations: tuple[tuple[int, int, int], ...] = CONFIGURATIONS,
+        configurations: tuple[tuple[int, int, int, bool], ...] = CONFIGURATIONS,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every configuration over ``batches`` batches in turns; medians of the batches after
-    the first quarter (the warm-up: the shards' first compactions)."""
+    the first quarter (the warm-up: the shards' first compactions). The checkpoints stay on
+    the disk of the temporary directory for all."""
     warmup = batches // 4
     ks = KeySerializer(["string"])
     mine = route(user_keys(keys), ks, PARALLELISM, MAX_PARALLELISM)[0]
-    with workdir("shards") as root:
+    if not os.path.isdir(TMPFS):
+        configurations = tuple(c for c in configurations if not c[3])
+    with workdir("shards") as root, tempfile.TemporaryDirectory(
+            prefix="keyedstate-bench-shards-", dir=TMPFS if os.path.isdir(TMPFS) else None
+            ) as memory:
         subs: list[_Subtask] = []
         try:
-            rows: list[tuple[str, int | None, int | None, int | None, StateBackend]] = [
-                (_name(shards, threads, cache), shards, threads, cache,
+            rows: list[tuple[str, int | None, int | None, int | None, bool, StateBackend]] = [
+                (_name(shards, threads, cache, tmpfs), shards, threads, cache, tmpfs,
                  RocksDBStateBackend(RocksDBOptions(key_group_shards=shards,
                                                     max_file_opening_threads=threads),
                                      value_cache_size=cache))
-                for shards, threads, cache in configurations]
-            rows.append(("heap, for reference", None, None, None, HeapStateBackend()))
-            for n, (name, shards, threads, cache, state_backend) in enumerate(rows):
+                for shards, threads, cache, tmpfs in configurations]
+            rows.append(("heap, for reference", None, None, None, False, HeapStateBackend()))
+            for n, (name, shards, threads, cache, tmpfs, state_backend) in enumerate(rows):
                 storage = CheckpointStorage(f"{root}/checkpoints-{n}")
-                subs.append(_Subtask(name, shards, threads, cache, state_backend,
-                                     state_backend.create_keyed_backend(
-                                         _parameters(storage, f"{root}/local", ks, [])),
+                local_dir = f"{memory if tmpfs else root}/local"
+                subs.append(_Subtask(name, shards, threads, cache, tmpfs, local_dir,
+                                     state_backend, state_backend.create_keyed_backend(
+                                         _parameters(storage, local_dir, ks, [])),
                                      storage, [], [], []))
             for batch in range(1, batches + 1):
                 if progress:
                     progress(f"batch {batch} of {batches}")
                 turn = (batch - 1) % len(subs)
                 for sub in subs[turn:] + subs[:turn]:
-                    _batch(sub, batch, mine, ks, f"{root}/local")
+                    _batch(sub, batch, mine, ks)
         finally:
             for sub in subs:
                 sub.backend.close()

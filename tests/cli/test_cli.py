@@ -174,9 +174,11 @@ def test_bench_shards_runs_small(tmp_path):
     assert result.exit_code == 0, result.output
     figures = json.loads(out.read_text())
     rows = figures["results"]
-    assert [(r["key_group_shards"], r["max_file_opening_threads"], r["value_cache_size"])
-            for r in rows] == [(8, 1, 0), (8, 16, 0), (4, 1, 0), (2, 1, 0), (1, 1, 0),
-                               (8, 1, 64 << 20), (1, 1, 64 << 20), (None, None, None)]
+    assert [(r["key_group_shards"], r["max_file_opening_threads"], r["value_cache_size"],
+             r["local_dir_on_tmpfs"]) for r in rows] == [
+        (8, 1, 0, False), (8, 16, 0, False), (4, 1, 0, False), (2, 1, 0, False),
+        (1, 1, 0, False), (8, 1, 64 << 20, False), (1, 1, 64 << 20, False),
+        (8, 1, 64 << 20, True), (1, 1, 64 << 20, True), (None, None, None, False)]
     assert rows[0]["batch_over_default"] == 1.0 and figures["workload"]["warmup"] == 1
     assert all(len(r["batches"]["restore_s"]) == 4 and r["restore_s"] > 0 for r in rows)
     assert rows[-1]["configuration"] == "heap, for reference"
