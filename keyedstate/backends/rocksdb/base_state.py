@@ -12,7 +12,13 @@ import rocksdict
 from keyedstate.backends.rocksdb.instance import RocksDBInstance, StateBinding
 from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import TIMESTAMP, TS_BYTES, namespace_part
-from keyedstate.backends.rocksdb.native import CLOSED, prefix_upper_bound, rocksdb_error, scan
+from keyedstate.backends.rocksdb.native import (
+    CLOSED,
+    prefix_upper_bound,
+    rocksdb_error,
+    scan,
+    scan_all,
+)
 from keyedstate.backends.rocksdb.ttl_cleanup import CleanupCursor
 from keyedstate.backends.rocksdb.value_cache import (
     ABSENT,
@@ -402,7 +408,7 @@ class RocksDBCachedState(RocksDBState):
             return 0
         form: Callable[[bytes], Any] = self._deser if self._decoded else bytes
         return self._cache.warm(
-            self._sid, (item for cf in cfs for item in scan(cf, None, None, self._what)), form)
+            self._sid, (item for cf in cfs for item in scan_all(cf, self._what)), form)
 
     # -- one key -------------------------------------------------------------------------------
 

@@ -211,18 +211,22 @@ class ValueCache:
         the cache makes room: nothing is evicted or written, and no entry already cached is
         replaced (it may be newer than RocksDB). How many were filled (:attr:`warmed`)."""
         entries = self.entries
-        low_water = self._low_water
+        # Room left below the low water, counted down locally (no attribute per entry).
+        room = self._low_water - self.bytes
         filled = 0
-        for key, raw in stored:
-            ck = sid + key
-            size = ENTRY_OVERHEAD + len(ck) + len(raw)
-            if self.bytes + size > low_water:
-                break
-            if ck not in entries:
-                entries[ck] = (form(raw), size)
-                self.bytes += size
-                filled += 1
-        self.warmed += filled
+        try:
+            for key, raw in stored:
+                ck = sid + key
+                size = ENTRY_OVERHEAD + len(ck) + len(raw)
+                if size > room:
+                    break
+                if ck not in entries:
+                    entries[ck] = (form(raw), size)
+                    room -= size
+                    filled += 1
+        finally:
+            self.bytes = self._low_water - room
+            self.warmed += filled
         return filled
 
     # -- writing out -------------------------------------------------------------------------
