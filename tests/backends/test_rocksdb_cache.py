@@ -15,7 +15,7 @@ import pytest
 
 from keyedstate.backends import load_backend
 from keyedstate.backends.base.backend import KeyedStateBackend, meta_info_of
-from keyedstate.backends.rocksdb import RocksDBStateBackend
+from keyedstate.backends.rocksdb import RocksDBOptions, RocksDBStateBackend
 from keyedstate.backends.rocksdb.keyed_backend import RocksDBKeyedStateBackend
 from keyedstate.backends.rocksdb.value_cache import (
     ABSENT,
@@ -231,6 +231,39 @@ def test_a_state_larger_than_the_cache_is_not_warmed_past_its_room(tmp_path: Pat
             assert restored_backend.get_state(counts).value() == k
             assert restored_backend.get_state(texts).value() == (str(k) * 2048 if k < 20
                                                                  else None)
+    finally:
+        harness.close_all()
+
+
+def test_a_state_rewritten_in_many_runs_is_warmed_by_its_distinct_keys(
+        tmp_path: Path) -> None:
+    """One shard, 1,000 keys rewritten and snapshotted six times: six sorted runs, each holding
+    every key, so RocksDB's ``estimate-num-keys`` counts 6,000 keys, whose 260 bytes each would
+    not fit a 1 MB cache, while the 1,000 do. The warm-up counts each key once and fills the
+    cache with all of them."""
+    one_shard = RocksDBOptions(key_group_shards=1)
+    harness = Harness(RocksDBStateBackend(one_shard, value_cache_size=0), tmp_path)
+    try:
+        backend = harness.create()
+        counts = ValueStateDescriptor("count", "bigint")
+        for rewrite in range(6):
+            for k in range(1000):
+                backend.set_current_key(k)
+                backend.get_state(counts).update(rewrite * k)
+            handles = harness.snapshot_all([backend])
+        cached = RocksDBStateBackend(one_shard, value_cache_size="1 mb")
+        restored_backend = harness.create(handles=handles, state_backend=cached)
+        cache = cache_of(restored_backend)
+        assert isinstance(restored_backend, RocksDBKeyedStateBackend)
+        cf, _ = restored_backend.instances[0].column_family(counts.name)
+        stored_keys = cf.property_int_value("rocksdb.estimate-num-keys")
+        assert stored_keys >= 5000 and not cache.room_for(stored_keys)  # the runs, counted
+        restored_backend.get_state(counts)
+        assert cache.warmed == 1000 and cache.misses == 0
+        for k in range(1000):
+            restored_backend.set_current_key(k)
+            assert restored_backend.get_state(counts).value() == 5 * k
+        assert cache.misses == 0
     finally:
         harness.close_all()
 

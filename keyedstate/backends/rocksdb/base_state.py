@@ -14,6 +14,7 @@ from keyedstate.backends.rocksdb.key_context import RocksDBKeyContext
 from keyedstate.backends.rocksdb.key_layout import TIMESTAMP, TS_BYTES, namespace_part
 from keyedstate.backends.rocksdb.native import (
     CLOSED,
+    estimate_distinct_keys,
     prefix_upper_bound,
     rocksdb_error,
     scan,
@@ -400,10 +401,7 @@ class RocksDBCachedState(RocksDBState):
         if self._ttl is not None:
             return 0
         cfs = [binding.cf for binding in self._bindings]
-        try:
-            keys = sum(cf.property_int_value("rocksdb.estimate-num-keys") or 0 for cf in cfs)
-        except Exception as exc:
-            raise rocksdb_error(exc, self._what) from exc
+        keys = sum(estimate_distinct_keys(cf, self._what) for cf in cfs)
         if keys == 0 or not self._cache.room_for(keys):
             return 0
         form: Callable[[bytes], Any] = self._deser if self._decoded else bytes

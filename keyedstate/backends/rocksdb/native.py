@@ -111,6 +111,25 @@ def scan_all(cf: rocksdict.Rdict, what: str) -> Iterator[tuple[bytes, bytes]]:
         raise rocksdb_error(exc, what) from exc
 
 
+def estimate_distinct_keys(cf: rocksdict.Rdict, what: str) -> int:
+    """RocksDB's estimate of ``cf``'s keys, each counted once. ``rocksdb.estimate-num-keys``
+    counts a key once in every sorted run holding it, so a key rewritten in every batch counts
+    once per flush until a compaction merges the runs (up to 8 runs with universal compaction's
+    trigger). It is scaled here by the live share of the SST files' bytes:
+    ``rocksdb.estimate-live-data-size`` (the bytes of the largest set of files whose key
+    ranges don't overlap) over ``rocksdb.total-sst-files-size``. Memtables count in the first
+    and not in the others: meant for a DB just restored, whose memtables are empty."""
+    try:
+        keys = cf.property_int_value("rocksdb.estimate-num-keys") or 0
+        total = cf.property_int_value("rocksdb.total-sst-files-size") or 0
+        live = cf.property_int_value("rocksdb.estimate-live-data-size") or 0
+    except Exception as exc:
+        raise rocksdb_error(exc, what) from exc
+    if total <= 0 or live >= total:
+        return keys
+    return keys * live // total
+
+
 def column_family_batch(handle: rocksdict.ColumnFamily) -> rocksdict.WriteBatch:
     """An empty raw write batch whose puts and deletes go to the column family ``handle``."""
     batch = rocksdict.WriteBatch(raw_mode=True)
